@@ -1,0 +1,98 @@
+#pragma once
+
+/// @file
+/// Non-owning views of probability/logit rows and batches of rows.
+///
+/// The views are trivially copyable aggregates of a pointer and extents, so the same object can be
+/// passed to host code and to CUDA kernels. They never own memory and never check bounds in
+/// `operator[]`; the checked entry points of the algorithms validate extents before any access.
+
+#include <concepts>
+#include <cstddef>
+#include <type_traits>
+
+#include "specula/core/config.hpp"
+#include "specula/core/types.hpp"
+
+namespace specula {
+
+/// A contiguous 1-D view: `size` elements starting at `data`.
+///
+/// Used for one probability or logit row, and for any other contiguous per-request array
+/// (draft tokens, offsets, outputs).
+template <class T>
+struct row_view {
+  T* data = nullptr;
+  index_t size = 0;
+
+  using element_type = T;
+  using value_type = std::remove_cv_t<T>;
+
+  SPECULA_HOST_DEVICE constexpr row_view() noexcept = default;
+  SPECULA_HOST_DEVICE constexpr row_view(T* d, index_t n) noexcept : data(d), size(n) {}
+
+  /// A view of const elements converts implicitly from a view of mutable ones.
+  template <class U>
+    requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
+  SPECULA_HOST_DEVICE constexpr row_view(row_view<U> other) noexcept  // NOLINT(google-explicit-constructor)
+      : data(other.data), size(other.size) {}
+
+  /// Views any contiguous container with `data()` and `size()` (std::vector, std::span, ...).
+  template <class Container>
+    requires(!std::is_same_v<std::remove_cvref_t<Container>, row_view> &&
+             requires(Container& c) {
+               { c.data() } -> std::convertible_to<T*>;
+               c.size();
+             })
+  constexpr row_view(Container& c) noexcept  // NOLINT(google-explicit-constructor)
+      : data(c.data()), size(static_cast<index_t>(c.size())) {}
+
+  SPECULA_HOST_DEVICE constexpr T& operator[](index_t i) const noexcept { return data[i]; }
+  SPECULA_HOST_DEVICE constexpr T* begin() const noexcept { return data; }
+  SPECULA_HOST_DEVICE constexpr T* end() const noexcept { return data + size; }
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr bool empty() const noexcept { return size == 0; }
+
+  /// Elements [offset, offset + count).
+  SPECULA_HOST_DEVICE constexpr row_view subview(index_t offset, index_t count) const noexcept {
+    return {data + offset, count};
+  }
+};
+
+template <class Container>
+row_view(Container&) -> row_view<std::remove_pointer_t<decltype(std::declval<Container&>().data())>>;
+
+/// A batch of `rows` rows of `cols` elements each; row r starts at `data + r * row_stride`.
+///
+/// `row_stride` is in elements and must be at least `cols` for rows that do not overlap
+/// (validation rejects a smaller stride unless there is at most one row).
+template <class T>
+struct batch_view {
+  T* data = nullptr;
+  index_t rows = 0;
+  index_t cols = 0;
+  index_t row_stride = 0;
+
+  using element_type = T;
+  using value_type = std::remove_cv_t<T>;
+
+  SPECULA_HOST_DEVICE constexpr batch_view() noexcept = default;
+  SPECULA_HOST_DEVICE constexpr batch_view(T* d, index_t r, index_t c) noexcept
+      : data(d), rows(r), cols(c), row_stride(c) {}
+  SPECULA_HOST_DEVICE constexpr batch_view(T* d, index_t r, index_t c, index_t stride) noexcept
+      : data(d), rows(r), cols(c), row_stride(stride) {}
+
+  template <class U>
+    requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
+  SPECULA_HOST_DEVICE constexpr batch_view(batch_view<U> other) noexcept  // NOLINT(google-explicit-constructor)
+      : data(other.data), rows(other.rows), cols(other.cols), row_stride(other.row_stride) {}
+
+  SPECULA_HOST_DEVICE constexpr row_view<T> row(index_t r) const noexcept {
+    return {data + r * row_stride, cols};
+  }
+  SPECULA_HOST_DEVICE constexpr row_view<T> operator[](index_t r) const noexcept { return row(r); }
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr bool empty() const noexcept {
+    return rows == 0 || cols == 0;
+  }
+};
+
+}  // namespace specula

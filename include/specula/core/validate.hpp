@@ -1,0 +1,100 @@
+#pragma once
+
+/// @file
+/// Input validation. The `check_*` functions are host+device scans that return a `diagnostic`;
+/// the `validate_*` functions are host wrappers that throw `invalid_input` naming the argument.
+
+#include <string>
+
+#include "specula/core/error.hpp"
+#include "specula/core/numeric.hpp"
+#include "specula/core/row.hpp"
+#include "specula/core/status.hpp"
+
+namespace specula {
+
+/// Default tolerance on |sum(row) - 1| for probability rows.
+inline constexpr double default_sum_tolerance = 1e-3;
+
+/// Checks that `row` is a probability row: no NaN, no Inf, no negative entry, and
+/// |sum - 1| <= sum_tolerance (sum accumulated in double). `row_index` is copied into the
+/// diagnostic.
+template <class T>
+SPECULA_HOST_DEVICE constexpr diagnostic check_probability_row(row_view<const T> row,
+                                                               double sum_tolerance,
+                                                               index_t row_index = -1) noexcept {
+  if (row.size <= 0) return {status::empty_input, row_index, -1, 0.0};
+  double sum = 0.0;
+  for (index_t i = 0; i < row.size; ++i) {
+    const double v = detail::to_double(row[i]);
+    if (detail::is_nan(v)) return {status::nan_value, row_index, i, v};
+    if (!detail::is_finite(v)) return {status::inf_value, row_index, i, v};
+    if (v < 0.0) return {status::negative_value, row_index, i, v};
+    sum += v;
+  }
+  if (detail::abs_value(sum - 1.0) > sum_tolerance) return {status::bad_row_sum, row_index, -1, sum};
+  return {};
+}
+
+/// Checks a logit row: no NaN and no +Inf; -Inf marks a masked token; at least one finite entry.
+template <class T>
+SPECULA_HOST_DEVICE constexpr diagnostic check_logit_row(row_view<const T> row,
+                                                         index_t row_index = -1) noexcept {
+  if (row.size <= 0) return {status::empty_input, row_index, -1, 0.0};
+  bool any_finite = false;
+  for (index_t i = 0; i < row.size; ++i) {
+    const double v = detail::to_double(row[i]);
+    if (detail::is_nan(v)) return {status::nan_value, row_index, i, v};
+    if (!detail::is_finite(v)) {
+      if (v > 0) return {status::inf_value, row_index, i, v};
+    } else {
+      any_finite = true;
+    }
+  }
+  if (!any_finite) return {status::no_mass, row_index, -1, 0.0};
+  return {};
+}
+
+/// Checks a token id against the vocabulary. With `allow_padding`, `no_token` (-1) is accepted.
+SPECULA_HOST_DEVICE constexpr diagnostic check_token(token_t token, index_t vocab_size,
+                                                     index_t index, bool allow_padding) noexcept {
+  if (token == no_token && allow_padding) return {};
+  if (token < 0 || static_cast<index_t>(token) >= vocab_size)
+    return {status::token_out_of_range, index, -1, static_cast<double>(token)};
+  return {};
+}
+
+/// Throws unless every row of `batch` is a probability row (see check_probability_row).
+template <class T>
+void validate_probability_rows(batch_view<const T> batch, const char* argument,
+                               double sum_tolerance = default_sum_tolerance) {
+  if (batch.rows > 1 && batch.row_stride < batch.cols)
+    throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(batch.row_stride)},
+                    argument, "row_stride must be at least the row length");
+  if (batch.rows > 0 && batch.data == nullptr)
+    throw_if_failed({status::empty_input, -1, -1, 0.0}, argument, "null data pointer");
+  for (index_t r = 0; r < batch.rows; ++r)
+    throw_if_failed(check_probability_row<T>(batch.row(r), sum_tolerance, r), argument);
+}
+
+/// Throws unless every row of `batch` is a valid logit row (see check_logit_row).
+template <class T>
+void validate_logit_rows(batch_view<const T> batch, const char* argument) {
+  if (batch.rows > 1 && batch.row_stride < batch.cols)
+    throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(batch.row_stride)},
+                    argument, "row_stride must be at least the row length");
+  for (index_t r = 0; r < batch.rows; ++r)
+    throw_if_failed(check_logit_row<T>(batch.row(r), r), argument);
+}
+
+/// Throws unless `actual == expected`, naming the argument and both extents.
+inline void validate_extent(index_t actual, index_t expected, const char* argument,
+                            const char* what) {
+  if (actual == expected) return;
+  const std::string detail_text =
+      std::string(what) + " (expected " + std::to_string(expected) + ")";
+  throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(actual)}, argument,
+                  detail_text.c_str());
+}
+
+}  // namespace specula

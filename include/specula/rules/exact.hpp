@@ -1,0 +1,30 @@
+#pragma once
+
+/// @file
+/// The exact (lossless) rule of speculative sampling: the rejection lemma.
+
+#include "specula/core/config.hpp"
+#include "specula/rules/rule.hpp"
+
+namespace specula {
+
+/// Accept x with min(1, p(x)/q(x)); on rejection sample from Norm([p - q]+).
+///
+/// The output is distributed exactly as p for any q (Leviathan et al. 2023; Chen et al. 2023;
+/// SJD Theorem 1; see docs/rejection_lemma.md). Convention 0/0 = 1: a token with q(x) = 0 is
+/// accepted (checked entry points reject such drafts before they reach the rule).
+struct exact_rule {
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr double accept_probability(double p,
+                                                                        double q) const noexcept {
+    if (q <= 0.0 || p >= q) return 1.0;
+    return p / q;
+  }
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr double residual_weight(double p,
+                                                                     double q) const noexcept {
+    return p > q ? p - q : 0.0;
+  }
+};
+
+static_assert(acceptance_rule<exact_rule>);
+
+}  // namespace specula

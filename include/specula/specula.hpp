@@ -1,0 +1,24 @@
+#pragma once
+
+/// @file
+/// Umbrella header: every host header of the library except the testing kit
+/// (specula/testing/*, which needs Boost.Math and, for catch2.hpp, Catch2).
+
+#include "specula/backend/host.hpp"
+#include "specula/core/config.hpp"
+#include "specula/core/error.hpp"
+#include "specula/core/numeric.hpp"
+#include "specula/core/philox.hpp"
+#include "specula/core/rng.hpp"
+#include "specula/core/row.hpp"
+#include "specula/core/status.hpp"
+#include "specula/core/types.hpp"
+#include "specula/core/validate.hpp"
+#include "specula/rules/exact.hpp"
+#include "specula/rules/rule.hpp"
+#include "specula/sample/categorical.hpp"
+#include "specula/sample/random_source.hpp"
+#include "specula/sample/transforms.hpp"
+#include "specula/verify/chain.hpp"
+#include "specula/verify/chain_core.hpp"
+#include "specula/version.hpp"

@@ -1,0 +1,178 @@
+#pragma once
+
+/// @file
+/// Toy autoregressive models with small vocabularies whose full sequence law is known exactly.
+///
+/// A `toy_ar_model` is a table: for every prefix of length t < horizon it holds a probability
+/// row over the vocabulary (double precision, normalised). The law of a whole sequence is the
+/// product of its conditionals, so sequence_law() enumerates all vocab^horizon sequences
+/// exactly. Rows are generated from a seed with Philox and include zeros (controlled by
+/// `sparsity`), so speculative decoding meets disjoint supports and q = 0 off-support.
+/// `perturbed()` builds a draft model that differs from a target in a controlled way.
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <vector>
+
+#include "specula/core/rng.hpp"
+#include "specula/core/types.hpp"
+
+namespace specula::testing {
+
+/// A random probability row of length `vocab` from the stream (seed, id): entries u^3 for
+/// uniform u (skewed, like real next-token rows), each zeroed with probability `sparsity`,
+/// at least one entry kept; normalised in double.
+inline std::vector<double> random_probability_row(index_t vocab, std::uint64_t seed,
+                                                  std::uint32_t id, double sparsity = 0.0) {
+  if (vocab <= 0) throw std::invalid_argument("specula::testing: vocab must be positive");
+  std::vector<double> row(static_cast<std::size_t>(vocab));
+  const request_rng rng{seed, id, 0};
+  double sum = 0.0;
+  for (index_t i = 0; i < vocab; ++i) {
+    const double u = uniform_at(rng, draw_id{static_cast<std::uint32_t>(i), 0});
+    const double keep = uniform_at(rng, draw_id{static_cast<std::uint32_t>(i), 1});
+    const double v = keep < sparsity ? 0.0 : u * u * u;
+    row[static_cast<std::size_t>(i)] = v;
+    sum += v;
+  }
+  if (sum == 0.0) {
+    const auto i = static_cast<std::size_t>(uniform_at(rng, draw_id{0, 2}) *
+                                            static_cast<double>(vocab));
+    row[i] = 1.0;
+    sum = 1.0;
+  }
+  for (double& v : row) v /= sum;
+  return row;
+}
+
+/// A table-driven autoregressive model over sequences of length `horizon`.
+class toy_ar_model {
+ public:
+  /// Random model: every prefix row from random_probability_row(vocab, seed, prefix id).
+  toy_ar_model(index_t vocab, index_t horizon, std::uint64_t seed, double sparsity = 0.3)
+      : vocab_(vocab), horizon_(horizon) {
+    check_shape();
+    rows_.reserve(static_cast<std::size_t>(num_prefixes() * vocab_));
+    for (index_t id = 0; id < num_prefixes(); ++id) {
+      const auto row =
+          random_probability_row(vocab_, seed, static_cast<std::uint32_t>(id), sparsity);
+      rows_.insert(rows_.end(), row.begin(), row.end());
+    }
+  }
+
+  /// Draft model: every row is (1 - mix) * base row + mix * a random row from `seed`. With
+  /// sparsity > 0 the random rows have zeros, so the draft's support can differ from the
+  /// target's when mix = 1.
+  static toy_ar_model perturbed(const toy_ar_model& base, double mix, std::uint64_t seed,
+                                double sparsity = 0.3) {
+    if (!(mix >= 0.0 && mix <= 1.0))
+      throw std::invalid_argument("specula::testing: mix must be in [0, 1]");
+    toy_ar_model m = base;
+    for (index_t id = 0; id < m.num_prefixes(); ++id) {
+      const auto noise =
+          random_probability_row(m.vocab_, seed, static_cast<std::uint32_t>(id), sparsity);
+      double sum = 0.0;
+      for (index_t y = 0; y < m.vocab_; ++y) {
+        double& v = m.rows_[static_cast<std::size_t>(id * m.vocab_ + y)];
+        v = (1.0 - mix) * v + mix * noise[static_cast<std::size_t>(y)];
+        sum += v;
+      }
+      for (index_t y = 0; y < m.vocab_; ++y)
+        m.rows_[static_cast<std::size_t>(id * m.vocab_ + y)] /= sum;
+    }
+    return m;
+  }
+
+  [[nodiscard]] index_t vocab_size() const noexcept { return vocab_; }
+  [[nodiscard]] index_t horizon() const noexcept { return horizon_; }
+
+  /// Number of prefixes with a row: sum_{t < horizon} vocab^t.
+  [[nodiscard]] index_t num_prefixes() const noexcept {
+    index_t n = 0;
+    index_t p = 1;
+    for (index_t t = 0; t < horizon_; ++t, p *= vocab_) n += p;
+    return n;
+  }
+
+  /// The next-token row after `prefix` (length < horizon, tokens in range).
+  [[nodiscard]] std::span<const double> row(std::span<const token_t> prefix) const {
+    const index_t id = prefix_id(prefix);
+    return {rows_.data() + id * vocab_, static_cast<std::size_t>(vocab_)};
+  }
+
+  /// Probability of a full sequence of length horizon.
+  [[nodiscard]] double sequence_probability(std::span<const token_t> seq) const {
+    if (static_cast<index_t>(seq.size()) != horizon_)
+      throw std::invalid_argument("specula::testing: sequence length must equal the horizon");
+    double p = 1.0;
+    for (index_t t = 0; t < horizon_; ++t)
+      p *= row(seq.first(static_cast<std::size_t>(t)))[static_cast<std::size_t>(
+          seq[static_cast<std::size_t>(t)])];
+    return p;
+  }
+
+  /// Number of full sequences: vocab^horizon.
+  [[nodiscard]] index_t num_sequences() const noexcept {
+    index_t n = 1;
+    for (index_t t = 0; t < horizon_; ++t) n *= vocab_;
+    return n;
+  }
+
+  /// Exact law of full sequences, indexed by sequence_index().
+  [[nodiscard]] std::vector<double> sequence_law() const {
+    std::vector<double> law(static_cast<std::size_t>(num_sequences()));
+    std::vector<token_t> seq(static_cast<std::size_t>(horizon_));
+    for (index_t s = 0; s < num_sequences(); ++s) {
+      index_t k = s;
+      for (index_t t = horizon_ - 1; t >= 0; --t) {
+        seq[static_cast<std::size_t>(t)] = static_cast<token_t>(k % vocab_);
+        k /= vocab_;
+      }
+      law[static_cast<std::size_t>(s)] = sequence_probability(seq);
+    }
+    return law;
+  }
+
+  /// Base-vocab index of a sequence (first token most significant).
+  [[nodiscard]] index_t sequence_index(std::span<const token_t> seq) const {
+    index_t k = 0;
+    for (token_t t : seq) {
+      if (t < 0 || t >= vocab_)
+        throw std::invalid_argument("specula::testing: token out of range in sequence_index");
+      k = k * vocab_ + t;
+    }
+    return k;
+  }
+
+ private:
+  void check_shape() const {
+    if (vocab_ < 1 || horizon_ < 1)
+      throw std::invalid_argument("specula::testing: vocab and horizon must be positive");
+    double n = std::pow(static_cast<double>(vocab_), static_cast<double>(horizon_));
+    if (n > 1e7) throw std::invalid_argument("specula::testing: vocab^horizon too large");
+  }
+
+  [[nodiscard]] index_t prefix_id(std::span<const token_t> prefix) const {
+    const auto t = static_cast<index_t>(prefix.size());
+    if (t >= horizon_)
+      throw std::invalid_argument("specula::testing: prefix must be shorter than the horizon");
+    index_t offset = 0;
+    index_t p = 1;
+    for (index_t i = 0; i < t; ++i, p *= vocab_) offset += p;
+    index_t k = 0;
+    for (token_t tok : prefix) {
+      if (tok < 0 || tok >= vocab_)
+        throw std::invalid_argument("specula::testing: token out of range in prefix");
+      k = k * vocab_ + tok;
+    }
+    return offset + k;
+  }
+
+  index_t vocab_;
+  index_t horizon_;
+  std::vector<double> rows_;
+};
+
+}  // namespace specula::testing

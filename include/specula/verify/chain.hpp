@@ -1,0 +1,319 @@
+#pragma once
+
+/// @file
+/// Batched chain verification on the host, in two layouts:
+///
+/// - **flattened / ragged** (like vLLM's [num_tokens, V]): request b has
+///   L_b = draft_offsets[b+1] - draft_offsets[b] drafts at rows draft_offsets[b] .. of the draft
+///   arrays, and L_b + 1 target rows starting at row draft_offsets[b] + b;
+/// - **padded** [B, L, V]: request b has drafts at rows b*L .. b*L + L_b - 1 and target rows at
+///   b*(L+1) .. b*(L+1) + L_b, with L_b <= L given by draft_lengths or by -1 padding.
+///
+/// `verify_chain` validates every input first (see docs/api.md for the list of checks) and
+/// throws `specula::invalid_input` naming the argument and index. `verify_chain_unchecked` skips
+/// validation: it is the fast path for callers whose inputs are valid by construction, and its
+/// behaviour on invalid input is undefined.
+///
+/// Drafts without proposal rows (one-hot drafts, as most engines draft) are given by an empty
+/// `draft_probs` (rows == 0).
+
+#include <cstdint>
+#include <string>
+
+#include "specula/backend/host.hpp"
+#include "specula/core/error.hpp"
+#include "specula/core/rng.hpp"
+#include "specula/core/row.hpp"
+#include "specula/core/validate.hpp"
+#include "specula/rules/exact.hpp"
+#include "specula/sample/random_source.hpp"
+#include "specula/verify/chain_core.hpp"
+
+namespace specula {
+
+/// Options of chain verification.
+struct chain_options {
+  /// Checked entry points reject probability rows with |sum - 1| above this.
+  double sum_tolerance = default_sum_tolerance;
+  /// A residual whose mass is at or below this is treated as empty; the emitted token is then
+  /// sampled from p and the request is flagged chain_residual_fallback.
+  double residual_floor = default_residual_floor;
+};
+
+/// Inputs in the flattened (ragged) layout. B = draft_offsets.size - 1.
+template <class T>
+struct chain_batch_input {
+  index_t vocab_size = 0;
+  row_view<const index_t> draft_offsets;  ///< B + 1 non-decreasing offsets, first 0
+  row_view<const token_t> draft_tokens;   ///< num_draft = draft_offsets[B] tokens
+  batch_view<const T> draft_probs;        ///< num_draft x V, or no rows for one-hot drafts
+  batch_view<const T> target_probs;       ///< (num_draft + B) x V
+  row_view<const request_rng> rng;        ///< B random streams
+};
+
+/// Outputs in the flattened layout, caller-allocated.
+struct chain_batch_output {
+  /// num_draft + B slots laid out like target_probs: request b's accepted drafts then its
+  /// emitted token start at slot draft_offsets[b] + b; unused slots are -1.
+  row_view<token_t> output_tokens;
+  row_view<std::int32_t> num_accepted;  ///< B
+  row_view<std::uint8_t> accepted;      ///< num_draft per-position flags, or empty
+  row_view<std::uint32_t> flags;        ///< B chain_flags, or empty
+};
+
+/// Inputs in the padded layout.
+template <class T>
+struct padded_chain_input {
+  index_t vocab_size = 0;
+  index_t batch_size = 0;                 ///< B
+  index_t max_draft = 0;                  ///< L
+  row_view<const token_t> draft_tokens;   ///< B x L, -1 after each request's drafts
+  row_view<const std::int32_t> draft_lengths;  ///< B lengths, or empty: count up to the first -1
+  batch_view<const T> draft_probs;        ///< (B x L) x V, or no rows for one-hot drafts
+  batch_view<const T> target_probs;       ///< (B x (L + 1)) x V
+  row_view<const request_rng> rng;        ///< B random streams
+};
+
+/// Outputs in the padded layout, caller-allocated.
+struct padded_chain_output {
+  row_view<token_t> output_tokens;      ///< B x (L + 1); unused slots are -1
+  row_view<std::int32_t> num_accepted;  ///< B
+  row_view<std::uint8_t> accepted;      ///< B x L, or empty
+  row_view<std::uint32_t> flags;        ///< B, or empty
+};
+
+namespace detail {
+
+/// Where one request's data lives, in either layout.
+struct chain_segment {
+  index_t length;      ///< L_b
+  index_t draft_row;   ///< first draft token / draft row / accepted flag
+  index_t target_row;  ///< first target row / output slot
+};
+
+SPECULA_HOST_DEVICE constexpr chain_segment flattened_segment(row_view<const index_t> offsets,
+                                                              index_t b) noexcept {
+  return {offsets[b + 1] - offsets[b], offsets[b], offsets[b] + b};
+}
+
+SPECULA_HOST_DEVICE constexpr index_t padded_length(row_view<const token_t> tokens,
+                                                    row_view<const std::int32_t> lengths,
+                                                    index_t max_draft, index_t b) noexcept {
+  if (!lengths.empty()) return lengths[b];
+  index_t n = 0;
+  while (n < max_draft && tokens[b * max_draft + n] != no_token) ++n;
+  return n;
+}
+
+/// Runs verify_chain_request for one segment, with dense or one-hot proposals.
+template <class Rule, class T>
+SPECULA_HOST_DEVICE chain_request_result run_segment(
+    const Rule& rule, const request_rng& rng, const chain_segment& s, const token_t* tokens,
+    batch_view<const T> draft_probs, batch_view<const T> target_probs, double residual_floor,
+    token_t* out_tokens, std::uint8_t* accepted) {
+  philox_source src{rng};
+  auto target_row = [&](index_t i) { return target_probs.row(s.target_row + i); };
+  const token_t* drafts = tokens + s.draft_row;
+  std::uint8_t* acc = accepted == nullptr ? nullptr : accepted + s.draft_row;
+  token_t* out = out_tokens + s.target_row;
+  if (draft_probs.rows > 0) {
+    auto proposal = [&](index_t i) {
+      return dense_proposal<T>{draft_probs.row(s.draft_row + i)};
+    };
+    return verify_chain_request(rule, src, s.length, drafts, target_row, proposal,
+                                residual_floor, out, acc);
+  }
+  auto proposal = [&](index_t i) { return one_hot_proposal{drafts[i]}; };
+  return verify_chain_request(rule, src, s.length, drafts, target_row, proposal, residual_floor,
+                              out, acc);
+}
+
+inline void require_size(index_t actual, index_t expected, const char* argument,
+                         const char* what) {
+  validate_extent(actual, expected, argument, what);
+}
+
+/// Validates drafted tokens of a segment and their proposal probabilities.
+template <class T>
+void validate_segment_drafts(const chain_segment& s, index_t b, const token_t* tokens,
+                             batch_view<const T> draft_probs, index_t vocab, bool padded,
+                             index_t max_draft) {
+  for (index_t i = 0; i < s.length; ++i) {
+    const token_t x = tokens[s.draft_row + i];
+    const index_t row = padded ? b : s.draft_row + i;
+    const index_t col = padded ? i : -1;
+    if (x == no_token)
+      throw_if_failed({status::bad_padding, row, col, -1.0}, "draft_tokens",
+                      "padding (-1) inside a request's drafts");
+    if (x < 0 || static_cast<index_t>(x) >= vocab)
+      throw_if_failed({status::token_out_of_range, row, col, static_cast<double>(x)},
+                      "draft_tokens", ("vocab_size is " + std::to_string(vocab)).c_str());
+    if (draft_probs.rows > 0 && !(static_cast<double>(draft_probs.row(s.draft_row + i)[x]) > 0.0))
+      throw_if_failed(
+          {status::zero_draft_probability, s.draft_row + i, x,
+           static_cast<double>(draft_probs.row(s.draft_row + i)[x])},
+          "draft_probs", "a drafted token must have positive proposal probability");
+  }
+  if (padded) {
+    for (index_t i = s.length; i < max_draft; ++i)
+      if (tokens[s.draft_row + i] != no_token)
+        throw_if_failed({status::bad_padding, b, i, static_cast<double>(tokens[s.draft_row + i])},
+                        "draft_tokens", "a token after the request's draft length must be -1");
+  }
+}
+
+template <class T>
+void validate_rows(batch_view<const T> rows, index_t expected_rows, index_t vocab,
+                   const char* argument, double tolerance) {
+  require_size(rows.rows, expected_rows, argument, "number of rows");
+  require_size(rows.cols, vocab, argument, "row length must equal vocab_size");
+  validate_probability_rows(rows, argument, tolerance);
+}
+
+inline void validate_options(const chain_options& o) {
+  require_parameter(o.sum_tolerance >= 0.0, "options.sum_tolerance", o.sum_tolerance,
+                    "must be >= 0");
+  require_parameter(o.residual_floor >= 0.0, "options.residual_floor", o.residual_floor,
+                    "must be >= 0");
+}
+
+inline void write_result(const chain_request_result& r, index_t b, row_view<std::int32_t> n,
+                         row_view<std::uint32_t> flags) {
+  n[b] = r.num_accepted;
+  if (!flags.empty()) flags[b] = r.flags;
+}
+
+}  // namespace detail
+
+/// Validates flattened-layout inputs and outputs; throws invalid_input on the first problem.
+template <class T>
+void validate_chain_batch(const chain_batch_input<T>& in, const chain_batch_output& out,
+                          const chain_options& options = {}) {
+  detail::validate_options(options);
+  require_parameter(in.vocab_size > 0, "vocab_size", static_cast<double>(in.vocab_size),
+                    "must be positive");
+  if (in.draft_offsets.size < 2)
+    throw_if_failed({status::empty_input, -1, -1, 0.0}, "draft_offsets",
+                    "needs B + 1 >= 2 entries (at least one request)");
+  const index_t batch = in.draft_offsets.size - 1;
+  if (in.draft_offsets[0] != 0)
+    throw_if_failed({status::invalid_parameter, 0, -1, static_cast<double>(in.draft_offsets[0])},
+                    "draft_offsets", "the first offset must be 0");
+  for (index_t b = 0; b < batch; ++b)
+    if (in.draft_offsets[b + 1] < in.draft_offsets[b])
+      throw_if_failed(
+          {status::invalid_parameter, b + 1, -1, static_cast<double>(in.draft_offsets[b + 1])},
+          "draft_offsets", "offsets must be non-decreasing");
+  const index_t num_draft = in.draft_offsets[batch];
+  detail::require_size(in.draft_tokens.size, num_draft, "draft_tokens",
+                       "length must equal draft_offsets[B]");
+  detail::require_size(in.rng.size, batch, "rng", "one random stream per request");
+  detail::validate_rows(in.target_probs, num_draft + batch, in.vocab_size, "target_probs",
+                        options.sum_tolerance);
+  if (in.draft_probs.rows > 0)
+    detail::validate_rows(in.draft_probs, num_draft, in.vocab_size, "draft_probs",
+                          options.sum_tolerance);
+  for (index_t b = 0; b < batch; ++b)
+    detail::validate_segment_drafts(detail::flattened_segment(in.draft_offsets, b), b,
+                                    in.draft_tokens.data, in.draft_probs, in.vocab_size, false,
+                                    0);
+  detail::require_size(out.output_tokens.size, num_draft + batch, "output_tokens",
+                       "length must be num_draft + B");
+  detail::require_size(out.num_accepted.size, batch, "num_accepted", "length must be B");
+  if (!out.accepted.empty())
+    detail::require_size(out.accepted.size, num_draft, "accepted", "length must be num_draft");
+  if (!out.flags.empty()) detail::require_size(out.flags.size, batch, "flags", "length must be B");
+}
+
+/// Validates padded-layout inputs and outputs; throws invalid_input on the first problem.
+template <class T>
+void validate_chain_batch(const padded_chain_input<T>& in, const padded_chain_output& out,
+                          const chain_options& options = {}) {
+  detail::validate_options(options);
+  require_parameter(in.vocab_size > 0, "vocab_size", static_cast<double>(in.vocab_size),
+                    "must be positive");
+  if (in.batch_size <= 0)
+    throw_if_failed({status::empty_input, -1, -1, static_cast<double>(in.batch_size)},
+                    "batch_size", "at least one request is required");
+  require_parameter(in.max_draft >= 0, "max_draft", static_cast<double>(in.max_draft),
+                    "must be >= 0");
+  const index_t batch = in.batch_size;
+  const index_t len = in.max_draft;
+  detail::require_size(in.draft_tokens.size, batch * len, "draft_tokens", "length must be B * L");
+  if (!in.draft_lengths.empty()) {
+    detail::require_size(in.draft_lengths.size, batch, "draft_lengths", "length must be B");
+    for (index_t b = 0; b < batch; ++b)
+      if (in.draft_lengths[b] < 0 || in.draft_lengths[b] > len)
+        throw_if_failed(
+            {status::invalid_parameter, b, -1, static_cast<double>(in.draft_lengths[b])},
+            "draft_lengths", ("must be in [0, " + std::to_string(len) + "]").c_str());
+  }
+  detail::require_size(in.rng.size, batch, "rng", "one random stream per request");
+  detail::validate_rows(in.target_probs, batch * (len + 1), in.vocab_size, "target_probs",
+                        options.sum_tolerance);
+  if (in.draft_probs.rows > 0)
+    detail::validate_rows(in.draft_probs, batch * len, in.vocab_size, "draft_probs",
+                          options.sum_tolerance);
+  for (index_t b = 0; b < batch; ++b) {
+    const index_t n = detail::padded_length(in.draft_tokens, in.draft_lengths, len, b);
+    detail::validate_segment_drafts(detail::chain_segment{n, b * len, b * (len + 1)}, b,
+                                    in.draft_tokens.data, in.draft_probs, in.vocab_size, true,
+                                    len);
+  }
+  detail::require_size(out.output_tokens.size, batch * (len + 1), "output_tokens",
+                       "length must be B * (L + 1)");
+  detail::require_size(out.num_accepted.size, batch, "num_accepted", "length must be B");
+  if (!out.accepted.empty())
+    detail::require_size(out.accepted.size, batch * len, "accepted", "length must be B * L");
+  if (!out.flags.empty()) detail::require_size(out.flags.size, batch, "flags", "length must be B");
+}
+
+/// Chain verification without input validation (flattened layout). Undefined behaviour on
+/// invalid input; use verify_chain unless the inputs are valid by construction.
+template <host::policy Policy, class T, acceptance_rule Rule = exact_rule>
+void verify_chain_unchecked(const Policy& policy, const chain_batch_input<T>& in,
+                            const chain_batch_output& out, const chain_options& options = {},
+                            const Rule& rule = {}) {
+  const index_t batch = in.draft_offsets.size - 1;
+  std::uint8_t* accepted = out.accepted.empty() ? nullptr : out.accepted.data;
+  host::for_each_index(policy, batch, [&](index_t b) {
+    const auto s = detail::flattened_segment(in.draft_offsets, b);
+    const auto r = detail::run_segment(rule, in.rng[b], s, in.draft_tokens.data, in.draft_probs,
+                                       in.target_probs, options.residual_floor,
+                                       out.output_tokens.data, accepted);
+    detail::write_result(r, b, out.num_accepted, out.flags);
+  });
+}
+
+/// Chain verification without input validation (padded layout).
+template <host::policy Policy, class T, acceptance_rule Rule = exact_rule>
+void verify_chain_unchecked(const Policy& policy, const padded_chain_input<T>& in,
+                            const padded_chain_output& out, const chain_options& options = {},
+                            const Rule& rule = {}) {
+  const index_t len = in.max_draft;
+  std::uint8_t* accepted = out.accepted.empty() ? nullptr : out.accepted.data;
+  host::for_each_index(policy, in.batch_size, [&](index_t b) {
+    const index_t n = detail::padded_length(in.draft_tokens, in.draft_lengths, len, b);
+    const detail::chain_segment s{n, b * len, b * (len + 1)};
+    const auto r = detail::run_segment(rule, in.rng[b], s, in.draft_tokens.data, in.draft_probs,
+                                       in.target_probs, options.residual_floor,
+                                       out.output_tokens.data, accepted);
+    detail::write_result(r, b, out.num_accepted, out.flags);
+    // Slots past the request's L_b + 1 outputs and L_b flags belong to padding.
+    for (index_t i = n + 1; i <= len; ++i) out.output_tokens[b * (len + 1) + i] = no_token;
+    if (accepted != nullptr)
+      for (index_t i = n; i < len; ++i) accepted[b * len + i] = 0;
+  });
+}
+
+/// Checked chain verification (either layout): validates inputs and outputs, then verifies every
+/// request under `policy` with `rule` (the exact rule by default).
+template <host::policy Policy, class Input, class Output, acceptance_rule Rule = exact_rule>
+  requires requires(const Input& in, const Output& out) { validate_chain_batch(in, out); }
+void verify_chain(const Policy& policy, const Input& in, const Output& out,
+                  const chain_options& options = {}, const Rule& rule = {}) {
+  validate_chain_batch(in, out, options);
+  verify_chain_unchecked(policy, in, out, options, rule);
+}
+
+}  // namespace specula

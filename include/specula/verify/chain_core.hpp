@@ -1,0 +1,142 @@
+#pragma once
+
+/// @file
+/// Chain verification of one request: the per-request algorithm every backend runs.
+///
+/// Given L drafted tokens x_1..x_L, their proposal rows q_1..q_L and L+1 target rows
+/// p_1..p_{L+1}, verify left to right: accept x_i with the rule's acceptance probability; at the
+/// first rejection emit a sample from the rule's residual at that position and stop; if all L
+/// drafts are accepted emit a bonus token sampled from p_{L+1}. With the exact rule the emitted
+/// sequence is distributed exactly as sampling from the target one token at a time.
+///
+/// This header has no loops over requests and no validation; the batch entry points in
+/// specula/verify/chain.hpp validate inputs and call `verify_chain_request` per request.
+
+#include <cstdint>
+
+#include "specula/core/config.hpp"
+#include "specula/core/row.hpp"
+#include "specula/core/types.hpp"
+#include "specula/rules/rule.hpp"
+#include "specula/sample/categorical.hpp"
+#include "specula/sample/random_source.hpp"
+
+namespace specula {
+
+/// Per-request result flags (bit mask).
+enum chain_flags : std::uint32_t {
+  /// The request produced an emitted token (always set unless a row had no mass at all, which
+  /// checked entry points rule out).
+  chain_valid = 1u << 0,
+  /// All drafts were accepted and the emitted token is a bonus sampled from p_{L+1}.
+  chain_bonus = 1u << 1,
+  /// The residual at the rejected position had no mass up to rounding (<= residual_floor), so
+  /// the emitted token was sampled from p at that position instead.
+  chain_residual_fallback = 1u << 2,
+};
+
+/// Default mass below which a residual is treated as empty (rounding noise of float32 rows).
+inline constexpr double default_residual_floor = 1e-6;
+
+/// Proposal row given densely: q(y) = row[y].
+template <class T>
+struct dense_proposal {
+  row_view<const T> row;
+  SPECULA_HOST_DEVICE constexpr double operator()(index_t y) const noexcept {
+    return static_cast<double>(row[y]);
+  }
+};
+
+/// Deterministic (one-hot) proposal: q(y) = 1 if y is the drafted token, else 0. Under the exact
+/// rule this accepts x with probability p(x) and on rejection samples p with x removed.
+struct one_hot_proposal {
+  token_t token = no_token;
+  SPECULA_HOST_DEVICE constexpr double operator()(index_t y) const noexcept {
+    return y == static_cast<index_t>(token) ? 1.0 : 0.0;
+  }
+};
+
+/// Result of verifying one request's chain.
+struct chain_request_result {
+  std::int32_t num_accepted = 0;  ///< accepted drafts (0..L)
+  token_t emitted = no_token;     ///< correction (on rejection) or bonus (all accepted) token
+  std::uint32_t flags = 0;        ///< chain_flags
+};
+
+/// Samples from the rule's residual at one position, falling back to p when the residual mass
+/// is <= residual_floor. Sets chain_residual_fallback in `flags` on fallback. Returns -1 when p
+/// has no mass either.
+template <class Rule, random_source Source, class T, class Proposal>
+SPECULA_HOST_DEVICE index_t sample_residual(const Rule& rule, Source& src, row_view<const T> p,
+                                            const Proposal& q, double residual_floor,
+                                            draw_id at, std::uint32_t& flags) {
+  auto residual = [&](index_t y) {
+    return static_cast<double>(rule.residual_weight(static_cast<double>(p[y]), q(y)));
+  };
+  const double mass = positive_mass(p.size, residual);
+  if (mass > residual_floor && mass > 0.0) return src.categorical(p.size, residual, mass, at);
+  flags |= chain_residual_fallback;
+  auto target = [&](index_t y) { return static_cast<double>(p[y]); };
+  const double p_mass = positive_mass(p.size, target);
+  if (!(p_mass > 0.0)) return -1;
+  return src.categorical(p.size, target, p_mass, at);
+}
+
+/// Verifies one request's chain (see file comment).
+///
+/// - `drafts[i]`, i < length: drafted tokens, each in [0, vocab) (not checked here).
+/// - `target_row(i)`, i <= length: row_view of p_{i+1}.
+/// - `proposal(i)`, i < length: a callable y -> q_{i+1}(y) (dense_proposal or one_hot_proposal).
+/// - `out_tokens`: length + 1 slots: the accepted drafts, then the emitted token, then -1.
+/// - `accepted`: length flags (1 = accepted), or nullptr.
+///
+/// Random draws: position i uses slot 0 for its acceptance test and slot 1 for its residual or
+/// bonus sample (draw_id{i, 0}, draw_id{i, 1}).
+template <class Rule, random_source Source, class TargetRowFn, class ProposalFn>
+SPECULA_HOST_DEVICE chain_request_result verify_chain_request(
+    const Rule& rule, Source& src, index_t length, const token_t* drafts,
+    TargetRowFn&& target_row, ProposalFn&& proposal, double residual_floor, token_t* out_tokens,
+    std::uint8_t* accepted) {
+  chain_request_result result;
+  for (index_t i = 0; i <= length; ++i) out_tokens[i] = no_token;
+  if (accepted != nullptr)
+    for (index_t i = 0; i < length; ++i) accepted[i] = 0;
+
+  for (index_t i = 0; i < length; ++i) {
+    const auto p = target_row(i);
+    const auto q = proposal(i);
+    const token_t x = drafts[i];
+    const auto rule_i = rule_at(rule, i);
+    const double a = rule_i.accept_probability(static_cast<double>(p[x]), q(x));
+    const auto pos = static_cast<std::uint32_t>(i);
+    if (src.bernoulli(a, draw_id{pos, 0})) {
+      out_tokens[i] = x;
+      if (accepted != nullptr) accepted[i] = 1;
+      result.num_accepted = static_cast<std::int32_t>(i + 1);
+      continue;
+    }
+    const index_t y =
+        sample_residual(rule_i, src, p, q, residual_floor, draw_id{pos, 1}, result.flags);
+    if (y >= 0) {
+      result.emitted = static_cast<token_t>(y);
+      result.flags |= chain_valid;
+    }
+    out_tokens[i] = result.emitted;
+    return result;
+  }
+
+  const auto p = target_row(length);
+  auto target = [&](index_t y) { return static_cast<double>(p[y]); };
+  const double mass = positive_mass(p.size, target);
+  result.flags |= chain_bonus;
+  if (mass > 0.0) {
+    const index_t y =
+        src.categorical(p.size, target, mass, draw_id{static_cast<std::uint32_t>(length), 1});
+    result.emitted = static_cast<token_t>(y);
+    result.flags |= chain_valid;
+  }
+  out_tokens[length] = result.emitted;
+  return result;
+}
+
+}  // namespace specula
