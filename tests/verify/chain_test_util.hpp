@@ -1,0 +1,87 @@
+#pragma once
+// Shared helpers for the chain verification tests.
+
+#include <cstdint>
+#include <vector>
+
+#include "specula/core/rng.hpp"
+#include "specula/core/types.hpp"
+#include "specula/testing/toy_models.hpp"
+
+namespace specula::test {
+
+/// Random (p, q) pair families used by the exact-law tests.
+enum class pair_kind { dense, sparse, q_zero_off_support, equal, disjoint };
+
+struct prob_pair {
+  std::vector<double> p;
+  std::vector<double> q;
+};
+
+inline prob_pair make_pair(pair_kind kind, index_t vocab, std::uint64_t seed) {
+  using testing::random_probability_row;
+  prob_pair r;
+  switch (kind) {
+    case pair_kind::dense:
+      r.p = random_probability_row(vocab, seed, 0);
+      r.q = random_probability_row(vocab, seed, 1);
+      break;
+    case pair_kind::sparse:
+      r.p = random_probability_row(vocab, seed, 0, 0.5);
+      r.q = random_probability_row(vocab, seed, 1, 0.5);
+      break;
+    case pair_kind::q_zero_off_support: {
+      // q lives on a subset of p's support.
+      r.p = random_probability_row(vocab, seed, 0);
+      r.q = random_probability_row(vocab, seed, 1, 0.6);
+      break;
+    }
+    case pair_kind::equal:
+      r.p = random_probability_row(vocab, seed, 0, 0.3);
+      r.q = r.p;
+      break;
+    case pair_kind::disjoint: {
+      r.p.assign(static_cast<std::size_t>(vocab), 0.0);
+      r.q.assign(static_cast<std::size_t>(vocab), 0.0);
+      const auto a = random_probability_row(vocab, seed, 0);
+      const auto b = random_probability_row(vocab, seed, 1);
+      double sp = 0, sq = 0;
+      for (index_t i = 0; i < vocab; ++i) {
+        if (i % 2 == 0) {
+          r.p[static_cast<std::size_t>(i)] = a[static_cast<std::size_t>(i)];
+          sp += a[static_cast<std::size_t>(i)];
+        } else {
+          r.q[static_cast<std::size_t>(i)] = b[static_cast<std::size_t>(i)];
+          sq += b[static_cast<std::size_t>(i)];
+        }
+      }
+      for (auto& v : r.p) v /= sp;
+      for (auto& v : r.q) v /= sq;
+      break;
+    }
+  }
+  return r;
+}
+
+/// A deliberately wrong rule: on rejection it resamples from p instead of [p - q]+.
+struct resample_from_target_rule {
+  [[nodiscard]] constexpr double accept_probability(double p, double q) const noexcept {
+    return (q <= 0.0 || p >= q) ? 1.0 : p / q;
+  }
+  [[nodiscard]] constexpr double residual_weight(double p, double /*q*/) const noexcept {
+    return p;
+  }
+};
+
+/// A deliberately wrong rule: accepts with min(1, p/q) but forgets the max in the residual,
+/// keeping |p - q| (a sign error that looks plausible).
+struct absolute_residual_rule {
+  [[nodiscard]] constexpr double accept_probability(double p, double q) const noexcept {
+    return (q <= 0.0 || p >= q) ? 1.0 : p / q;
+  }
+  [[nodiscard]] constexpr double residual_weight(double p, double q) const noexcept {
+    return p > q ? p - q : q - p;
+  }
+};
+
+}  // namespace specula::test

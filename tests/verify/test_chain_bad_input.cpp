@@ -1,0 +1,283 @@
+// Every bad input of chain verification gets an invalid_input naming the argument and index.
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "specula/verify/chain.hpp"
+
+using namespace specula;
+
+namespace {
+
+/// A valid flattened batch (V = 4, two requests with 2 and 1 drafts) that each case breaks.
+struct fixture {
+  index_t vocab = 4;
+  std::vector<index_t> offsets = {0, 2, 3};
+  std::vector<token_t> tokens = {1, 2, 0};
+  std::vector<float> draft = {0.25f, 0.25f, 0.25f, 0.25f,  //
+                              0.1f,  0.2f,  0.3f,  0.4f,   //
+                              0.7f,  0.1f,  0.1f,  0.1f};
+  std::vector<float> target = {0.4f, 0.3f, 0.2f, 0.1f,  //
+                               0.1f, 0.1f, 0.1f, 0.7f,  //
+                               0.25f, 0.25f, 0.25f, 0.25f,  //
+                               0.5f, 0.5f, 0.0f, 0.0f,  //
+                               0.0f, 1.0f, 0.0f, 0.0f};
+  std::vector<request_rng> rng = {{1, 0, 0}, {1, 1, 0}};
+  std::vector<token_t> out = std::vector<token_t>(5);
+  std::vector<std::int32_t> n = std::vector<std::int32_t>(2);
+  std::vector<std::uint8_t> acc = std::vector<std::uint8_t>(3);
+  std::vector<std::uint32_t> flags = std::vector<std::uint32_t>(2);
+
+  [[nodiscard]] chain_batch_input<float> in() const {
+    return {vocab, offsets, tokens, {draft.data(), 3, 4}, {target.data(), 5, 4}, rng};
+  }
+  chain_batch_output output() { return {out, n, acc, flags}; }
+};
+
+struct expected_error {
+  status code;
+  std::string argument;
+  index_t row;
+  index_t column;
+};
+
+void require_error(const std::function<void()>& call, const expected_error& e) {
+  try {
+    call();
+    FAIL("no exception; expected " << e.argument << ": " << describe(e.code));
+  } catch (const invalid_input& err) {
+    INFO(err.what());
+    CHECK(err.code() == e.code);
+    CHECK(err.argument() == e.argument);
+    CHECK(err.row() == e.row);
+    CHECK(err.column() == e.column);
+    const std::string msg = err.what();
+    CHECK(msg.find(e.argument) != std::string::npos);
+    CHECK(msg.find(describe(e.code)) != std::string::npos);
+    if (e.row >= 0) CHECK(msg.find("[row " + std::to_string(e.row) + "]") != std::string::npos);
+    if (e.column >= 0)
+      CHECK(msg.find("[column " + std::to_string(e.column) + "]") != std::string::npos);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the fixture itself is valid", "[verify][bad_input]") {
+  fixture f;
+  REQUIRE_NOTHROW(verify_chain(host::seq, f.in(), f.output()));
+}
+
+TEST_CASE("bad probability rows", "[verify][bad_input]") {
+  fixture f;
+  auto run = [&] { verify_chain(host::seq, f.in(), f.output()); };
+  SECTION("NaN in target_probs") {
+    f.target[4 * 3 + 2] = std::numeric_limits<float>::quiet_NaN();
+    require_error(run, {status::nan_value, "target_probs", 3, 2});
+  }
+  SECTION("+Inf in draft_probs") {
+    f.draft[4 * 1 + 1] = std::numeric_limits<float>::infinity();
+    require_error(run, {status::inf_value, "draft_probs", 1, 1});
+  }
+  SECTION("negative entry in target_probs") {
+    f.target[0] = -0.1f;
+    f.target[1] = 0.5f;
+    require_error(run, {status::negative_value, "target_probs", 0, 0});
+  }
+  SECTION("row sum off by more than the tolerance") {
+    f.target[4 * 4 + 1] = 0.9f;
+    require_error(run, {status::bad_row_sum, "target_probs", 4, -1});
+  }
+  SECTION("a looser tolerance accepts that row") {
+    f.target[4 * 4 + 1] = 0.9f;
+    chain_options o;
+    o.sum_tolerance = 0.2;
+    REQUIRE_NOTHROW(verify_chain(host::seq, f.in(), f.output(), o));
+  }
+  SECTION("drafted token with zero proposal probability") {
+    f.draft[4 * 2 + 0] = 0.0f;
+    f.draft[4 * 2 + 1] = 0.8f;
+    require_error(run, {status::zero_draft_probability, "draft_probs", 2, 0});
+  }
+}
+
+TEST_CASE("bad tokens and padding", "[verify][bad_input]") {
+  fixture f;
+  auto run = [&] { verify_chain(host::seq, f.in(), f.output()); };
+  SECTION("token id >= vocab") {
+    f.tokens[1] = 4;
+    require_error(run, {status::token_out_of_range, "draft_tokens", 1, -1});
+  }
+  SECTION("negative token id other than -1") {
+    f.tokens[2] = -7;
+    require_error(run, {status::token_out_of_range, "draft_tokens", 2, -1});
+  }
+  SECTION("-1 padding inside a flattened request is never read as an index") {
+    f.tokens[0] = no_token;
+    require_error(run, {status::bad_padding, "draft_tokens", 0, -1});
+  }
+}
+
+TEST_CASE("bad shapes and empty inputs", "[verify][bad_input]") {
+  fixture f;
+  SECTION("no requests") {
+    std::vector<index_t> off = {0};
+    auto in = f.in();
+    in.draft_offsets = off;
+    require_error([&] { verify_chain(host::seq, in, f.output()); },
+                  {status::empty_input, "draft_offsets", -1, -1});
+  }
+  SECTION("first offset not 0") {
+    f.offsets = {1, 2, 3};
+    require_error([&] { verify_chain(host::seq, f.in(), f.output()); },
+                  {status::invalid_parameter, "draft_offsets", 0, -1});
+  }
+  SECTION("decreasing offsets") {
+    f.offsets = {0, 3, 2};
+    require_error([&] { verify_chain(host::seq, f.in(), f.output()); },
+                  {status::invalid_parameter, "draft_offsets", 2, -1});
+  }
+  SECTION("vocab_size 0") {
+    auto in = f.in();
+    in.vocab_size = 0;
+    require_error([&] { verify_chain(host::seq, in, f.output()); },
+                  {status::invalid_parameter, "vocab_size", -1, -1});
+  }
+  SECTION("draft_tokens shorter than the offsets say") {
+    auto in = f.in();
+    in.draft_tokens.size = 2;
+    require_error([&] { verify_chain(host::seq, in, f.output()); },
+                  {status::length_mismatch, "draft_tokens", -1, -1});
+  }
+  SECTION("missing target row") {
+    auto in = f.in();
+    in.target_probs.rows = 4;
+    require_error([&] { verify_chain(host::seq, in, f.output()); },
+                  {status::length_mismatch, "target_probs", -1, -1});
+  }
+  SECTION("target row length differs from vocab_size") {
+    auto in = f.in();
+    in.target_probs = {f.target.data(), 4, 5};
+    require_error([&] { verify_chain(host::seq, in, f.output()); },
+                  {status::length_mismatch, "target_probs", -1, -1});
+  }
+  SECTION("wrong number of draft rows") {
+    auto in = f.in();
+    in.draft_probs.rows = 2;
+    require_error([&] { verify_chain(host::seq, in, f.output()); },
+                  {status::length_mismatch, "draft_probs", -1, -1});
+  }
+  SECTION("overlapping rows (stride smaller than the row)") {
+    auto in = f.in();
+    in.draft_probs.row_stride = 2;
+    require_error([&] { verify_chain(host::seq, in, f.output()); },
+                  {status::length_mismatch, "draft_probs", -1, -1});
+  }
+  SECTION("one rng per request") {
+    auto in = f.in();
+    in.rng.size = 1;
+    require_error([&] { verify_chain(host::seq, in, f.output()); },
+                  {status::length_mismatch, "rng", -1, -1});
+  }
+  SECTION("output_tokens too short") {
+    auto o = f.output();
+    o.output_tokens.size = 4;
+    require_error([&] { verify_chain(host::seq, f.in(), o); },
+                  {status::length_mismatch, "output_tokens", -1, -1});
+  }
+  SECTION("num_accepted too short") {
+    auto o = f.output();
+    o.num_accepted.size = 1;
+    require_error([&] { verify_chain(host::seq, f.in(), o); },
+                  {status::length_mismatch, "num_accepted", -1, -1});
+  }
+  SECTION("accepted flags of the wrong length") {
+    auto o = f.output();
+    o.accepted.size = 2;
+    require_error([&] { verify_chain(host::seq, f.in(), o); },
+                  {status::length_mismatch, "accepted", -1, -1});
+  }
+  SECTION("flags of the wrong length") {
+    auto o = f.output();
+    o.flags.size = 3;
+    require_error([&] { verify_chain(host::seq, f.in(), o); },
+                  {status::length_mismatch, "flags", -1, -1});
+  }
+  SECTION("negative residual floor") {
+    chain_options o;
+    o.residual_floor = -1.0;
+    require_error([&] { verify_chain(host::seq, f.in(), f.output(), o); },
+                  {status::invalid_parameter, "options.residual_floor", -1, -1});
+  }
+  SECTION("negative sum tolerance") {
+    chain_options o;
+    o.sum_tolerance = -1.0;
+    require_error([&] { verify_chain(host::seq, f.in(), f.output(), o); },
+                  {status::invalid_parameter, "options.sum_tolerance", -1, -1});
+  }
+}
+
+TEST_CASE("bad padded-layout inputs", "[verify][bad_input]") {
+  // B = 2, L = 2, V = 2.
+  std::vector<token_t> tokens = {0, 1, 1, no_token};
+  std::vector<float> draft(8, 0.5f);
+  std::vector<float> target(12, 0.5f);
+  std::vector<request_rng> rng = {{1, 0, 0}, {1, 1, 0}};
+  std::vector<token_t> out(6);
+  std::vector<std::int32_t> n(2);
+  padded_chain_input<float> in;
+  in.vocab_size = 2;
+  in.batch_size = 2;
+  in.max_draft = 2;
+  in.draft_tokens = tokens;
+  in.draft_probs = {draft.data(), 4, 2};
+  in.target_probs = {target.data(), 6, 2};
+  in.rng = rng;
+  const padded_chain_output o{out, n, {}, {}};
+  auto run = [&] { verify_chain(host::seq, in, o); };
+  REQUIRE_NOTHROW(run());
+
+  SECTION("a token after padding") {
+    tokens = {0, 1, no_token, 1};
+    require_error(run, {status::bad_padding, "draft_tokens", 1, 1});
+  }
+  SECTION("padding inside an explicit length") {
+    std::vector<std::int32_t> lens = {2, 2};
+    in.draft_lengths = lens;
+    require_error(run, {status::bad_padding, "draft_tokens", 1, 1});
+  }
+  SECTION("explicit length larger than max_draft") {
+    std::vector<std::int32_t> lens = {3, 1};
+    in.draft_lengths = lens;
+    require_error(run, {status::invalid_parameter, "draft_lengths", 0, -1});
+  }
+  SECTION("draft_lengths of the wrong size") {
+    std::vector<std::int32_t> lens = {1};
+    in.draft_lengths = lens;
+    require_error(run, {status::length_mismatch, "draft_lengths", -1, -1});
+  }
+  SECTION("token out of range reports request and position") {
+    tokens[1] = 2;
+    require_error(run, {status::token_out_of_range, "draft_tokens", 0, 1});
+  }
+  SECTION("batch_size 0") {
+    in.batch_size = 0;
+    require_error(run, {status::empty_input, "batch_size", -1, -1});
+  }
+  SECTION("negative max_draft") {
+    in.max_draft = -1;
+    require_error(run, {status::invalid_parameter, "max_draft", -1, -1});
+  }
+  SECTION("target rows for B * (L + 1)") {
+    in.target_probs.rows = 5;
+    require_error(run, {status::length_mismatch, "target_probs", -1, -1});
+  }
+  SECTION("output_tokens for B * (L + 1)") {
+    const padded_chain_output bad{{out.data(), 5}, n, {}, {}};
+    require_error([&] { verify_chain(host::seq, in, bad); },
+                  {status::length_mismatch, "output_tokens", -1, -1});
+  }
+}
