@@ -28,7 +28,7 @@ struct row_view {
   using element_type = T;
   using value_type = std::remove_cv_t<T>;
 
-  SPECULA_HOST_DEVICE constexpr row_view() noexcept = default;
+  constexpr row_view() noexcept = default;
   SPECULA_HOST_DEVICE constexpr row_view(T* d, index_t n) noexcept : data(d), size(n) {}
 
   /// A view of const elements converts implicitly from a view of mutable ones.
@@ -75,7 +75,7 @@ struct batch_view {
   using element_type = T;
   using value_type = std::remove_cv_t<T>;
 
-  SPECULA_HOST_DEVICE constexpr batch_view() noexcept = default;
+  constexpr batch_view() noexcept = default;
   SPECULA_HOST_DEVICE constexpr batch_view(T* d, index_t r, index_t c) noexcept
       : data(d), rows(r), cols(c), row_stride(c) {}
   SPECULA_HOST_DEVICE constexpr batch_view(T* d, index_t r, index_t c, index_t stride) noexcept

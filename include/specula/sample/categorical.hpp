@@ -15,39 +15,79 @@
 
 namespace specula {
 
-/// Inverse-CDF sampling with one uniform u in (0, 1): returns the first index i with
-/// w(0) + ... + w(i) > u * total (partial sums in double). Indices with w(i) <= 0 are never
-/// returned. If rounding leaves u * total at or beyond the accumulated sum, the last index with
-/// positive weight is returned. Returns -1 when no weight is positive.
+namespace detail {
+
+/// Elements per tile of the fixed-order summation (see positive_mass).
+inline constexpr index_t sum_tile = 256;
+
+/// Sum of the positive weights over [begin, end) (at most one tile) in a fixed order: eight
+/// interleaved lanes (lane k takes elements begin + k, begin + k + 8, ...) combined pairwise.
+/// Branch-free, so the compiler vectorises it for inlined weight functions.
+template <class WeightFn>
+SPECULA_HOST_DEVICE constexpr double tile_positive_sum(index_t begin, index_t end,
+                                                       WeightFn& w) noexcept {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  index_t i = begin;
+  for (; i + 8 <= end; i += 8)
+    for (int k = 0; k < 8; ++k) {
+      const double wi = w(i + k);
+      lane[k] += wi > 0.0 ? wi : 0.0;
+    }
+  for (int k = 0; i < end; ++i, ++k) {
+    const double wi = w(i);
+    lane[k] += wi > 0.0 ? wi : 0.0;
+  }
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+}  // namespace detail
+
+/// Sum of the positive weights of `w` over [0, n), in double, in a fixed order: tiles of
+/// detail::sum_tile elements summed in order, each tile summed by detail::tile_positive_sum.
+/// NaN weights count as 0. The order is part of the contract: the same weights give the same
+/// total bit for bit on every call.
+template <class WeightFn>
+SPECULA_HOST_DEVICE constexpr double positive_mass(index_t n, WeightFn&& w) noexcept {
+  double total = 0.0;
+  for (index_t t = 0; t < n; t += detail::sum_tile)
+    total += detail::tile_positive_sum(t, t + detail::sum_tile < n ? t + detail::sum_tile : n, w);
+  return total;
+}
+
+/// Inverse-CDF sampling with one uniform u in (0, 1): returns the first index i with positive
+/// weight at which the running sum of positive weights exceeds u * total. Indices with
+/// w(i) <= 0 (or NaN) are never returned. If rounding leaves u * total at or beyond the
+/// accumulated sum, the last index with positive weight is returned. Returns -1 when no weight
+/// is positive.
 ///
-/// `total` must be the sum of the positive weights (computed by the caller, usually in the pass
-/// that decides whether the row has any mass). The scan stops at the sampled index.
+/// `total` should be positive_mass(n, w) (computed by the caller, usually in the pass that
+/// decides whether the row has any mass). The running sum is taken tile by tile in the order of
+/// positive_mass, then element by element inside the tile that crosses u * total, so the scan
+/// reads on average half of the row and only one tile element by element.
 template <class WeightFn>
 SPECULA_HOST_DEVICE constexpr index_t sample_inverse_cdf(index_t n, WeightFn&& w, double total,
                                                          double u) noexcept {
   const double target = u * total;
   double acc = 0.0;
-  index_t last_positive = -1;
-  for (index_t i = 0; i < n; ++i) {
-    const double wi = w(i);
-    if (wi > 0.0) {
-      acc += wi;
-      last_positive = i;
-      if (target < acc) return i;
+  for (index_t t = 0; t < n; t += detail::sum_tile) {
+    const index_t end = t + detail::sum_tile < n ? t + detail::sum_tile : n;
+    const double tile = detail::tile_positive_sum(t, end, w);
+    if (target < acc + tile) {
+      double run = acc;
+      for (index_t i = t; i < end; ++i) {
+        const double wi = w(i);
+        if (wi > 0.0) {
+          run += wi;
+          if (target < run) return i;
+        }
+      }
+      // Rounding differences between the tile sum and the element-wise sum: fall through.
     }
+    acc += tile;
   }
-  return last_positive;
-}
-
-/// Sum of the positive weights of `w` over [0, n), in double.
-template <class WeightFn>
-SPECULA_HOST_DEVICE constexpr double positive_mass(index_t n, WeightFn&& w) noexcept {
-  double total = 0.0;
-  for (index_t i = 0; i < n; ++i) {
-    const double wi = w(i);
-    if (wi > 0.0) total += wi;
-  }
-  return total;
+  for (index_t i = n - 1; i >= 0; --i)
+    if (w(i) > 0.0) return i;
+  return -1;
 }
 
 /// Inverse-CDF sampling from a row of non-negative weights (two passes: sum, then scan).

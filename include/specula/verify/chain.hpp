@@ -162,12 +162,21 @@ void validate_segment_drafts(const chain_segment& s, index_t b, const token_t* t
   }
 }
 
-template <class T>
-void validate_rows(batch_view<const T> rows, index_t expected_rows, index_t vocab,
-                   const char* argument, double tolerance) {
+/// Shape checks, then every row checked under `policy` (rows split over threads with `par`; the
+/// error reported is the first failing row in row order either way).
+template <host::policy Policy, class T>
+void validate_rows(const Policy& policy, batch_view<const T> rows, index_t expected_rows,
+                   index_t vocab, const char* argument, double tolerance) {
   require_size(rows.rows, expected_rows, argument, "number of rows");
   require_size(rows.cols, vocab, argument, "row length must equal vocab_size");
-  validate_probability_rows(rows, argument, tolerance);
+  if (rows.rows > 1 && rows.row_stride < rows.cols)
+    throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(rows.row_stride)},
+                    argument, "row_stride must be at least the row length");
+  if (rows.rows > 0 && rows.data == nullptr)
+    throw_if_failed({status::empty_input, -1, -1, 0.0}, argument, "null data pointer");
+  host::for_each_index(policy, rows.rows, [&](index_t r) {
+    throw_if_failed(check_probability_row<T>(rows.row(r), tolerance, r), argument);
+  });
 }
 
 inline void validate_options(const chain_options& o) {
@@ -186,9 +195,9 @@ inline void write_result(const chain_request_result& r, index_t b, row_view<std:
 }  // namespace detail
 
 /// Validates flattened-layout inputs and outputs; throws invalid_input on the first problem.
-template <class T>
-void validate_chain_batch(const chain_batch_input<T>& in, const chain_batch_output& out,
-                          const chain_options& options = {}) {
+template <host::policy Policy, class T>
+void validate_chain_batch(const Policy& policy, const chain_batch_input<T>& in,
+                          const chain_batch_output& out, const chain_options& options = {}) {
   detail::validate_options(options);
   require_parameter(in.vocab_size > 0, "vocab_size", static_cast<double>(in.vocab_size),
                     "must be positive");
@@ -208,10 +217,10 @@ void validate_chain_batch(const chain_batch_input<T>& in, const chain_batch_outp
   detail::require_size(in.draft_tokens.size, num_draft, "draft_tokens",
                        "length must equal draft_offsets[B]");
   detail::require_size(in.rng.size, batch, "rng", "one random stream per request");
-  detail::validate_rows(in.target_probs, num_draft + batch, in.vocab_size, "target_probs",
+  detail::validate_rows(policy, in.target_probs, num_draft + batch, in.vocab_size, "target_probs",
                         options.sum_tolerance);
   if (in.draft_probs.rows > 0)
-    detail::validate_rows(in.draft_probs, num_draft, in.vocab_size, "draft_probs",
+    detail::validate_rows(policy, in.draft_probs, num_draft, in.vocab_size, "draft_probs",
                           options.sum_tolerance);
   for (index_t b = 0; b < batch; ++b)
     detail::validate_segment_drafts(detail::flattened_segment(in.draft_offsets, b), b,
@@ -226,9 +235,9 @@ void validate_chain_batch(const chain_batch_input<T>& in, const chain_batch_outp
 }
 
 /// Validates padded-layout inputs and outputs; throws invalid_input on the first problem.
-template <class T>
-void validate_chain_batch(const padded_chain_input<T>& in, const padded_chain_output& out,
-                          const chain_options& options = {}) {
+template <host::policy Policy, class T>
+void validate_chain_batch(const Policy& policy, const padded_chain_input<T>& in,
+                          const padded_chain_output& out, const chain_options& options = {}) {
   detail::validate_options(options);
   require_parameter(in.vocab_size > 0, "vocab_size", static_cast<double>(in.vocab_size),
                     "must be positive");
@@ -249,10 +258,10 @@ void validate_chain_batch(const padded_chain_input<T>& in, const padded_chain_ou
             "draft_lengths", ("must be in [0, " + std::to_string(len) + "]").c_str());
   }
   detail::require_size(in.rng.size, batch, "rng", "one random stream per request");
-  detail::validate_rows(in.target_probs, batch * (len + 1), in.vocab_size, "target_probs",
+  detail::validate_rows(policy, in.target_probs, batch * (len + 1), in.vocab_size, "target_probs",
                         options.sum_tolerance);
   if (in.draft_probs.rows > 0)
-    detail::validate_rows(in.draft_probs, batch * len, in.vocab_size, "draft_probs",
+    detail::validate_rows(policy, in.draft_probs, batch * len, in.vocab_size, "draft_probs",
                           options.sum_tolerance);
   for (index_t b = 0; b < batch; ++b) {
     const index_t n = detail::padded_length(in.draft_tokens, in.draft_lengths, len, b);
@@ -266,6 +275,15 @@ void validate_chain_batch(const padded_chain_input<T>& in, const padded_chain_ou
   if (!out.accepted.empty())
     detail::require_size(out.accepted.size, batch * len, "accepted", "length must be B * L");
   if (!out.flags.empty()) detail::require_size(out.flags.size, batch, "flags", "length must be B");
+}
+
+/// Validates inputs and outputs of either layout on the calling thread.
+template <class Input, class Output>
+  requires requires(const Input& in, const Output& out) {
+    validate_chain_batch(host::seq, in, out);
+  }
+void validate_chain_batch(const Input& in, const Output& out, const chain_options& options = {}) {
+  validate_chain_batch(host::seq, in, out, options);
 }
 
 /// Chain verification without input validation (flattened layout). Undefined behaviour on
@@ -309,10 +327,12 @@ void verify_chain_unchecked(const Policy& policy, const padded_chain_input<T>& i
 /// Checked chain verification (either layout): validates inputs and outputs, then verifies every
 /// request under `policy` with `rule` (the exact rule by default).
 template <host::policy Policy, class Input, class Output, acceptance_rule Rule = exact_rule>
-  requires requires(const Input& in, const Output& out) { validate_chain_batch(in, out); }
+  requires requires(const Policy& p, const Input& in, const Output& out) {
+    validate_chain_batch(p, in, out);
+  }
 void verify_chain(const Policy& policy, const Input& in, const Output& out,
                   const chain_options& options = {}, const Rule& rule = {}) {
-  validate_chain_batch(in, out, options);
+  validate_chain_batch(policy, in, out, options);
   verify_chain_unchecked(policy, in, out, options, rule);
 }
 

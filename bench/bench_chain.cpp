@@ -1,0 +1,255 @@
+// Host chain verification against a streaming read of the same bytes.
+//
+// Every case reports:
+//   bytes          bytes the call must touch (see below), per call
+//   bytes_per_second (Google Benchmark's rate of `bytes`)
+//   stream_GBps    a plain streaming read (sum of floats) of a buffer of exactly `bytes` bytes,
+//                  timed in the same process just before the case
+//   frac_of_stream achieved bytes/s divided by stream bytes/s: 1.0 means the call runs at the
+//                  memory-bandwidth floor for the data it must read
+//
+// Bytes a call must touch:
+//   unchecked: per accepted draft, p(x) and q(x) (8 bytes); at the stopping position of each
+//              request either the p and q rows (residual, 8V bytes) or the bonus row p_{L+1}
+//              (4V bytes); plus the tokens and outputs (small);
+//   checked:   every target and draft row (validation reads them all), plus the above.
+//
+// Scenarios (fix the outcome so bytes are deterministic):
+//   accept_all  p = q at every drafted position: every draft is accepted, a bonus is sampled;
+//   reject_mid  the draft at position L/2 has p(x) = 0: rejection there, residual sample.
+//
+// Names: chain/<checked|unchecked>/<seq|par>/<scenario>/V:<V>/L:<L>/B:<B>, plus
+// smoke/chain (tiny case for ctest) and stream_read/bytes:<n> (the baseline alone).
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "specula/verify/chain.hpp"
+
+using namespace specula;
+
+namespace {
+
+/// Streaming read of `n` floats (sum with 8 independent accumulators so the loop vectorises and
+/// is bound by memory, not by the add latency).
+float stream_sum(const float* data, std::size_t n) {
+  float acc[8] = {};
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += data[i + static_cast<std::size_t>(k)];
+  for (; i < n; ++i) acc[0] += data[i];
+  float s = 0;
+  for (float a : acc) s += a;
+  return s;
+}
+
+/// Bytes per second of stream_sum over a buffer of `bytes` bytes (best of several timed runs of
+/// at least ~20 ms each).
+double stream_bytes_per_second(std::size_t bytes) {
+  const std::size_t n = std::max<std::size_t>(1, bytes / sizeof(float));
+  std::vector<float> buf(n, 1.0f);
+  benchmark::DoNotOptimize(stream_sum(buf.data(), n));  // warm
+  double best = 0.0;
+  for (int rep = 0; rep < 5; ++rep) {
+    std::size_t iters = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto t1 = t0;
+    do {
+      benchmark::DoNotOptimize(stream_sum(buf.data(), n));
+      ++iters;
+      t1 = std::chrono::steady_clock::now();
+    } while (t1 - t0 < std::chrono::milliseconds(20));
+    const double s = std::chrono::duration<double>(t1 - t0).count();
+    best = std::max(best, static_cast<double>(iters) * static_cast<double>(n * sizeof(float)) / s);
+  }
+  return best;
+}
+
+enum class scenario { accept_all, reject_mid };
+
+/// One batch of B requests with L drafts each over vocabulary V, in the flattened layout.
+struct chain_fixture {
+  index_t vocab, length, batch;
+  std::vector<index_t> offsets;
+  std::vector<token_t> tokens;
+  std::vector<float> draft;
+  std::vector<float> target;
+  std::vector<request_rng> rng;
+  std::vector<token_t> out;
+  std::vector<std::int32_t> num_accepted;
+  std::vector<std::uint32_t> flags;
+
+  chain_fixture(index_t v, index_t l, index_t b, scenario sc) : vocab(v), length(l), batch(b) {
+    // A few distinct rows, copied into place (generation of GB-sized random data would
+    // dominate the run).
+    constexpr int pool = 4;
+    std::vector<std::vector<float>> rows(pool, std::vector<float>(static_cast<std::size_t>(v)));
+    for (int k = 0; k < pool; ++k) {
+      double sum = 0;
+      for (index_t y = 0; y < v; ++y) {
+        const double u = uniform_at(request_rng{7, static_cast<std::uint32_t>(k), 0},
+                                    draw_id{static_cast<std::uint32_t>(y), 0});
+        rows[static_cast<std::size_t>(k)][static_cast<std::size_t>(y)] = static_cast<float>(u * u * u);
+        sum += u * u * u;
+      }
+      for (float& x : rows[static_cast<std::size_t>(k)]) x = static_cast<float>(x / sum);
+    }
+    // Row 3 with token 0 zeroed: the "p(x) = 0" row for reject_mid.
+    auto zero_row = rows[0];
+    double rest = 0;
+    for (std::size_t y = 1; y < zero_row.size(); ++y) rest += zero_row[y];
+    zero_row[0] = 0.0f;
+    for (std::size_t y = 1; y < zero_row.size(); ++y) zero_row[y] = static_cast<float>(zero_row[y] / rest);
+
+    const auto sz = static_cast<std::size_t>(v);
+    draft.resize(static_cast<std::size_t>(b * l) * sz);
+    target.resize(static_cast<std::size_t>(b * (l + 1)) * sz);
+    offsets.push_back(0);
+    for (index_t r = 0; r < b; ++r) {
+      offsets.push_back(offsets.back() + l);
+      for (index_t i = 0; i < l; ++i) {
+        const auto& q = rows[static_cast<std::size_t>((r + i) % pool)];
+        std::copy(q.begin(), q.end(), draft.begin() + (r * l + i) * v);
+        const bool reject_here = sc == scenario::reject_mid && i == l / 2;
+        const auto& p = reject_here ? zero_row : q;
+        std::copy(p.begin(), p.end(), target.begin() + (r * (l + 1) + i) * v);
+        tokens.push_back(0);  // token 0 has positive q in every pool row
+      }
+      const auto& bonus = rows[static_cast<std::size_t>((r + 1) % pool)];
+      std::copy(bonus.begin(), bonus.end(), target.begin() + (r * (l + 1) + l) * v);
+      rng.push_back(request_rng{11, static_cast<std::uint32_t>(r), 0});
+    }
+    out.resize(static_cast<std::size_t>(b * (l + 1)));
+    num_accepted.resize(static_cast<std::size_t>(b));
+    flags.resize(static_cast<std::size_t>(b));
+  }
+
+  [[nodiscard]] chain_batch_input<float> input() const {
+    return {vocab, offsets, tokens, {draft.data(), batch * length, vocab},
+            {target.data(), batch * (length + 1), vocab}, rng};
+  }
+  chain_batch_output output() { return {out, num_accepted, {}, flags}; }
+
+  /// Bytes the unchecked call must touch, from the outcome of one call.
+  [[nodiscard]] double unchecked_bytes() const {
+    double bytes = 0;
+    for (index_t r = 0; r < batch; ++r) {
+      const auto n = num_accepted[static_cast<std::size_t>(r)];
+      bytes += 8.0 * n;
+      bytes += (n == length ? 4.0 : 8.0) * static_cast<double>(vocab);
+      bytes += 4.0 * static_cast<double>(length) * 2 + 16;  // tokens, outputs, rng
+    }
+    return bytes;
+  }
+  [[nodiscard]] double checked_bytes() const {
+    return unchecked_bytes() +
+           4.0 * static_cast<double>(vocab) * static_cast<double>(batch * (2 * length + 1));
+  }
+};
+
+struct case_spec {
+  index_t vocab, length, batch;
+  scenario sc;
+  bool checked;
+  bool parallel;
+};
+
+std::unique_ptr<chain_fixture> current;
+case_spec current_spec{};
+
+chain_fixture& fixture_for(const case_spec& c) {
+  if (!current || current_spec.vocab != c.vocab || current_spec.length != c.length ||
+      current_spec.batch != c.batch || current_spec.sc != c.sc) {
+    current.reset();
+    current = std::make_unique<chain_fixture>(c.vocab, c.length, c.batch, c.sc);
+    current_spec = c;
+  }
+  return *current;
+}
+
+void run_case(benchmark::State& state, case_spec c) {
+  chain_fixture& f = fixture_for(c);
+  const auto in = f.input();
+  const auto out = f.output();
+  auto call = [&] {
+    if (c.parallel) {
+      if (c.checked)
+        verify_chain(host::par, in, out);
+      else
+        verify_chain_unchecked(host::par, in, out);
+    } else {
+      if (c.checked)
+        verify_chain(host::seq, in, out);
+      else
+        verify_chain_unchecked(host::seq, in, out);
+    }
+  };
+  call();
+  const double bytes = c.checked ? f.checked_bytes() : f.unchecked_bytes();
+  const double stream = stream_bytes_per_second(static_cast<std::size_t>(bytes));
+  std::int64_t iters = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    call();
+    benchmark::ClobberMemory();
+    ++iters;
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * iters);
+  state.counters["bytes"] = bytes;
+  state.counters["stream_GBps"] = stream / 1e9;
+  state.counters["frac_of_stream"] = secs > 0 ? (bytes * static_cast<double>(iters) / secs) / stream : 0.0;
+  state.counters["accepted_mean"] =
+      static_cast<double>(std::accumulate(f.num_accepted.begin(), f.num_accepted.end(), 0)) /
+      static_cast<double>(c.batch);
+}
+
+void stream_case(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0)) / sizeof(float);
+  std::vector<float> buf(n, 1.0f);
+  for (auto _ : state) benchmark::DoNotOptimize(stream_sum(buf.data(), n));
+  state.SetBytesProcessed(static_cast<std::int64_t>(n * sizeof(float)) * state.iterations());
+}
+
+std::string name_of(const case_spec& c) {
+  return std::string("chain/") + (c.checked ? "checked/" : "unchecked/") +
+         (c.parallel ? "par/" : "seq/") +
+         (c.sc == scenario::accept_all ? "accept_all" : "reject_mid") +
+         "/V:" + std::to_string(c.vocab) + "/L:" + std::to_string(c.length) +
+         "/B:" + std::to_string(c.batch);
+}
+
+int register_all() {
+  benchmark::RegisterBenchmark("smoke/chain/V:1024/L:4/B:2", run_case,
+                               case_spec{1024, 4, 2, scenario::reject_mid, true, false});
+  for (index_t v : {16384, 32000, 128256})
+    for (index_t l : {1, 4, 8, 64})
+      for (index_t b : {1, 16})
+        for (scenario sc : {scenario::accept_all, scenario::reject_mid})
+          for (bool checked : {false, true})
+            for (bool par : {false, true}) {
+              if (par && b == 1) continue;                   // nothing to split
+              if (checked && sc == scenario::reject_mid) continue;  // validation dominates
+              const case_spec c{v, l, b, sc, checked, par};
+              benchmark::RegisterBenchmark(name_of(c).c_str(), run_case, c)
+                  ->Unit(benchmark::kMicrosecond);
+            }
+  for (std::int64_t bytes : {std::int64_t{1} << 16, std::int64_t{1} << 20, std::int64_t{1} << 24,
+                             std::int64_t{1} << 28})
+    benchmark::RegisterBenchmark(("stream_read/bytes:" + std::to_string(bytes)).c_str(),
+                                 stream_case)
+        ->Arg(bytes)
+        ->Unit(benchmark::kMicrosecond);
+  return 0;
+}
+
+const int registered = register_all();
+
+}  // namespace
