@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Configure, build and test specula.
+#
+#   scripts/test.sh [ctest args...]      e.g. scripts/test.sh -L core
+#
+# Environment: BUILD_DIR (default: build), BUILD_TYPE (default: Release),
+#              JOBS (default: nproc), CMAKE_ARGS (extra configure arguments),
+#              SPECULA_WERROR=ON (warnings as errors).
+set -euo pipefail
+# shellcheck source=scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+cd "$SPECULA_ROOT"
+ensure_deps
+
+BUILD_DIR="${BUILD_DIR:-build}"
+BUILD_TYPE="${BUILD_TYPE:-Release}"
+read -r -a extra_cmake_args <<<"${CMAKE_ARGS:-}"
+
+t_total=$(now_s)
+
+t=$(now_s)
+log "configure ($BUILD_DIR, $BUILD_TYPE)"
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" "${extra_cmake_args[@]}"
+t_configure=$(elapsed "$t")
+
+t=$(now_s)
+log "build (-j $JOBS)"
+cmake --build "$BUILD_DIR" -j "$JOBS"
+t_build=$(elapsed "$t")
+
+t=$(now_s)
+log "test"
+rc=0
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" "$@" || rc=$?
+t_test=$(elapsed "$t")
+
+log "timing: configure $t_configure, build $t_build, test $t_test, total $(elapsed "$t_total")"
+if ((rc != 0)); then
+  log "tests FAILED (ctest exit $rc)"
+fi
+exit "$rc"
