@@ -96,7 +96,8 @@ struct chain_fixture {
       for (index_t y = 0; y < v; ++y) {
         const double u = uniform_at(request_rng{7, static_cast<std::uint32_t>(k), 0},
                                     draw_id{static_cast<std::uint32_t>(y), 0});
-        rows[static_cast<std::size_t>(k)][static_cast<std::size_t>(y)] = static_cast<float>(u * u * u);
+        rows[static_cast<std::size_t>(k)][static_cast<std::size_t>(y)] =
+            static_cast<float>(u * u * u);
         sum += u * u * u;
       }
       for (float& x : rows[static_cast<std::size_t>(k)]) x = static_cast<float>(x / sum);
@@ -106,7 +107,8 @@ struct chain_fixture {
     double rest = 0;
     for (std::size_t y = 1; y < zero_row.size(); ++y) rest += zero_row[y];
     zero_row[0] = 0.0f;
-    for (std::size_t y = 1; y < zero_row.size(); ++y) zero_row[y] = static_cast<float>(zero_row[y] / rest);
+    for (std::size_t y = 1; y < zero_row.size(); ++y)
+      zero_row[y] = static_cast<float>(zero_row[y] / rest);
 
     const auto sz = static_cast<std::size_t>(v);
     draft.resize(static_cast<std::size_t>(b * l) * sz);
@@ -132,8 +134,12 @@ struct chain_fixture {
   }
 
   [[nodiscard]] chain_batch_input<float> input() const {
-    return {vocab, offsets, tokens, {draft.data(), batch * length, vocab},
-            {target.data(), batch * (length + 1), vocab}, rng};
+    return {vocab,
+            offsets,
+            tokens,
+            {draft.data(), batch * length, vocab},
+            {target.data(), batch * (length + 1), vocab},
+            rng};
   }
   chain_batch_output output() { return {out, num_accepted, {}, flags}; }
 
@@ -205,7 +211,8 @@ void run_case(benchmark::State& state, case_spec c) {
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * iters);
   state.counters["bytes"] = bytes;
   state.counters["stream_GBps"] = stream / 1e9;
-  state.counters["frac_of_stream"] = secs > 0 ? (bytes * static_cast<double>(iters) / secs) / stream : 0.0;
+  state.counters["frac_of_stream"] =
+      secs > 0 ? (bytes * static_cast<double>(iters) / secs) / stream : 0.0;
   state.counters["accepted_mean"] =
       static_cast<double>(std::accumulate(f.num_accepted.begin(), f.num_accepted.end(), 0)) /
       static_cast<double>(c.batch);
@@ -235,14 +242,14 @@ int register_all() {
         for (scenario sc : {scenario::accept_all, scenario::reject_mid})
           for (bool checked : {false, true})
             for (bool par : {false, true}) {
-              if (par && b == 1) continue;                   // nothing to split
+              if (par && b == 1) continue;                          // nothing to split
               if (checked && sc == scenario::reject_mid) continue;  // validation dominates
               const case_spec c{v, l, b, sc, checked, par};
               benchmark::RegisterBenchmark(name_of(c).c_str(), run_case, c)
                   ->Unit(benchmark::kMicrosecond);
             }
-  for (std::int64_t bytes : {std::int64_t{1} << 16, std::int64_t{1} << 20, std::int64_t{1} << 24,
-                             std::int64_t{1} << 28})
+  for (std::int64_t bytes :
+       {std::int64_t{1} << 16, std::int64_t{1} << 20, std::int64_t{1} << 24, std::int64_t{1} << 28})
     benchmark::RegisterBenchmark(("stream_read/bytes:" + std::to_string(bytes)).c_str(),
                                  stream_case)
         ->Arg(bytes)

@@ -45,19 +45,24 @@ options parse(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--vocab") o.vocab = std::atoll(next());
-    else if (a == "--draft-length") o.draft_length = std::atoll(next());
-    else if (a == "--batch") o.batch = std::atoll(next());
-    else if (a == "--tokens") o.tokens = std::atoll(next());
-    else if (a == "--mix") o.mix = std::atof(next());
-    else if (a == "--seed") o.seed = std::strtoull(next(), nullptr, 10);
+    if (a == "--vocab")
+      o.vocab = std::atoll(next());
+    else if (a == "--draft-length")
+      o.draft_length = std::atoll(next());
+    else if (a == "--batch")
+      o.batch = std::atoll(next());
+    else if (a == "--tokens")
+      o.tokens = std::atoll(next());
+    else if (a == "--mix")
+      o.mix = std::atof(next());
+    else if (a == "--seed")
+      o.seed = std::strtoull(next(), nullptr, 10);
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       std::exit(2);
     }
   }
-  if (o.vocab < 2 || o.draft_length < 0 || o.batch < 1 || o.tokens < 1 || o.mix < 0 ||
-      o.mix > 1) {
+  if (o.vocab < 2 || o.draft_length < 0 || o.batch < 1 || o.tokens < 1 || o.mix < 0 || o.mix > 1) {
     std::fprintf(stderr, "invalid options\n");
     std::exit(2);
   }
@@ -76,7 +81,8 @@ std::vector<float> bigram_table(index_t vocab, std::uint64_t seed, float sharpne
       rows[static_cast<std::size_t>(a * vocab + b)] = static_cast<float>(w);
       sum += w;
     }
-    for (index_t b = 0; b < vocab; ++b) rows[static_cast<std::size_t>(a * vocab + b)] /= static_cast<float>(sum);
+    for (index_t b = 0; b < vocab; ++b)
+      rows[static_cast<std::size_t>(a * vocab + b)] /= static_cast<float>(sum);
   }
   return rows;
 }
@@ -97,7 +103,8 @@ int main(int argc, char** argv) {
   for (index_t a = 0; a < V; ++a) {
     double tv = 0;
     for (index_t b = 0; b < V; ++b)
-      tv += std::abs(target[static_cast<std::size_t>(a * V + b)] - draft[static_cast<std::size_t>(a * V + b)]);
+      tv += std::abs(target[static_cast<std::size_t>(a * V + b)] -
+                     draft[static_cast<std::size_t>(a * V + b)]);
     accept_theory += 1.0 - 0.5 * tv;
   }
   accept_theory /= static_cast<double>(V);
@@ -131,13 +138,16 @@ int main(int argc, char** argv) {
       const request_rng draft_rng{fold_in(o.seed, 1), static_cast<std::uint32_t>(b), step};
       for (index_t i = 0; i < len; ++i) {
         const row_view<const float> q(&draft[static_cast<std::size_t>(last * V)], V);
-        const auto x = static_cast<token_t>(sample_inverse_cdf(q, uniform_at(draft_rng, {static_cast<std::uint32_t>(i), 0})));
+        const auto x = static_cast<token_t>(
+            sample_inverse_cdf(q, uniform_at(draft_rng, {static_cast<std::uint32_t>(i), 0})));
         q_rows.insert(q_rows.end(), q.begin(), q.end());
-        p_rows.insert(p_rows.end(), &target[static_cast<std::size_t>(last * V)], &target[static_cast<std::size_t>((last + 1) * V)]);
+        p_rows.insert(p_rows.end(), &target[static_cast<std::size_t>(last * V)],
+                      &target[static_cast<std::size_t>((last + 1) * V)]);
         tokens.push_back(x);
         last = x;
       }
-      p_rows.insert(p_rows.end(), &target[static_cast<std::size_t>(last * V)], &target[static_cast<std::size_t>((last + 1) * V)]);
+      p_rows.insert(p_rows.end(), &target[static_cast<std::size_t>(last * V)],
+                    &target[static_cast<std::size_t>((last + 1) * V)]);
       offsets.push_back(offsets.back() + len);
       rng.push_back(request_rng{o.seed, static_cast<std::uint32_t>(b), step});
     }
@@ -147,15 +157,16 @@ int main(int argc, char** argv) {
     out.assign(static_cast<std::size_t>(nd + nb), no_token);
     n_acc.assign(static_cast<std::size_t>(nb), 0);
     flags.assign(static_cast<std::size_t>(nb), 0);
-    chain_batch_input<float> in{V, offsets, tokens, {q_rows.data(), nd, V},
-                                {p_rows.data(), nd + nb, V}, rng};
+    chain_batch_input<float> in{
+        V, offsets, tokens, {q_rows.data(), nd, V}, {p_rows.data(), nd + nb, V}, rng};
     verify_chain(host::seq, in, chain_batch_output{out, n_acc, {}, flags});
     ++steps;
     for (index_t k = 0; k < nb; ++k) {
       const auto sk = static_cast<std::size_t>(k);
       auto& s = seqs[static_cast<std::size_t>(active[sk])];
       const index_t start = offsets[sk] + k;
-      for (index_t i = 0; i <= n_acc[sk]; ++i) s.push_back(out[static_cast<std::size_t>(start + i)]);
+      for (index_t i = 0; i <= n_acc[sk]; ++i)
+        s.push_back(out[static_cast<std::size_t>(start + i)]);
       ++histogram[static_cast<std::size_t>(n_acc[sk])];
       // Drafts actually tested: the accepted ones, plus the rejected one if any.
       const index_t len = offsets[sk + 1] - offsets[sk];
@@ -172,7 +183,8 @@ int main(int argc, char** argv) {
               static_cast<long long>(V), static_cast<long long>(L), static_cast<long long>(B),
               static_cast<long long>(o.tokens), o.mix);
   std::printf("batched verify calls: %llu; request-steps: %llu\n",
-              static_cast<unsigned long long>(steps), static_cast<unsigned long long>(request_steps));
+              static_cast<unsigned long long>(steps),
+              static_cast<unsigned long long>(request_steps));
   std::printf("tokens per request-step: %.3f (1.000 without speculation)\n",
               generated / static_cast<double>(request_steps));
   std::printf("draft acceptance rate: %.4f measured; mean of 1 - TV(p, q) over contexts: %.4f\n",

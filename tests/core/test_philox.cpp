@@ -62,8 +62,7 @@ TEST_CASE("uniforms from a stream are uniform (chi-square on 64 bins)", "[core][
   CHECK(x2 < 150.0);
 }
 
-TEST_CASE("draw points map to distinct counters and streams to distinct numbers",
-          "[core][rng]") {
+TEST_CASE("draw points map to distinct counters and streams to distinct numbers", "[core][rng]") {
   std::set<std::uint32_t> seen;
   int draws = 0;
   for (std::uint32_t req = 0; req < 4; ++req)

@@ -87,14 +87,15 @@ TEST_CASE("per-request chain verification on the device equals the host backend"
       draft.insert(draft.end(), q.begin(), q.end());
       token_t x = 0;
       for (index_t y = 0; y < vocab; ++y)
-        if (q[static_cast<std::size_t>(y)] > q[static_cast<std::size_t>(x)]) x = static_cast<token_t>(y);
+        if (q[static_cast<std::size_t>(y)] > q[static_cast<std::size_t>(x)])
+          x = static_cast<token_t>(y);
       tokens.push_back(x);
     }
     rng.push_back(request_rng{42, static_cast<std::uint32_t>(b), 1});
   }
   const index_t nd = offsets.back();
-  chain_batch_input<float> host_in{vocab, offsets, tokens, {draft.data(), nd, vocab},
-                                   {target.data(), nd + batch, vocab}, rng};
+  chain_batch_input<float> host_in{
+      vocab, offsets, tokens, {draft.data(), nd, vocab}, {target.data(), nd + batch, vocab}, rng};
   std::vector<token_t> out(static_cast<std::size_t>(nd + batch));
   std::vector<std::int32_t> n(static_cast<std::size_t>(batch));
   std::vector<std::uint8_t> acc(static_cast<std::size_t>(nd));
@@ -110,8 +111,11 @@ TEST_CASE("per-request chain verification on the device equals the host backend"
   auto* d_n = to_device(std::vector<std::int32_t>(n.size()));
   auto* d_acc = to_device(std::vector<std::uint8_t>(acc.size()));
   auto* d_flags = to_device(std::vector<std::uint32_t>(flags.size()));
-  chain_batch_input<float> dev_in{vocab, {d_off, batch + 1}, {d_tok, nd},
-                                  {d_draft, nd, vocab}, {d_target, nd + batch, vocab},
+  chain_batch_input<float> dev_in{vocab,
+                                  {d_off, batch + 1},
+                                  {d_tok, nd},
+                                  {d_draft, nd, vocab},
+                                  {d_target, nd + batch, vocab},
                                   {d_rng, batch}};
   chain_batch_output dev_out{{d_out, nd + batch}, {d_n, batch}, {d_acc, nd}, {d_flags, batch}};
   chain_kernel<<<1, 64>>>(dev_in, dev_out, default_residual_floor);
@@ -120,8 +124,9 @@ TEST_CASE("per-request chain verification on the device equals the host backend"
   CHECK(to_host(d_n, n.size()) == n);
   CHECK(to_host(d_acc, acc.size()) == acc);
   CHECK(to_host(d_flags, flags.size()) == flags);
-  for (void* p : {static_cast<void*>(d_off), static_cast<void*>(d_tok), static_cast<void*>(d_draft),
-                  static_cast<void*>(d_target), static_cast<void*>(d_rng), static_cast<void*>(d_out),
-                  static_cast<void*>(d_n), static_cast<void*>(d_acc), static_cast<void*>(d_flags)})
+  for (void* p :
+       {static_cast<void*>(d_off), static_cast<void*>(d_tok), static_cast<void*>(d_draft),
+        static_cast<void*>(d_target), static_cast<void*>(d_rng), static_cast<void*>(d_out),
+        static_cast<void*>(d_n), static_cast<void*>(d_acc), static_cast<void*>(d_flags)})
     cudaFree(p);
 }

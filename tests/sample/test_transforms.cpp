@@ -118,6 +118,5 @@ TEST_CASE("classifier-free guidance mixes before top-k", "[sample]") {
   std::vector<float> bad_uncond(2);
   CHECK_THROWS_WITH(cfg_mix(cond, bad_uncond, 1.0f, out), Catch::Contains("uncond"));
   sp.top_p = 0.0f;
-  CHECK_THROWS_WITH(logits_to_probs(sp, logits, uncond, probs, scratch),
-                    Catch::Contains("top_p"));
+  CHECK_THROWS_WITH(logits_to_probs(sp, logits, uncond, probs, scratch), Catch::Contains("top_p"));
 }

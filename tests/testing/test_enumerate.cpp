@@ -56,7 +56,8 @@ TEST_CASE("categorical decisions match the production sampler's u-measure", "[st
     }
   }
   auto none = testing::enumerate_outcomes<index_t>([](auto& src) {
-    return src.categorical(3, [](index_t) { return 0.0; }, 0.0, draw_id{});
+    return src.categorical(
+        3, [](index_t) { return 0.0; }, 0.0, draw_id{});
   });
   CHECK(none[-1] == 1.0);
 }
@@ -66,8 +67,9 @@ TEST_CASE("nested decisions multiply; every path is visited once", "[stats][test
   auto law = testing::enumerate_outcomes<int>([](auto& src) {
     const bool a = src.bernoulli(0.25, draw_id{0, 0});
     const bool b = src.bernoulli(0.25, draw_id{1, 0});
-    if (a && b) return 10 + static_cast<int>(src.categorical(3, [](index_t) { return 1.0; }, 3.0,
-                                                             draw_id{2, 0}));
+    if (a && b)
+      return 10 + static_cast<int>(src.categorical(
+                      3, [](index_t) { return 1.0; }, 3.0, draw_id{2, 0}));
     return (a ? 2 : 0) + (b ? 1 : 0);
   });
   CHECK(law[0] == Approx(0.5625));
@@ -80,12 +82,12 @@ TEST_CASE("nested decisions multiply; every path is visited once", "[stats][test
 
 TEST_CASE("a nondeterministic experiment is reported", "[stats][testing]") {
   int calls = 0;
-  CHECK_THROWS_AS(testing::enumerate_outcomes<int>([&](auto& src) {
-                    ++calls;
-                    // Offers a different number of outcomes on replay.
-                    return static_cast<int>(src.categorical(
-                        calls == 1 ? 2 : 3, [](index_t) { return 1.0; }, calls == 1 ? 2.0 : 3.0,
-                        draw_id{}));
-                  }),
-                  std::logic_error);
+  CHECK_THROWS_AS(
+      testing::enumerate_outcomes<int>([&](auto& src) {
+        ++calls;
+        // Offers a different number of outcomes on replay.
+        return static_cast<int>(src.categorical(
+            calls == 1 ? 2 : 3, [](index_t) { return 1.0; }, calls == 1 ? 2.0 : 3.0, draw_id{}));
+      }),
+      std::logic_error);
 }

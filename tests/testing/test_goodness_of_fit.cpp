@@ -9,8 +9,7 @@
 
 using namespace specula;
 
-TEST_CASE("chi-square and G statistics and p-values (2 degrees of freedom: exp(-x/2))",
-          "[stats]") {
+TEST_CASE("chi-square and G statistics and p-values (2 degrees of freedom: exp(-x/2))", "[stats]") {
   const std::vector<std::uint64_t> obs = {30, 50, 20};
   const std::vector<double> law = {0.25, 0.5, 0.25};
   // Expected 25, 50, 25: X^2 = 25/25 + 0 + 25/25 = 2.
@@ -50,8 +49,7 @@ TEST_CASE("total variation, max difference and empirical law", "[stats]") {
   CHECK(testing::empirical_law(c) == std::vector<double>{0.25, 0.75});
 }
 
-TEST_CASE("toy AR model: rows are distributions and the sequence law is their product",
-          "[stats]") {
+TEST_CASE("toy AR model: rows are distributions and the sequence law is their product", "[stats]") {
   const testing::toy_ar_model m(3, 3, 42, 0.3);
   CHECK(m.num_prefixes() == 1 + 3 + 9);
   CHECK(m.num_sequences() == 27);

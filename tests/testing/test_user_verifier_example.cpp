@@ -11,8 +11,8 @@
 // A user's single-position verifier: the draft x was sampled from q; accept it with
 // min(1, p(x)/q(x)), otherwise sample the residual max(p - q, 0).
 template <class Source>
-specula::index_t my_verify(Source& src, const std::vector<double>& p,
-                           const std::vector<double>& q, specula::index_t x) {
+specula::index_t my_verify(Source& src, const std::vector<double>& p, const std::vector<double>& q,
+                           specula::index_t x) {
   const double a = q[x] > 0 ? std::min(1.0, p[x] / q[x]) : 1.0;
   if (src.bernoulli(a, specula::draw_id{0, 0})) return x;
   auto residual = [&](specula::index_t y) { return std::max(p[y] - q[y], 0.0); };

@@ -21,11 +21,11 @@ struct fixture {
   std::vector<float> draft = {0.25f, 0.25f, 0.25f, 0.25f,  //
                               0.1f,  0.2f,  0.3f,  0.4f,   //
                               0.7f,  0.1f,  0.1f,  0.1f};
-  std::vector<float> target = {0.4f, 0.3f, 0.2f, 0.1f,  //
-                               0.1f, 0.1f, 0.1f, 0.7f,  //
+  std::vector<float> target = {0.4f,  0.3f,  0.2f,  0.1f,   //
+                               0.1f,  0.1f,  0.1f,  0.7f,   //
                                0.25f, 0.25f, 0.25f, 0.25f,  //
-                               0.5f, 0.5f, 0.0f, 0.0f,  //
-                               0.0f, 1.0f, 0.0f, 0.0f};
+                               0.5f,  0.5f,  0.0f,  0.0f,   //
+                               0.0f,  1.0f,  0.0f,  0.0f};
   std::vector<request_rng> rng = {{1, 0, 0}, {1, 1, 0}};
   std::vector<token_t> out = std::vector<token_t>(5);
   std::vector<std::int32_t> n = std::vector<std::int32_t>(2);
@@ -280,4 +280,14 @@ TEST_CASE("bad padded-layout inputs", "[verify][bad_input]") {
     require_error([&] { verify_chain(host::seq, in, bad); },
                   {status::length_mismatch, "output_tokens", -1, -1});
   }
+}
+
+TEST_CASE("parallel validation reports the same first error as sequential", "[verify][bad_input]") {
+  fixture f;
+  // Two bad rows: the first in row order must be reported whatever the thread split.
+  f.target[4 * 1 + 0] = std::numeric_limits<float>::quiet_NaN();
+  f.target[4 * 4 + 1] = -1.0f;
+  for (unsigned threads : {1u, 2u, 3u, 5u})
+    require_error([&] { verify_chain(host::par.with_threads(threads), f.in(), f.output()); },
+                  {status::nan_value, "target_probs", 1, 0});
 }

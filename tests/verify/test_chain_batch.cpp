@@ -1,8 +1,8 @@
 // Batched chain verification: layouts, determinism, batch-position invariance, policies,
 // output conventions.
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <numeric>
 #include <vector>
 
@@ -33,7 +33,8 @@ struct ragged_batch {
         // p close to q so that chains are partly accepted.
         auto p = testing::random_probability_row(v, seed, id++, 0.0);
         for (index_t y = 0; y < v; ++y)
-          p[static_cast<std::size_t>(y)] = 0.7 * q[static_cast<std::size_t>(y)] + 0.3 * p[static_cast<std::size_t>(y)];
+          p[static_cast<std::size_t>(y)] =
+              0.7 * q[static_cast<std::size_t>(y)] + 0.3 * p[static_cast<std::size_t>(y)];
         const double u = uniform_at(request_rng{seed, id, 7}, draw_id{0, 0});
         double acc = 0.0;
         token_t x = 0;
@@ -150,13 +151,17 @@ TEST_CASE("a request's output does not depend on its batch position or its neigh
     std::vector<float> target(full.target.begin() + (full.offsets[sb] + b) * full.vocab,
                               full.target.begin() + (full.offsets[sb] + b + len + 1) * full.vocab);
     std::vector<request_rng> rng = {full.rng[sb]};
-    chain_batch_input<float> in{full.vocab, offsets, tokens,
+    chain_batch_input<float> in{full.vocab,
+                                offsets,
+                                tokens,
                                 {draft.data(), len, full.vocab},
-                                {target.data(), len + 1, full.vocab}, rng};
+                                {target.data(), len + 1, full.vocab},
+                                rng};
     outputs one(len, 1);
     verify_chain(host::seq, in, one.view());
     CHECK(one.accepted_count[0] == ref.accepted_count[sb]);
-    const auto mine = std::vector<token_t>(one.tokens.begin(), one.tokens.begin() + one.accepted_count[0] + 1);
+    const auto mine =
+        std::vector<token_t>(one.tokens.begin(), one.tokens.begin() + one.accepted_count[0] + 1);
     CHECK(mine == emitted(full, ref, b));
   }
 
@@ -181,8 +186,7 @@ TEST_CASE("a request's output does not depend on its batch position or its neigh
                         full.tokens.begin() + full.offsets[sb] + len);
       rev.draft.insert(rev.draft.end(), full.draft.begin() + full.offsets[sb] * full.vocab,
                        full.draft.begin() + (full.offsets[sb] + len) * full.vocab);
-      rev.target.insert(rev.target.end(),
-                        full.target.begin() + (full.offsets[sb] + b) * full.vocab,
+      rev.target.insert(rev.target.end(), full.target.begin() + (full.offsets[sb] + b) * full.vocab,
                         full.target.begin() + (full.offsets[sb] + b + len + 1) * full.vocab);
       rev.rng.push_back(full.rng[sb]);
     }
@@ -219,7 +223,8 @@ TEST_CASE("padded layout gives the flattened layout's output", "[verify]") {
     const auto sb = static_cast<std::size_t>(b);
     const index_t len = bt.lengths[sb];
     for (index_t i = 0; i < len; ++i) {
-      tokens[static_cast<std::size_t>(b * L + i)] = bt.tokens[static_cast<std::size_t>(bt.offsets[sb] + i)];
+      tokens[static_cast<std::size_t>(b * L + i)] =
+          bt.tokens[static_cast<std::size_t>(bt.offsets[sb] + i)];
       std::copy_n(bt.draft.begin() + (bt.offsets[sb] + i) * V, V, draft.begin() + (b * L + i) * V);
     }
     for (index_t i = len; i < L; ++i) draft[static_cast<std::size_t>((b * L + i) * V)] = 1.0f;
@@ -251,7 +256,8 @@ TEST_CASE("padded layout gives the flattened layout's output", "[verify]") {
       CHECK(n[sb] == ref.accepted_count[sb]);
       const auto e = emitted(bt, ref, b);
       for (index_t i = 0; i <= L; ++i) {
-        const token_t want = i < static_cast<index_t>(e.size()) ? e[static_cast<std::size_t>(i)] : no_token;
+        const token_t want =
+            i < static_cast<index_t>(e.size()) ? e[static_cast<std::size_t>(i)] : no_token;
         CHECK(out[static_cast<std::size_t>(b * (L + 1) + i)] == want);
       }
       for (index_t i = 0; i < L; ++i)
@@ -271,7 +277,8 @@ TEST_CASE("one-hot drafts never emit a rejected draft as the correction", "[veri
     for (index_t b = 0; b < s.batch(); ++b) {
       const auto sb = static_cast<std::size_t>(b);
       if (o.accepted_count[sb] == 0) {
-        CHECK(o.tokens[static_cast<std::size_t>(s.offsets[sb] + b)] != s.tokens[static_cast<std::size_t>(s.offsets[sb])]);
+        CHECK(o.tokens[static_cast<std::size_t>(s.offsets[sb] + b)] !=
+              s.tokens[static_cast<std::size_t>(s.offsets[sb])]);
       }
     }
   }

@@ -78,9 +78,8 @@ TEST_CASE("exact law with one-hot drafts (no q rows) equals p", "[verify][law]")
 TEST_CASE("negative control: biased residuals visibly change the exact law", "[verify][law]") {
   const auto pr = make_pair(pair_kind::dense, 6, 1234);
   const auto p_next = testing::random_probability_row(6, 1234, 5);
-  const auto r1 =
-      testing::check_lossless(pr.p, single_position(pr.p, pr.q, p_next,
-                                                    test::resample_from_target_rule{}));
+  const auto r1 = testing::check_lossless(
+      pr.p, single_position(pr.p, pr.q, p_next, test::resample_from_target_rule{}));
   const auto r2 = testing::check_lossless(
       pr.p, single_position(pr.p, pr.q, p_next, test::absolute_residual_rule{}));
   INFO(r1.describe() << "\n" << r2.describe());
@@ -102,8 +101,8 @@ TEST_CASE("exact sequence law of multi-token speculative decoding on a toy model
     auto experiment = [&](auto& src) -> index_t {
       std::vector<token_t> seq;
       while (static_cast<index_t>(seq.size()) < target.horizon()) {
-        const index_t length = std::min<index_t>(2, target.horizon() - 1 -
-                                                        static_cast<index_t>(seq.size()));
+        const index_t length =
+            std::min<index_t>(2, target.horizon() - 1 - static_cast<index_t>(seq.size()));
         std::vector<token_t> ctx = seq, drafts;
         std::vector<std::span<const double>> prow, qrow;
         for (index_t i = 0; i < length; ++i) {
@@ -125,8 +124,8 @@ TEST_CASE("exact sequence law of multi-token speculative decoding on a toy model
           auto r = qrow[static_cast<std::size_t>(i)];
           return dense_proposal<double>{row_view<const double>(r.data(), 3)};
         };
-        const auto res = verify_chain_request(exact_rule{}, src, length, drafts.data(),
-                                              target_row, prop, 0.0, out.data(), nullptr);
+        const auto res = verify_chain_request(exact_rule{}, src, length, drafts.data(), target_row,
+                                              prop, 0.0, out.data(), nullptr);
         for (index_t i = 0; i <= res.num_accepted; ++i)
           seq.push_back(out[static_cast<std::size_t>(i)]);
       }

@@ -42,7 +42,7 @@ inline constexpr parallel_policy par{};
 /// A host execution policy.
 template <class P>
 concept policy = std::same_as<std::remove_cvref_t<P>, sequential_policy> ||
-                 std::same_as<std::remove_cvref_t<P>, parallel_policy>;
+    std::same_as<std::remove_cvref_t<P>, parallel_policy>;
 
 /// Calls `f(i)` for every i in [0, n) under `pol`. With `par`, the first exception thrown by any
 /// chunk is rethrown on the calling thread after all chunks finish.
@@ -53,7 +53,8 @@ void for_each_index(sequential_policy, index_t n, F&& f) {
 
 template <class F>
 void for_each_index(const parallel_policy& pol, index_t n, F&& f) {
-  const index_t hw = std::max<index_t>(1, static_cast<index_t>(std::thread::hardware_concurrency()));
+  const index_t hw =
+      std::max<index_t>(1, static_cast<index_t>(std::thread::hardware_concurrency()));
   const index_t wanted = pol.threads == 0 ? hw : static_cast<index_t>(pol.threads);
   const index_t per = std::max<index_t>(1, pol.min_requests_per_thread);
   const index_t chunks = std::max<index_t>(1, std::min(wanted, (n + per - 1) / per));

@@ -64,10 +64,9 @@ SPECULA_HOST_DEVICE constexpr double uniform_at(const request_rng& rng, draw_id 
 /// hash of a user string), by encrypting `data` under the key of `seed`.
 SPECULA_HOST_DEVICE constexpr std::uint64_t fold_in(std::uint64_t seed,
                                                     std::uint64_t data) noexcept {
-  const u32x4 w = philox4x32_10(
-      u32x4{{static_cast<std::uint32_t>(data), static_cast<std::uint32_t>(data >> 32), 0u,
-             0x5EEDF01Du}},
-      philox_key(seed));
+  const u32x4 w = philox4x32_10(u32x4{{static_cast<std::uint32_t>(data),
+                                       static_cast<std::uint32_t>(data >> 32), 0u, 0x5EEDF01Du}},
+                                philox_key(seed));
   return (static_cast<std::uint64_t>(w.v[1]) << 32) | w.v[0];
 }
 

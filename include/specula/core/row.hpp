@@ -33,18 +33,17 @@ struct row_view {
 
   /// A view of const elements converts implicitly from a view of mutable ones.
   template <class U>
-    requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
-  SPECULA_HOST_DEVICE constexpr row_view(row_view<U> other) noexcept  // NOLINT(google-explicit-constructor)
+  requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>) SPECULA_HOST_DEVICE
+      constexpr row_view(row_view<U> other) noexcept  // NOLINT(google-explicit-constructor)
       : data(other.data), size(other.size) {}
 
   /// Views any contiguous container with `data()` and `size()` (std::vector, std::span, ...).
   template <class Container>
-    requires(!std::is_same_v<std::remove_cvref_t<Container>, row_view> &&
-             requires(Container& c) {
-               { c.data() } -> std::convertible_to<T*>;
-               c.size();
-             })
-  constexpr row_view(Container& c) noexcept  // NOLINT(google-explicit-constructor)
+  requires(!std::is_same_v<std::remove_cvref_t<Container>, row_view> &&
+           requires(Container & c) {
+             { c.data() } -> std::convertible_to<T*>;
+             c.size();
+           }) constexpr row_view(Container& c) noexcept  // NOLINT(google-explicit-constructor)
       : data(c.data()), size(static_cast<index_t>(c.size())) {}
 
   SPECULA_HOST_DEVICE constexpr T& operator[](index_t i) const noexcept { return data[i]; }
@@ -59,7 +58,8 @@ struct row_view {
 };
 
 template <class Container>
-row_view(Container&) -> row_view<std::remove_pointer_t<decltype(std::declval<Container&>().data())>>;
+row_view(Container&)
+    -> row_view<std::remove_pointer_t<decltype(std::declval<Container&>().data())>>;
 
 /// A batch of `rows` rows of `cols` elements each; row r starts at `data + r * row_stride`.
 ///
@@ -82,8 +82,8 @@ struct batch_view {
       : data(d), rows(r), cols(c), row_stride(stride) {}
 
   template <class U>
-    requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
-  SPECULA_HOST_DEVICE constexpr batch_view(batch_view<U> other) noexcept  // NOLINT(google-explicit-constructor)
+  requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>) SPECULA_HOST_DEVICE
+      constexpr batch_view(batch_view<U> other) noexcept  // NOLINT(google-explicit-constructor)
       : data(other.data), rows(other.rows), cols(other.cols), row_stride(other.row_stride) {}
 
   SPECULA_HOST_DEVICE constexpr row_view<T> row(index_t r) const noexcept {

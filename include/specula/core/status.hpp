@@ -28,18 +28,30 @@ enum class status : int {
 /// Short human-readable description of a status code.
 SPECULA_HOST_DEVICE constexpr const char* describe(status s) noexcept {
   switch (s) {
-    case status::ok: return "ok";
-    case status::empty_input: return "empty input";
-    case status::length_mismatch: return "length mismatch";
-    case status::nan_value: return "NaN entry";
-    case status::inf_value: return "infinite entry";
-    case status::negative_value: return "negative probability";
-    case status::bad_row_sum: return "row does not sum to 1 within tolerance";
-    case status::token_out_of_range: return "token id out of range";
-    case status::zero_draft_probability: return "drafted token has zero proposal probability";
-    case status::bad_padding: return "misplaced padding (-1)";
-    case status::invalid_parameter: return "invalid parameter";
-    case status::no_mass: return "row has no positive mass";
+    case status::ok:
+      return "ok";
+    case status::empty_input:
+      return "empty input";
+    case status::length_mismatch:
+      return "length mismatch";
+    case status::nan_value:
+      return "NaN entry";
+    case status::inf_value:
+      return "infinite entry";
+    case status::negative_value:
+      return "negative probability";
+    case status::bad_row_sum:
+      return "row does not sum to 1 within tolerance";
+    case status::token_out_of_range:
+      return "token id out of range";
+    case status::zero_draft_probability:
+      return "drafted token has zero proposal probability";
+    case status::bad_padding:
+      return "misplaced padding (-1)";
+    case status::invalid_parameter:
+      return "invalid parameter";
+    case status::no_mass:
+      return "row has no positive mass";
   }
   return "unknown status";
 }

@@ -54,7 +54,8 @@ SPECULA_HOST_DEVICE constexpr diagnostic check_probability_row(row_view<const T>
       if (v < 0.0) return {status::negative_value, row_index, j, v};
     }
   }
-  if (detail::abs_value(sum - 1.0) > sum_tolerance) return {status::bad_row_sum, row_index, -1, sum};
+  if (detail::abs_value(sum - 1.0) > sum_tolerance)
+    return {status::bad_row_sum, row_index, -1, sum};
   return {};
 }
 

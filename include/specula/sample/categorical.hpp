@@ -103,14 +103,13 @@ SPECULA_HOST_DEVICE constexpr index_t sample_inverse_cdf(row_view<const T> weigh
 /// per four categories, drawn from the per-category slots of `rng` at `position` (see
 /// core/rng.hpp). Ties resolve to the smaller index. Returns -1 when no weight is positive.
 template <class WeightFn>
-SPECULA_HOST_DEVICE index_t sample_exponential_race(index_t n, WeightFn&& w,
-                                                    const request_rng& rng,
+SPECULA_HOST_DEVICE index_t sample_exponential_race(index_t n, WeightFn&& w, const request_rng& rng,
                                                     std::uint32_t position) noexcept {
   index_t best = -1;
   double best_score = 0.0;
   for (index_t block = 0; block * 4 < n; ++block) {
-    const u32x4 bits = random_bits(
-        rng, draw_id{position, category_slot_base + static_cast<std::uint32_t>(block)});
+    const u32x4 bits =
+        random_bits(rng, draw_id{position, category_slot_base + static_cast<std::uint32_t>(block)});
     for (int j = 0; j < 4; ++j) {
       const index_t i = block * 4 + j;
       if (i >= n) break;

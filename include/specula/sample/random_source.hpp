@@ -28,12 +28,11 @@ struct example_weight_fn {
 
 /// A source of the two kinds of random decisions verifiers make (see file comment).
 template <class S>
-concept random_source =
-    requires(S& s, double prob, draw_id at, index_t n, double total,
-             detail::example_weight_fn w) {
-      { s.bernoulli(prob, at) } -> std::same_as<bool>;
-      { s.categorical(n, w, total, at) } -> std::same_as<index_t>;
-    };
+concept random_source = requires(S& s, double prob, draw_id at, index_t n, double total,
+                                 detail::example_weight_fn w) {
+  { s.bernoulli(prob, at) } -> std::same_as<bool>;
+  { s.categorical(n, w, total, at) } -> std::same_as<index_t>;
+};
 
 /// Production random source: one Philox block per draw point of a request's stream.
 struct philox_source {

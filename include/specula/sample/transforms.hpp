@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <span>
@@ -71,10 +72,14 @@ inline void require_same_size(std::size_t a, std::size_t b, const char* argument
                     ("expected length " + std::to_string(b)).c_str());
 }
 
+[[noreturn]] inline void throw_scratch_too_small(std::size_t have, std::size_t need) {
+  throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(have)}, "scratch",
+                  ("needs at least " + std::to_string(need) + " elements").c_str());
+  std::abort();  // unreachable: throw_if_failed throws for a failed diagnostic
+}
+
 inline void require_scratch(std::span<float> scratch, std::size_t n) {
-  if (scratch.size() < n)
-    throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(scratch.size())},
-                    "scratch", ("needs at least " + std::to_string(n) + " elements").c_str());
+  if (scratch.size() < n) throw_scratch_too_small(scratch.size(), n);
 }
 
 /// Renormalises a probability row in place (sum in double). Returns false if it has no mass.
@@ -137,11 +142,12 @@ inline void softmax(std::span<const float> logits, std::span<float> probs) {
 inline void top_k_filter(std::span<float> logits, index_t k, std::span<float> scratch) {
   require_parameter(k >= 1, "top_k", static_cast<double>(k), "must be >= 1");
   if (static_cast<std::size_t>(k) >= logits.size()) return;
-  detail::require_scratch(scratch, logits.size());
-  auto s = scratch.first(logits.size());
-  std::copy(logits.begin(), logits.end(), s.begin());
-  std::nth_element(s.begin(), s.begin() + (k - 1), s.end(), std::greater<float>());
-  const float threshold = s[static_cast<std::size_t>(k - 1)];
+  const std::size_t n = logits.size();
+  detail::require_scratch(scratch, n);
+  float* s = scratch.data();
+  for (std::size_t i = 0; i < n; ++i) s[i] = logits[i];
+  std::nth_element(s, s + (k - 1), s + n, std::greater<float>());
+  const float threshold = s[k - 1];
   for (float& v : logits)
     if (v < threshold) v = -std::numeric_limits<float>::infinity();
 }

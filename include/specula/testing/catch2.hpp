@@ -28,10 +28,10 @@ namespace specula::testing {
 
 /// Comparison of an experiment's exact output law with a target law.
 struct lossless_report {
-  std::vector<double> law;        ///< the experiment's exact output law
-  double invalid_mass = 0.0;      ///< probability of outputs outside [0, vocab)
-  double max_abs_error = 0.0;     ///< max |law - target| over tokens
-  index_t worst_token = -1;       ///< argmax of |law - target|
+  std::vector<double> law;     ///< the experiment's exact output law
+  double invalid_mass = 0.0;   ///< probability of outputs outside [0, vocab)
+  double max_abs_error = 0.0;  ///< max |law - target| over tokens
+  index_t worst_token = -1;    ///< argmax of |law - target|
 
   [[nodiscard]] std::string describe() const {
     std::ostringstream os;
@@ -75,18 +75,18 @@ lossless_report check_lossless(std::span<const double> target, Experiment&& expe
   SPECULA_REQUIRE_LOSSLESS_TOL(target, experiment, 1e-12)
 
 /// REQUIREs that observed counts fit the exact law: G-test p-value above `alpha`.
-#define SPECULA_REQUIRE_FITS(counts, law, alpha)                                      \
-  do {                                                                                \
-    const auto specula_gof_ = ::specula::testing::g_test((counts), (law));            \
-    INFO("G-test: " << specula_gof_);                                                 \
-    REQUIRE(specula_gof_.p_value > (alpha));                                          \
+#define SPECULA_REQUIRE_FITS(counts, law, alpha)                           \
+  do {                                                                     \
+    const auto specula_gof_ = ::specula::testing::g_test((counts), (law)); \
+    INFO("G-test: " << specula_gof_);                                      \
+    REQUIRE(specula_gof_.p_value > (alpha));                               \
   } while (false)
 
 /// REQUIREs that observed counts do NOT fit the law (p-value below `alpha`): for negative
 /// controls, proving that a test can fail.
-#define SPECULA_REQUIRE_MISFITS(counts, law, alpha)                                   \
-  do {                                                                                \
-    const auto specula_gof_ = ::specula::testing::g_test((counts), (law));            \
-    INFO("G-test: " << specula_gof_);                                                 \
-    REQUIRE(specula_gof_.p_value < (alpha));                                          \
+#define SPECULA_REQUIRE_MISFITS(counts, law, alpha)                        \
+  do {                                                                     \
+    const auto specula_gof_ = ::specula::testing::g_test((counts), (law)); \
+    INFO("G-test: " << specula_gof_);                                      \
+    REQUIRE(specula_gof_.p_value < (alpha));                               \
   } while (false)

@@ -10,8 +10,8 @@
 /// for both tests. An observation in a bin of expected probability 0 is proof that the sampler
 /// is wrong: the result then has p_value = 0 and `impossible_observations` > 0.
 
-#include <boost/math/distributions/chi_squared.hpp>
 #include <algorithm>
+#include <boost/math/distributions/chi_squared.hpp>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -27,11 +27,11 @@ namespace specula::testing {
 
 /// Result of a goodness-of-fit test.
 struct gof_result {
-  double statistic = 0.0;               ///< G or chi-square statistic
-  double degrees_of_freedom = 0.0;      ///< bins used - 1
-  double p_value = 1.0;                 ///< upper tail probability
-  index_t bins = 0;                     ///< bins after pooling
-  std::uint64_t samples = 0;            ///< total observations
+  double statistic = 0.0;                     ///< G or chi-square statistic
+  double degrees_of_freedom = 0.0;            ///< bins used - 1
+  double p_value = 1.0;                       ///< upper tail probability
+  index_t bins = 0;                           ///< bins after pooling
+  std::uint64_t samples = 0;                  ///< total observations
   std::uint64_t impossible_observations = 0;  ///< observations where the law has probability 0
 };
 
@@ -157,8 +157,8 @@ inline double max_abs_difference(std::span<const double> a, std::span<const doub
 
 /// Counts normalised to frequencies.
 inline std::vector<double> empirical_law(std::span<const std::uint64_t> counts) {
-  const auto n = static_cast<double>(
-      std::accumulate(counts.begin(), counts.end(), std::uint64_t{0}));
+  const auto n =
+      static_cast<double>(std::accumulate(counts.begin(), counts.end(), std::uint64_t{0}));
   std::vector<double> law(counts.size(), 0.0);
   if (n > 0)
     for (std::size_t i = 0; i < counts.size(); ++i) law[i] = static_cast<double>(counts[i]) / n;

@@ -51,10 +51,11 @@ struct rule_chain_verifier {
     };
     auto proposal = [&](index_t i) {
       const auto r = pr.draft_rows[static_cast<std::size_t>(i)];
-      return dense_proposal<double>{row_view<const double>(r.data(), static_cast<index_t>(r.size()))};
+      return dense_proposal<double>{
+          row_view<const double>(r.data(), static_cast<index_t>(r.size()))};
     };
-    const auto res = verify_chain_request(rule, src, length, pr.drafts.data(), target_row,
-                                          proposal, residual_floor, out.data(), nullptr);
+    const auto res = verify_chain_request(rule, src, length, pr.drafts.data(), target_row, proposal,
+                                          residual_floor, out.data(), nullptr);
     emitted.assign(out.begin(), out.begin() + res.num_accepted + 1);
   }
 };
@@ -95,9 +96,9 @@ std::vector<std::uint64_t> speculative_sequence_counts(const toy_ar_model& targe
       for (index_t i = 0; i < length; ++i) {
         const auto q = draft.row(context);
         auto w = [&](index_t y) { return q[static_cast<std::size_t>(y)]; };
-        const index_t x = sample_inverse_cdf(
-            vocab, w, positive_mass(vocab, w),
-            uniform_at(draft_rng, draw_id{static_cast<std::uint32_t>(i), 0}));
+        const index_t x =
+            sample_inverse_cdf(vocab, w, positive_mass(vocab, w),
+                               uniform_at(draft_rng, draw_id{static_cast<std::uint32_t>(i), 0}));
         drafts.push_back(static_cast<token_t>(x));
         pr.draft_rows.push_back(q);
         pr.target_rows.push_back(target.row(context));

@@ -38,8 +38,8 @@ inline std::vector<double> random_probability_row(index_t vocab, std::uint64_t s
     sum += v;
   }
   if (sum == 0.0) {
-    const auto i = static_cast<std::size_t>(uniform_at(rng, draw_id{0, 2}) *
-                                            static_cast<double>(vocab));
+    const auto i =
+        static_cast<std::size_t>(uniform_at(rng, draw_id{0, 2}) * static_cast<double>(vocab));
     row[i] = 1.0;
     sum = 1.0;
   }
@@ -108,8 +108,8 @@ class toy_ar_model {
       throw std::invalid_argument("specula::testing: sequence length must equal the horizon");
     double p = 1.0;
     for (index_t t = 0; t < horizon_; ++t)
-      p *= row(seq.first(static_cast<std::size_t>(t)))[static_cast<std::size_t>(
-          seq[static_cast<std::size_t>(t)])];
+      p *= row(seq.first(
+          static_cast<std::size_t>(t)))[static_cast<std::size_t>(seq[static_cast<std::size_t>(t)])];
     return p;
   }
 

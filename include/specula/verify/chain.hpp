@@ -65,13 +65,13 @@ struct chain_batch_output {
 template <class T>
 struct padded_chain_input {
   index_t vocab_size = 0;
-  index_t batch_size = 0;                 ///< B
-  index_t max_draft = 0;                  ///< L
-  row_view<const token_t> draft_tokens;   ///< B x L, -1 after each request's drafts
+  index_t batch_size = 0;                      ///< B
+  index_t max_draft = 0;                       ///< L
+  row_view<const token_t> draft_tokens;        ///< B x L, -1 after each request's drafts
   row_view<const std::int32_t> draft_lengths;  ///< B lengths, or empty: count up to the first -1
-  batch_view<const T> draft_probs;        ///< (B x L) x V, or no rows for one-hot drafts
-  batch_view<const T> target_probs;       ///< (B x (L + 1)) x V
-  row_view<const request_rng> rng;        ///< B random streams
+  batch_view<const T> draft_probs;             ///< (B x L) x V, or no rows for one-hot drafts
+  batch_view<const T> target_probs;            ///< (B x (L + 1)) x V
+  row_view<const request_rng> rng;             ///< B random streams
 };
 
 /// Outputs in the padded layout, caller-allocated.
@@ -107,29 +107,28 @@ SPECULA_HOST_DEVICE constexpr index_t padded_length(row_view<const token_t> toke
 
 /// Runs verify_chain_request for one segment, with dense or one-hot proposals.
 template <class Rule, class T>
-SPECULA_HOST_DEVICE chain_request_result run_segment(
-    const Rule& rule, const request_rng& rng, const chain_segment& s, const token_t* tokens,
-    batch_view<const T> draft_probs, batch_view<const T> target_probs, double residual_floor,
-    token_t* out_tokens, std::uint8_t* accepted) {
+SPECULA_HOST_DEVICE chain_request_result run_segment(const Rule& rule, const request_rng& rng,
+                                                     const chain_segment& s, const token_t* tokens,
+                                                     batch_view<const T> draft_probs,
+                                                     batch_view<const T> target_probs,
+                                                     double residual_floor, token_t* out_tokens,
+                                                     std::uint8_t* accepted) {
   philox_source src{rng};
   auto target_row = [&](index_t i) { return target_probs.row(s.target_row + i); };
   const token_t* drafts = tokens + s.draft_row;
   std::uint8_t* acc = accepted == nullptr ? nullptr : accepted + s.draft_row;
   token_t* out = out_tokens + s.target_row;
   if (draft_probs.rows > 0) {
-    auto proposal = [&](index_t i) {
-      return dense_proposal<T>{draft_probs.row(s.draft_row + i)};
-    };
-    return verify_chain_request(rule, src, s.length, drafts, target_row, proposal,
-                                residual_floor, out, acc);
+    auto proposal = [&](index_t i) { return dense_proposal<T>{draft_probs.row(s.draft_row + i)}; };
+    return verify_chain_request(rule, src, s.length, drafts, target_row, proposal, residual_floor,
+                                out, acc);
   }
   auto proposal = [&](index_t i) { return one_hot_proposal{drafts[i]}; };
   return verify_chain_request(rule, src, s.length, drafts, target_row, proposal, residual_floor,
                               out, acc);
 }
 
-inline void require_size(index_t actual, index_t expected, const char* argument,
-                         const char* what) {
+inline void require_size(index_t actual, index_t expected, const char* argument, const char* what) {
   validate_extent(actual, expected, argument, what);
 }
 
@@ -149,10 +148,9 @@ void validate_segment_drafts(const chain_segment& s, index_t b, const token_t* t
       throw_if_failed({status::token_out_of_range, row, col, static_cast<double>(x)},
                       "draft_tokens", ("vocab_size is " + std::to_string(vocab)).c_str());
     if (draft_probs.rows > 0 && !(static_cast<double>(draft_probs.row(s.draft_row + i)[x]) > 0.0))
-      throw_if_failed(
-          {status::zero_draft_probability, s.draft_row + i, x,
-           static_cast<double>(draft_probs.row(s.draft_row + i)[x])},
-          "draft_probs", "a drafted token must have positive proposal probability");
+      throw_if_failed({status::zero_draft_probability, s.draft_row + i, x,
+                       static_cast<double>(draft_probs.row(s.draft_row + i)[x])},
+                      "draft_probs", "a drafted token must have positive proposal probability");
   }
   if (padded) {
     for (index_t i = s.length; i < max_draft; ++i)
@@ -224,8 +222,7 @@ void validate_chain_batch(const Policy& policy, const chain_batch_input<T>& in,
                           options.sum_tolerance);
   for (index_t b = 0; b < batch; ++b)
     detail::validate_segment_drafts(detail::flattened_segment(in.draft_offsets, b), b,
-                                    in.draft_tokens.data, in.draft_probs, in.vocab_size, false,
-                                    0);
+                                    in.draft_tokens.data, in.draft_probs, in.vocab_size, false, 0);
   detail::require_size(out.output_tokens.size, num_draft + batch, "output_tokens",
                        "length must be num_draft + B");
   detail::require_size(out.num_accepted.size, batch, "num_accepted", "length must be B");
@@ -242,8 +239,8 @@ void validate_chain_batch(const Policy& policy, const padded_chain_input<T>& in,
   require_parameter(in.vocab_size > 0, "vocab_size", static_cast<double>(in.vocab_size),
                     "must be positive");
   if (in.batch_size <= 0)
-    throw_if_failed({status::empty_input, -1, -1, static_cast<double>(in.batch_size)},
-                    "batch_size", "at least one request is required");
+    throw_if_failed({status::empty_input, -1, -1, static_cast<double>(in.batch_size)}, "batch_size",
+                    "at least one request is required");
   require_parameter(in.max_draft >= 0, "max_draft", static_cast<double>(in.max_draft),
                     "must be >= 0");
   const index_t batch = in.batch_size;
@@ -266,8 +263,7 @@ void validate_chain_batch(const Policy& policy, const padded_chain_input<T>& in,
   for (index_t b = 0; b < batch; ++b) {
     const index_t n = detail::padded_length(in.draft_tokens, in.draft_lengths, len, b);
     detail::validate_segment_drafts(detail::chain_segment{n, b * len, b * (len + 1)}, b,
-                                    in.draft_tokens.data, in.draft_probs, in.vocab_size, true,
-                                    len);
+                                    in.draft_tokens.data, in.draft_probs, in.vocab_size, true, len);
   }
   detail::require_size(out.output_tokens.size, batch * (len + 1), "output_tokens",
                        "length must be B * (L + 1)");
@@ -279,9 +275,7 @@ void validate_chain_batch(const Policy& policy, const padded_chain_input<T>& in,
 
 /// Validates inputs and outputs of either layout on the calling thread.
 template <class Input, class Output>
-  requires requires(const Input& in, const Output& out) {
-    validate_chain_batch(host::seq, in, out);
-  }
+requires requires(const Input& in, const Output& out) { validate_chain_batch(host::seq, in, out); }
 void validate_chain_batch(const Input& in, const Output& out, const chain_options& options = {}) {
   validate_chain_batch(host::seq, in, out, options);
 }
@@ -327,9 +321,9 @@ void verify_chain_unchecked(const Policy& policy, const padded_chain_input<T>& i
 /// Checked chain verification (either layout): validates inputs and outputs, then verifies every
 /// request under `policy` with `rule` (the exact rule by default).
 template <host::policy Policy, class Input, class Output, acceptance_rule Rule = exact_rule>
-  requires requires(const Policy& p, const Input& in, const Output& out) {
-    validate_chain_batch(p, in, out);
-  }
+requires requires(const Policy& p, const Input& in, const Output& out) {
+  validate_chain_batch(p, in, out);
+}
 void verify_chain(const Policy& policy, const Input& in, const Output& out,
                   const chain_options& options = {}, const Rule& rule = {}) {
   validate_chain_batch(policy, in, out, options);

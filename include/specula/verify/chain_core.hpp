@@ -68,8 +68,8 @@ struct chain_request_result {
 /// has no mass either.
 template <class Rule, random_source Source, class T, class Proposal>
 SPECULA_HOST_DEVICE index_t sample_residual(const Rule& rule, Source& src, row_view<const T> p,
-                                            const Proposal& q, double residual_floor,
-                                            draw_id at, std::uint32_t& flags) {
+                                            const Proposal& q, double residual_floor, draw_id at,
+                                            std::uint32_t& flags) {
   auto residual = [&](index_t y) {
     return static_cast<double>(rule.residual_weight(static_cast<double>(p[y]), q(y)));
   };
@@ -94,9 +94,8 @@ SPECULA_HOST_DEVICE index_t sample_residual(const Rule& rule, Source& src, row_v
 /// bonus sample (draw_id{i, 0}, draw_id{i, 1}).
 template <class Rule, random_source Source, class TargetRowFn, class ProposalFn>
 SPECULA_HOST_DEVICE chain_request_result verify_chain_request(
-    const Rule& rule, Source& src, index_t length, const token_t* drafts,
-    TargetRowFn&& target_row, ProposalFn&& proposal, double residual_floor, token_t* out_tokens,
-    std::uint8_t* accepted) {
+    const Rule& rule, Source& src, index_t length, const token_t* drafts, TargetRowFn&& target_row,
+    ProposalFn&& proposal, double residual_floor, token_t* out_tokens, std::uint8_t* accepted) {
   chain_request_result result;
   for (index_t i = 0; i <= length; ++i) out_tokens[i] = no_token;
   if (accepted != nullptr)
