@@ -17,6 +17,21 @@ namespace specula {
 
 namespace detail {
 
+/// max(x, 0) written so that gcc vectorises loops over it (NaN maps to 0).
+SPECULA_HOST_DEVICE constexpr double positive_part(double x) noexcept { return x > 0.0 ? x : 0.0; }
+
+/// Weight function of a row: w(i) = max(row[i], 0). Clamping inside the weight function (rather
+/// than only in the summation) is what lets gcc vectorise the tile sums over a plain row.
+template <class T>
+struct row_weights {
+  row_view<const T> row;
+  SPECULA_HOST_DEVICE constexpr double operator()(index_t i) const noexcept {
+    // "+ 0.0" is numerically neutral here (it maps -0 to +0, which the clamp does anyway) and
+    // lets gcc 12 vectorise the select after a float-to-double conversion.
+    return positive_part(static_cast<double>(row[i]) + 0.0);
+  }
+};
+
 /// Elements per tile of the fixed-order summation (see positive_mass).
 inline constexpr index_t sum_tile = 256;
 
@@ -94,7 +109,7 @@ SPECULA_HOST_DEVICE constexpr index_t sample_inverse_cdf(index_t n, WeightFn&& w
 template <class T>
 SPECULA_HOST_DEVICE constexpr index_t sample_inverse_cdf(row_view<const T> weights,
                                                          double u) noexcept {
-  auto w = [weights](index_t i) { return static_cast<double>(weights[i]); };
+  const detail::row_weights<T> w{weights};
   return sample_inverse_cdf(weights.size, w, positive_mass(weights.size, w), u);
 }
 

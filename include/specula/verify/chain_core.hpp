@@ -76,7 +76,7 @@ SPECULA_HOST_DEVICE index_t sample_residual(const Rule& rule, Source& src, row_v
   const double mass = positive_mass(p.size, residual);
   if (mass > residual_floor && mass > 0.0) return src.categorical(p.size, residual, mass, at);
   flags |= chain_residual_fallback;
-  auto target = [&](index_t y) { return static_cast<double>(p[y]); };
+  const detail::row_weights<T> target{p};
   const double p_mass = positive_mass(p.size, target);
   if (!(p_mass > 0.0)) return -1;
   return src.categorical(p.size, target, p_mass, at);
@@ -125,7 +125,7 @@ SPECULA_HOST_DEVICE chain_request_result verify_chain_request(
   }
 
   const auto p = target_row(length);
-  auto target = [&](index_t y) { return static_cast<double>(p[y]); };
+  const detail::row_weights<typename decltype(p)::value_type> target{p};
   const double mass = positive_mass(p.size, target);
   result.flags |= chain_bonus;
   if (mass > 0.0) {
