@@ -1,7 +1,7 @@
 // Host execution policies: every index exactly once, exceptions propagate deterministically.
 
-#include <catch2/catch.hpp>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <stdexcept>
 #include <vector>
 

@@ -143,3 +143,24 @@ SPECULA_HOST_DEVICE index_t sample_exponential_race(index_t n, WeightFn&& w, con
 }
 
 }  // namespace specula
+
+namespace specula {
+
+/// Index of the largest entry of a score row (logits or probabilities), ties broken towards the
+/// lowest index; NaN entries are never chosen. Returns -1 for an empty row or an all-NaN row.
+template <class T>
+SPECULA_HOST_DEVICE constexpr index_t argmax_lowest(row_view<const T> row) noexcept {
+  index_t best = -1;
+  double best_value = 0.0;
+  for (index_t i = 0; i < row.size; ++i) {
+    const double v = static_cast<double>(row[i]);
+    if (v != v) continue;
+    if (best < 0 || v > best_value) {
+      best = i;
+      best_value = v;
+    }
+  }
+  return best;
+}
+
+}  // namespace specula

@@ -1,0 +1,201 @@
+#pragma once
+
+/// @file
+/// Verification of K candidates at one position (recursive rejection sampling).
+///
+/// Candidates c_1..c_K are verified in order. Step k uses the proposal q^(k) and the residual
+/// target p^(k) (p^(1) = p): accept c_k with the rule's acceptance probability
+/// f(p^(k)(c_k), q^(k)(c_k)); on rejection p^(k+1) = Norm(r(p^(k), q^(k))) with r the rule's
+/// residual weight. If all K are rejected, the emitted token is sampled from p^(K+1). With the
+/// exact rule the emitted token is distributed exactly as p (SJD-PAC Theorem 2 for candidates
+/// drawn without replacement; SpecInfer for i.i.d. candidates; see docs/trees.md).
+///
+/// Proposals (how q^(k) is formed):
+///   - `without_replacement<T>`: candidates drawn from q without replacement; q^(k) is q with
+///     c_1..c_{k-1} removed and renormalised (SJD-PAC Eq. 7);
+///   - `with_replacement<T>`: candidates drawn i.i.d. from q; q^(k) = q;
+///   - `one_hot_candidates`: deterministic candidates (no q row); q^(k) is one-hot at c_k.
+///
+/// p^(k) is never materialised: p^(k)(x) is recomputed pointwise from p(x), q(x), whether x is
+/// among the earlier candidates, and the normalisers Z_1..Z_{k-1} kept in a caller-provided
+/// workspace. Each rejected candidate costs one pass over the row (its normaliser Z_k); the final
+/// residual sample reuses Z_K and scans until the sampled token. Nothing is allocated.
+
+#include <cstdint>
+
+#include "specula/core/config.hpp"
+#include "specula/core/row.hpp"
+#include "specula/core/types.hpp"
+#include "specula/rules/rule.hpp"
+#include "specula/sample/categorical.hpp"
+#include "specula/sample/random_source.hpp"
+#include "specula/verify/chain_core.hpp"
+
+namespace specula {
+
+/// Candidates drawn from q without replacement: q^(k)(x) = q(x) / (1 - removed_k) for x not
+/// among c_1..c_{k-1}, 0 otherwise, where removed_k = q(c_1) + ... + q(c_{k-1}).
+template <class T>
+struct without_replacement {
+  row_view<const T> q;
+  /// q^(k)(x). `earlier`: x is one of c_1..c_{k-1}; `current`: c_k; `removed`: removed_k.
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr double prob(index_t x, bool earlier,
+                                                          token_t /*current*/,
+                                                          double removed) const noexcept {
+    if (earlier) return 0.0;
+    const double rest = 1.0 - removed;
+    return rest > 0.0 ? static_cast<double>(q[x]) / rest : 0.0;
+  }
+  /// Mass a drawn candidate removes from the proposal.
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr double mass(index_t x) const noexcept {
+    return static_cast<double>(q[x]);
+  }
+};
+
+/// Candidates drawn i.i.d. from q: q^(k) = q.
+template <class T>
+struct with_replacement {
+  row_view<const T> q;
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr double prob(index_t x, bool /*earlier*/,
+                                                          token_t /*current*/,
+                                                          double /*removed*/) const noexcept {
+    return static_cast<double>(q[x]);
+  }
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr double mass(index_t /*x*/) const noexcept {
+    return 0.0;
+  }
+};
+
+/// Deterministic candidates (no proposal row): q^(k) is one-hot at c_k.
+struct one_hot_candidates {
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr double prob(index_t x, bool /*earlier*/,
+                                                          token_t current,
+                                                          double /*removed*/) const noexcept {
+    return x == static_cast<index_t>(current) ? 1.0 : 0.0;
+  }
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr double mass(index_t /*x*/) const noexcept {
+    return 0.0;
+  }
+};
+
+/// Result of verifying the candidates at one position.
+struct candidates_result {
+  index_t accepted = -1;     ///< index (0-based) of the accepted candidate, or -1
+  token_t token = no_token;  ///< the accepted candidate, or the residual sample
+  std::uint32_t flags = 0;   ///< chain_valid, chain_residual_fallback
+};
+
+/// Doubles of workspace verify_candidates needs for `k` candidates.
+SPECULA_HOST_DEVICE constexpr index_t candidates_workspace_size(index_t k) noexcept {
+  return 2 * k;
+}
+
+namespace detail {
+
+/// Pointwise residual targets p^(k)(x) for the candidate recursion.
+template <class Rule, class T, class Proposal>
+struct candidate_recursion {
+  const Rule& rule;
+  row_view<const T> p;
+  const Proposal& proposal;
+  const token_t* cand;
+  const double* z;        // z[j]: normaliser Z_{j+1} of step j+1 (j < steps done)
+  const double* removed;  // removed[j]: removed mass before step j+1
+
+  /// 1-based index of the first candidate equal to x, or k_limit + 1 if none among c_1..c_limit.
+  SPECULA_HOST_DEVICE constexpr index_t first_index(index_t x, index_t limit) const noexcept {
+    for (index_t j = 0; j < limit; ++j)
+      if (static_cast<index_t>(cand[j]) == x) return j + 1;
+    return limit + 1;
+  }
+
+  /// q^(k)(x) given first = first_index(x, ...).
+  SPECULA_HOST_DEVICE constexpr double q_at(index_t k, index_t x, index_t first) const noexcept {
+    return proposal.prob(x, first < k, cand[k - 1], removed[k - 1]);
+  }
+
+  /// p^(k)(x) (k >= 1), with first = first_index(x, k - 1).
+  SPECULA_HOST_DEVICE constexpr double p_at(index_t k, index_t x, index_t first) const noexcept {
+    double v = static_cast<double>(p[x]);
+    for (index_t j = 1; j < k; ++j)
+      v = static_cast<double>(rule.residual_weight(v, q_at(j, x, first))) / z[j - 1];
+    return v;
+  }
+
+  /// Unnormalised residual r_k(x) = residual_weight(p^(k)(x), q^(k)(x)).
+  SPECULA_HOST_DEVICE constexpr double residual(index_t k, index_t x) const noexcept {
+    const index_t first = first_index(x, k);
+    return static_cast<double>(rule.residual_weight(p_at(k, x, first), q_at(k, x, first)));
+  }
+};
+
+}  // namespace detail
+
+/// Verifies candidates cand[0..k) at one position against target row p (see file comment).
+/// Draws: candidate j's acceptance test at draw_id{position, 2j}; the residual sample at
+/// draw_id{position, 1} (so k = 1 draws exactly like chain verification). `workspace` needs
+/// candidates_workspace_size(k) doubles. A residual with mass <= residual_floor after a rejection
+/// stops the recursion: the token is then sampled from the current target p^(j) and
+/// chain_residual_fallback is set.
+template <class Rule, random_source Source, class T, class Proposal>
+SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source& src,
+                                                        row_view<const T> p,
+                                                        const Proposal& proposal,
+                                                        const token_t* cand, index_t k,
+                                                        double residual_floor,
+                                                        std::uint32_t position, double* workspace) {
+  candidates_result result;
+  double* z = workspace;
+  double* removed = workspace + k;
+  const detail::candidate_recursion<Rule, T, Proposal> rec{rule, p, proposal, cand, z, removed};
+  const index_t n = p.size;
+  double removed_mass = 0.0;
+  for (index_t j = 1; j <= k; ++j) {
+    removed[j - 1] = removed_mass;
+    const index_t c = cand[j - 1];
+    const index_t first = rec.first_index(c, j - 1);
+    const double pk = rec.p_at(j, c, first);
+    const double qk = rec.q_at(j, c, first);
+    const auto draw_slot = static_cast<std::uint32_t>(2 * (j - 1));
+    if (src.bernoulli(static_cast<double>(rule.accept_probability(pk, qk)),
+                      draw_id{position, draw_slot})) {
+      result.accepted = j - 1;
+      result.token = static_cast<token_t>(c);
+      result.flags |= chain_valid;
+      return result;
+    }
+    auto r = [&](index_t x) { return rec.residual(j, x); };
+    const double mass = positive_mass(n, r);
+    if (!(mass > residual_floor && mass > 0.0)) {
+      // Empty residual: sample from the current target p^(j).
+      result.flags |= chain_residual_fallback;
+      auto target = [&](index_t x) {
+        return detail::positive_part(rec.p_at(j, x, rec.first_index(x, j - 1)));
+      };
+      const double t = positive_mass(n, target);
+      if (t > 0.0) {
+        result.token = static_cast<token_t>(src.categorical(n, target, t, draw_id{position, 1}));
+        result.flags |= chain_valid;
+      }
+      return result;
+    }
+    z[j - 1] = mass;
+    if (first > j - 1) removed_mass += proposal.mass(c);  // a repeated candidate removes nothing
+    if (j == k) {
+      // All rejected: sample from p^(k+1) = r_k / Z_k, reusing the normaliser just computed.
+      result.token = static_cast<token_t>(src.categorical(n, r, mass, draw_id{position, 1}));
+      if (result.token >= 0) result.flags |= chain_valid;
+      return result;
+    }
+  }
+  // k == 0: no candidates; sample from p.
+  const detail::row_weights<T> target{p};
+  const double t = positive_mass(n, target);
+  if (t > 0.0) {
+    result.token = static_cast<token_t>(src.categorical(n, target, t, draw_id{position, 1}));
+    result.flags |= chain_valid;
+  }
+  return result;
+}
+
+}  // namespace specula

@@ -1,0 +1,156 @@
+// K candidates at one position (recursive rejection): exact laws for K = 1..4 without and with
+// replacement and for deterministic candidates; negative controls; K = 1 equals the chain.
+
+#include <catch2/catch.hpp>
+#include <vector>
+
+#include "chain_test_util.hpp"
+#include "specula/rules/exact.hpp"
+#include "specula/sample/without_replacement.hpp"
+#include "specula/testing/catch2.hpp"
+#include "specula/testing/enumerate.hpp"
+#include "specula/verify/candidates.hpp"
+#include "specula/verify/chain.hpp"
+
+using namespace specula;
+using specula::test::make_pair;
+using specula::test::pair_kind;
+
+namespace {
+
+row_view<const double> view(const std::vector<double>& v) {
+  return {v.data(), static_cast<index_t>(v.size())};
+}
+
+/// Deliberately wrong: earlier candidates removed from q but q^(k) not renormalised.
+template <class T>
+struct unnormalised_without_replacement {
+  row_view<const T> q;
+  [[nodiscard]] constexpr double prob(index_t x, bool earlier, token_t, double) const noexcept {
+    return earlier ? 0.0 : static_cast<double>(q[x]);
+  }
+  [[nodiscard]] constexpr double mass(index_t x) const noexcept {
+    return static_cast<double>(q[x]);
+  }
+};
+
+enum class draw_mode { without, with };
+
+/// Experiment: draw K candidates from q (through the source), verify them, return the token.
+template <class MakeProposal>
+auto k_candidates(const std::vector<double>& p, const std::vector<double>& q, index_t k,
+                  draw_mode mode, MakeProposal make) {
+  return [&p, &q, k, mode, make](auto& src) -> index_t {
+    const auto n = static_cast<index_t>(q.size());
+    std::vector<token_t> cand(static_cast<std::size_t>(k));
+    auto qw = [&](index_t y) { return q[static_cast<std::size_t>(y)]; };
+    index_t got = k;
+    if (mode == draw_mode::without) {
+      got = sample_without_replacement_sequential(src, n, qw, k, 77, 0, cand.data());
+    } else {
+      for (index_t j = 0; j < k; ++j)
+        cand[static_cast<std::size_t>(j)] = static_cast<token_t>(
+            src.categorical(n, qw, 1.0, draw_id{77, static_cast<std::uint32_t>(j)}));
+    }
+    std::vector<double> ws(static_cast<std::size_t>(candidates_workspace_size(k)));
+    const auto r = verify_candidates(exact_rule{}, src, view(p), make(view(q)), cand.data(), got,
+                                     0.0, 0, ws.data());
+    REQUIRE((r.flags & chain_valid) != 0);
+    return r.token;
+  };
+}
+
+const pair_kind kinds[] = {pair_kind::dense, pair_kind::sparse, pair_kind::q_zero_off_support,
+                           pair_kind::equal, pair_kind::disjoint};
+
+}  // namespace
+
+TEST_CASE("K candidates without replacement: exact law equals p (K = 1..4, 120 cases)",
+          "[verify][tree][law]") {
+  int cases = 0;
+  for (index_t k = 1; k <= 4; ++k)
+    for (pair_kind kind : kinds)
+      for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+        const index_t vocab = 3 + static_cast<index_t>((seed + static_cast<std::uint64_t>(k)) % 3);
+        const auto pr = make_pair(kind, vocab, seed * 101 + static_cast<std::uint64_t>(k));
+        INFO("K " << k << " kind " << static_cast<int>(kind) << " seed " << seed);
+        SPECULA_REQUIRE_LOSSLESS(pr.p, k_candidates(pr.p, pr.q, k, draw_mode::without, [](auto q) {
+                                   return without_replacement<double>{q};
+                                 }));
+        ++cases;
+      }
+  CHECK(cases == 120);
+}
+
+TEST_CASE("K i.i.d. candidates (with replacement): exact law equals p", "[verify][tree][law]") {
+  for (index_t k = 1; k <= 3; ++k)
+    for (pair_kind kind : kinds)
+      for (std::uint64_t seed = 1; seed <= 4; ++seed) {
+        const index_t vocab = 3 + static_cast<index_t>(seed % 2);
+        const auto pr = make_pair(kind, vocab, seed * 31 + static_cast<std::uint64_t>(k));
+        INFO("K " << k << " kind " << static_cast<int>(kind) << " seed " << seed);
+        SPECULA_REQUIRE_LOSSLESS(pr.p, k_candidates(pr.p, pr.q, k, draw_mode::with, [](auto q) {
+                                   return with_replacement<double>{q};
+                                 }));
+      }
+}
+
+TEST_CASE("deterministic candidates (one-hot proposals): exact law equals p for any choice",
+          "[verify][tree][law]") {
+  for (std::uint64_t seed = 1; seed <= 30; ++seed) {
+    const index_t vocab = 4;
+    const auto p = testing::random_probability_row(vocab, seed, 0, 0.3);
+    // Fixed candidate lists, including tokens with p = 0 and repeats.
+    const std::vector<std::vector<token_t>> lists = {{0}, {3, 1}, {2, 2, 0}, {1, 0, 3, 2}};
+    for (const auto& cand : lists) {
+      const auto k = static_cast<index_t>(cand.size());
+      SPECULA_REQUIRE_LOSSLESS(p, [&](auto& src) -> index_t {
+        std::vector<double> ws(static_cast<std::size_t>(candidates_workspace_size(k)));
+        const auto r = verify_candidates(exact_rule{}, src, view(p), one_hot_candidates{},
+                                         cand.data(), k, 0.0, 0, ws.data());
+        return r.token;
+      });
+    }
+  }
+}
+
+TEST_CASE("negative controls: wrong proposals for the candidates are biased",
+          "[verify][tree][law]") {
+  const auto pr = make_pair(pair_kind::dense, 5, 4242);
+  // q^(k) not renormalised after removing earlier candidates.
+  const auto a = testing::check_lossless(
+      pr.p, k_candidates(pr.p, pr.q, 3, draw_mode::without,
+                         [](auto q) { return unnormalised_without_replacement<double>{q}; }));
+  // Candidates drawn without replacement but verified as if i.i.d.
+  const auto b = testing::check_lossless(
+      pr.p, k_candidates(pr.p, pr.q, 3, draw_mode::without,
+                         [](auto q) { return with_replacement<double>{q}; }));
+  INFO(a.describe() << "\n" << b.describe());
+  CHECK(a.max_abs_error > 1e-3);
+  CHECK(b.max_abs_error > 1e-3);
+}
+
+TEST_CASE("one candidate draws and decides exactly like chain verification", "[verify][tree]") {
+  for (std::uint32_t r = 0; r < 300; ++r) {
+    const index_t vocab = 50;
+    const auto pd = testing::random_probability_row(vocab, r, 0, 0.2);
+    const auto qd = testing::random_probability_row(vocab, r, 1, 0.2);
+    std::vector<float> p(pd.begin(), pd.end()), q(qd.begin(), qd.end());
+    token_t x = 0;
+    for (index_t y = 0; y < vocab; ++y)
+      if (q[static_cast<std::size_t>(y)] > 0.0f) x = static_cast<token_t>(y);
+    const request_rng rng{9, r, 0};
+    philox_source src{rng};
+    double ws[2];
+    const auto c = verify_candidates(exact_rule{}, src, row_view<const float>(p),
+                                     without_replacement<float>{row_view<const float>(q)}, &x, 1,
+                                     default_residual_floor, 0, ws);
+    token_t out[2];
+    auto target_row = [&](index_t) { return row_view<const float>(p); };
+    auto prop = [&](index_t) { return dense_proposal<float>{row_view<const float>(q)}; };
+    const auto ch = verify_chain_request(exact_rule{}, src, 1, &x, target_row, prop,
+                                         default_residual_floor, out, nullptr);
+    REQUIRE(ch.num_accepted == (c.accepted == 0 ? 1 : 0));
+    if (ch.num_accepted == 0) REQUIRE(out[0] == c.token);
+  }
+}
