@@ -32,45 +32,11 @@
 #include <vector>
 
 #include "specula/verify/chain.hpp"
+#include "stream_baseline.hpp"
 
 using namespace specula;
 
 namespace {
-
-/// Streaming read of `n` floats (sum with 8 independent accumulators so the loop vectorises and
-/// is bound by memory, not by the add latency).
-float stream_sum(const float* data, std::size_t n) {
-  float acc[8] = {};
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += data[i + static_cast<std::size_t>(k)];
-  for (; i < n; ++i) acc[0] += data[i];
-  float s = 0;
-  for (float a : acc) s += a;
-  return s;
-}
-
-/// Bytes per second of stream_sum over a buffer of `bytes` bytes (best of several timed runs of
-/// at least ~20 ms each).
-double stream_bytes_per_second(std::size_t bytes) {
-  const std::size_t n = std::max<std::size_t>(1, bytes / sizeof(float));
-  std::vector<float> buf(n, 1.0f);
-  benchmark::DoNotOptimize(stream_sum(buf.data(), n));  // warm
-  double best = 0.0;
-  for (int rep = 0; rep < 5; ++rep) {
-    std::size_t iters = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    auto t1 = t0;
-    do {
-      benchmark::DoNotOptimize(stream_sum(buf.data(), n));
-      ++iters;
-      t1 = std::chrono::steady_clock::now();
-    } while (t1 - t0 < std::chrono::milliseconds(20));
-    const double s = std::chrono::duration<double>(t1 - t0).count();
-    best = std::max(best, static_cast<double>(iters) * static_cast<double>(n * sizeof(float)) / s);
-  }
-  return best;
-}
 
 enum class scenario { accept_all, reject_mid };
 
@@ -199,20 +165,7 @@ void run_case(benchmark::State& state, case_spec c) {
   };
   call();
   const double bytes = c.checked ? f.checked_bytes() : f.unchecked_bytes();
-  const double stream = stream_bytes_per_second(static_cast<std::size_t>(bytes));
-  std::int64_t iters = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (auto _ : state) {
-    call();
-    benchmark::ClobberMemory();
-    ++iters;
-  }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * iters);
-  state.counters["bytes"] = bytes;
-  state.counters["stream_GBps"] = stream / 1e9;
-  state.counters["frac_of_stream"] =
-      secs > 0 ? (bytes * static_cast<double>(iters) / secs) / stream : 0.0;
+  bench::run_against_stream(state, bytes, call);
   state.counters["accepted_mean"] =
       static_cast<double>(std::accumulate(f.num_accepted.begin(), f.num_accepted.end(), 0)) /
       static_cast<double>(c.batch);
@@ -221,7 +174,7 @@ void run_case(benchmark::State& state, case_spec c) {
 void stream_case(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0)) / sizeof(float);
   std::vector<float> buf(n, 1.0f);
-  for (auto _ : state) benchmark::DoNotOptimize(stream_sum(buf.data(), n));
+  for (auto _ : state) benchmark::DoNotOptimize(bench::stream_sum(buf.data(), n));
   state.SetBytesProcessed(static_cast<std::int64_t>(n * sizeof(float)) * state.iterations());
 }
 

@@ -34,17 +34,16 @@
 namespace specula {
 
 /// Candidates drawn from q without replacement: q^(k)(x) = q(x) / (1 - removed_k) for x not
-/// among c_1..c_{k-1}, 0 otherwise, where removed_k = q(c_1) + ... + q(c_{k-1}).
+/// among c_1..c_{k-1}, 0 otherwise, where removed_k = q(c_1) + ... + q(c_{k-1}). The core passes
+/// `renorm` = 1 / (1 - removed_k) (0 once nothing is left), computed once per step.
 template <class T>
 struct without_replacement {
   row_view<const T> q;
-  /// q^(k)(x). `earlier`: x is one of c_1..c_{k-1}; `current`: c_k; `removed`: removed_k.
+  /// q^(k)(x). `earlier`: x is one of c_1..c_{k-1}; `current`: c_k; `renorm`: 1/(1 - removed_k).
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr double prob(index_t x, bool earlier,
                                                           token_t /*current*/,
-                                                          double removed) const noexcept {
-    if (earlier) return 0.0;
-    const double rest = 1.0 - removed;
-    return rest > 0.0 ? static_cast<double>(q[x]) / rest : 0.0;
+                                                          double renorm) const noexcept {
+    return earlier ? 0.0 : static_cast<double>(q[x]) * renorm;
   }
   /// Mass a drawn candidate removes from the proposal.
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr double mass(index_t x) const noexcept {
@@ -58,7 +57,7 @@ struct with_replacement {
   row_view<const T> q;
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr double prob(index_t x, bool /*earlier*/,
                                                           token_t /*current*/,
-                                                          double /*removed*/) const noexcept {
+                                                          double /*renorm*/) const noexcept {
     return static_cast<double>(q[x]);
   }
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr double mass(index_t /*x*/) const noexcept {
@@ -70,7 +69,7 @@ struct with_replacement {
 struct one_hot_candidates {
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr double prob(index_t x, bool /*earlier*/,
                                                           token_t current,
-                                                          double /*removed*/) const noexcept {
+                                                          double /*renorm*/) const noexcept {
     return x == static_cast<index_t>(current) ? 1.0 : 0.0;
   }
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr double mass(index_t /*x*/) const noexcept {
@@ -99,26 +98,28 @@ struct candidate_recursion {
   row_view<const T> p;
   const Proposal& proposal;
   const token_t* cand;
-  const double* z;        // z[j]: normaliser Z_{j+1} of step j+1 (j < steps done)
-  const double* removed;  // removed[j]: removed mass before step j+1
+  const double* inv_z;   // inv_z[j]: 1 / Z_{j+1}, the normaliser of step j+1 (j < steps done)
+  const double* renorm;  // renorm[j]: 1 / (1 - removed mass before step j+1)
 
-  /// 1-based index of the first candidate equal to x, or k_limit + 1 if none among c_1..c_limit.
+  /// 1-based index of the first candidate equal to x, or limit + 1 if none among c_1..c_limit.
+  /// Branch-free (a select per candidate), since it runs for every element of a pass.
   SPECULA_HOST_DEVICE constexpr index_t first_index(index_t x, index_t limit) const noexcept {
-    for (index_t j = 0; j < limit; ++j)
-      if (static_cast<index_t>(cand[j]) == x) return j + 1;
-    return limit + 1;
+    index_t first = limit + 1;
+    for (index_t j = limit - 1; j >= 0; --j)
+      first = static_cast<index_t>(cand[j]) == x ? j + 1 : first;
+    return first;
   }
 
   /// q^(k)(x) given first = first_index(x, ...).
   SPECULA_HOST_DEVICE constexpr double q_at(index_t k, index_t x, index_t first) const noexcept {
-    return proposal.prob(x, first < k, cand[k - 1], removed[k - 1]);
+    return proposal.prob(x, first < k, cand[k - 1], renorm[k - 1]);
   }
 
   /// p^(k)(x) (k >= 1), with first = first_index(x, k - 1).
   SPECULA_HOST_DEVICE constexpr double p_at(index_t k, index_t x, index_t first) const noexcept {
     double v = static_cast<double>(p[x]);
     for (index_t j = 1; j < k; ++j)
-      v = static_cast<double>(rule.residual_weight(v, q_at(j, x, first))) / z[j - 1];
+      v = static_cast<double>(rule.residual_weight(v, q_at(j, x, first))) * inv_z[j - 1];
     return v;
   }
 
@@ -145,13 +146,13 @@ SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source
                                                         double residual_floor,
                                                         std::uint32_t position, double* workspace) {
   candidates_result result;
-  double* z = workspace;
-  double* removed = workspace + k;
-  const detail::candidate_recursion<Rule, T, Proposal> rec{rule, p, proposal, cand, z, removed};
+  double* inv_z = workspace;
+  double* renorm = workspace + k;
+  const detail::candidate_recursion<Rule, T, Proposal> rec{rule, p, proposal, cand, inv_z, renorm};
   const index_t n = p.size;
   double removed_mass = 0.0;
   for (index_t j = 1; j <= k; ++j) {
-    removed[j - 1] = removed_mass;
+    renorm[j - 1] = removed_mass < 1.0 ? 1.0 / (1.0 - removed_mass) : 0.0;
     const index_t c = cand[j - 1];
     const index_t first = rec.first_index(c, j - 1);
     const double pk = rec.p_at(j, c, first);
@@ -164,29 +165,45 @@ SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source
       result.flags |= chain_valid;
       return result;
     }
-    auto r = [&](index_t x) { return rec.residual(j, x); };
-    const double mass = positive_mass(n, r);
-    if (!(mass > residual_floor && mass > 0.0)) {
-      // Empty residual: sample from the current target p^(j).
-      result.flags |= chain_residual_fallback;
-      auto target = [&](index_t x) {
-        return detail::positive_part(rec.p_at(j, x, rec.first_index(x, j - 1)));
-      };
-      const double t = positive_mass(n, target);
-      if (t > 0.0) {
-        result.token = static_cast<token_t>(src.categorical(n, target, t, draw_id{position, 1}));
-        result.flags |= chain_valid;
+    // One pass for the normaliser of this step's residual; returns true when the call is done
+    // (fallback, or the last candidate was rejected and the residual sample was drawn).
+    auto finish_step = [&](auto&& r) -> bool {
+      const double mass = positive_mass(n, r);
+      if (!(mass > residual_floor && mass > 0.0)) {
+        // Empty residual: sample from the current target p^(j).
+        result.flags |= chain_residual_fallback;
+        auto target = [&](index_t x) {
+          return detail::positive_part(rec.p_at(j, x, rec.first_index(x, j - 1)));
+        };
+        const double t = positive_mass(n, target);
+        if (t > 0.0) {
+          result.token =
+              static_cast<token_t>(src.categorical(n, target, t, draw_id{position, 1}));
+          result.flags |= chain_valid;
+        }
+        return true;
       }
-      return result;
-    }
-    z[j - 1] = mass;
-    if (first > j - 1) removed_mass += proposal.mass(c);  // a repeated candidate removes nothing
-    if (j == k) {
+      inv_z[j - 1] = 1.0 / mass;
+      if (j < k) return false;
       // All rejected: sample from p^(k+1) = r_k / Z_k, reusing the normaliser just computed.
       result.token = static_cast<token_t>(src.categorical(n, r, mass, draw_id{position, 1}));
       if (result.token >= 0) result.flags |= chain_valid;
-      return result;
+      return true;
+    };
+    bool done = false;
+    if (j == 1) {
+      // First step: p^(1) = p and no earlier candidates, a simple loop the compiler vectorises.
+      const double scale = renorm[0];
+      const token_t c1 = cand[0];
+      done = finish_step([&](index_t x) {
+        return static_cast<double>(
+            rule.residual_weight(static_cast<double>(p[x]), proposal.prob(x, false, c1, scale)));
+      });
+    } else {
+      done = finish_step([&](index_t x) { return rec.residual(j, x); });
     }
+    if (done) return result;
+    if (first > j - 1) removed_mass += proposal.mass(c);  // a repeated candidate removes nothing
   }
   // k == 0: no candidates; sample from p.
   const detail::row_weights<T> target{p};
