@@ -7,6 +7,7 @@
 /// [p - q]+ is sampled without ever being materialised or normalised.
 
 #include <cmath>
+#include <type_traits>
 
 #include "specula/core/config.hpp"
 #include "specula/core/rng.hpp"
@@ -38,9 +39,23 @@ inline constexpr index_t sum_tile = 256;
 /// Sum of the positive weights over [begin, end) (at most one tile) in a fixed order: eight
 /// interleaved lanes (lane k takes elements begin + k, begin + k + 8, ...) combined pairwise.
 /// Branch-free, so the compiler vectorises it for inlined weight functions.
+/// Weight functions that can also fill a whole tile at once: `w.tile(begin, end, out)` writes
+/// w(begin) .. w(end - 1) (bit-identical to the element calls) to out[0 ..]. Weights that are
+/// costly per element (the candidate recursion) use it to run their inner loops tile-wide.
+template <class W>
+concept tile_weight_function = requires(const W& w, index_t b, index_t e, double* out) {
+  w.tile(b, e, out);
+};
+
 template <class WeightFn>
 SPECULA_HOST_DEVICE constexpr double tile_positive_sum(index_t begin, index_t end,
                                                        WeightFn& w) noexcept {
+  if constexpr (tile_weight_function<std::remove_cvref_t<WeightFn>>) {
+    double buf[sum_tile];
+    w.tile(begin, end, buf);
+    auto from_buf = [&](index_t i) { return buf[i - begin]; };
+    return tile_positive_sum(begin, end, from_buf);
+  }
   double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   index_t i = begin;
   for (; i + 8 <= end; i += 8)
@@ -89,8 +104,15 @@ SPECULA_HOST_DEVICE constexpr index_t sample_inverse_cdf(index_t n, WeightFn&& w
     const double tile = detail::tile_positive_sum(t, end, w);
     if (target < acc + tile) {
       double run = acc;
+      double buf[detail::sum_tile];
+      if constexpr (detail::tile_weight_function<std::remove_cvref_t<WeightFn>>)
+        w.tile(t, end, buf);
       for (index_t i = t; i < end; ++i) {
-        const double wi = w(i);
+        double wi = 0.0;
+        if constexpr (detail::tile_weight_function<std::remove_cvref_t<WeightFn>>)
+          wi = buf[i - t];
+        else
+          wi = w(i);
         if (wi > 0.0) {
           run += wi;
           if (target < run) return i;

@@ -67,6 +67,8 @@ struct with_replacement {
 
 /// Deterministic candidates (no proposal row): q^(k) is one-hot at c_k.
 struct one_hot_candidates {
+  /// q^(k)(x) = 0 for every x that is not a candidate (lets row passes skip the comparison).
+  static constexpr bool zero_off_candidates = true;
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr double prob(index_t x, bool /*earlier*/,
                                                           token_t current,
                                                           double /*renorm*/) const noexcept {
@@ -130,6 +132,57 @@ struct candidate_recursion {
   }
 };
 
+/// r_k as a weight function with a tile form: the recursion runs step by step over a whole
+/// tile (vectorisable inner loops) treating every element as a non-candidate, then the few
+/// candidate elements in the tile are recomputed exactly. Non-candidates go through the same
+/// operations as residual(k, x) (for one-hot proposals q^(j)(x) is exactly 0 off the
+/// candidates), so both forms agree bit for bit.
+template <class Rule, class T, class Proposal>
+struct candidate_residual {
+  const candidate_recursion<Rule, T, Proposal>& rec;
+  index_t k;
+
+  /// q^(j)(x) for an x that is not among the candidates.
+  SPECULA_HOST_DEVICE constexpr double off_candidate_q(index_t x, token_t cj,
+                                                       double renorm) const noexcept {
+    if constexpr (requires { Proposal::zero_off_candidates; }) {
+      (void)x;
+      (void)cj;
+      (void)renorm;
+      return 0.0;
+    } else {
+      return rec.proposal.prob(x, false, cj, renorm);
+    }
+  }
+
+  SPECULA_HOST_DEVICE constexpr double operator()(index_t x) const noexcept {
+    return rec.residual(k, x);
+  }
+
+  SPECULA_HOST_DEVICE constexpr void tile(index_t begin, index_t end, double* out) const noexcept {
+    const index_t n = end - begin;
+    for (index_t i = 0; i < n; ++i) out[i] = static_cast<double>(rec.p[begin + i]);
+    for (index_t j = 1; j < k; ++j) {
+      const token_t cj = rec.cand[j - 1];
+      const double renorm = rec.renorm[j - 1];
+      const double inv_z = rec.inv_z[j - 1];
+      for (index_t i = 0; i < n; ++i)
+        out[i] = static_cast<double>(
+                     rec.rule.residual_weight(out[i], off_candidate_q(begin + i, cj, renorm))) *
+                 inv_z;
+    }
+    const token_t ck = rec.cand[k - 1];
+    const double renorm = rec.renorm[k - 1];
+    for (index_t i = 0; i < n; ++i)
+      out[i] = static_cast<double>(
+          rec.rule.residual_weight(out[i], off_candidate_q(begin + i, ck, renorm)));
+    for (index_t j = 0; j < k; ++j) {
+      const index_t c = rec.cand[j];
+      if (c >= begin && c < end) out[c - begin] = rec.residual(k, c);
+    }
+  }
+};
+
 }  // namespace detail
 
 /// Verifies candidates cand[0..k) at one position against target row p (see file comment).
@@ -177,8 +230,7 @@ SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source
         };
         const double t = positive_mass(n, target);
         if (t > 0.0) {
-          result.token =
-              static_cast<token_t>(src.categorical(n, target, t, draw_id{position, 1}));
+          result.token = static_cast<token_t>(src.categorical(n, target, t, draw_id{position, 1}));
           result.flags |= chain_valid;
         }
         return true;
@@ -191,7 +243,7 @@ SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source
       return true;
     };
     bool done = false;
-    if (j == 1) {
+    if (j == 1 && !requires { Proposal::zero_off_candidates; }) {
       // First step: p^(1) = p and no earlier candidates, a simple loop the compiler vectorises.
       const double scale = renorm[0];
       const token_t c1 = cand[0];
@@ -200,7 +252,7 @@ SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source
             rule.residual_weight(static_cast<double>(p[x]), proposal.prob(x, false, c1, scale)));
       });
     } else {
-      done = finish_step([&](index_t x) { return rec.residual(j, x); });
+      done = finish_step(detail::candidate_residual<Rule, T, Proposal>{rec, j});
     }
     if (done) return result;
     if (first > j - 1) removed_mass += proposal.mass(c);  // a repeated candidate removes nothing
