@@ -57,7 +57,7 @@ TEST_CASE("inverse CDF with Philox uniforms fits the weight law (G-test)", "[sam
   CHECK(r.impossible_observations == 0);
 }
 
-TEST_CASE("exponential race fits the weight law (G-test); a biased race does not",
+TEST_CASE("exponential race fits the weight law (G-test) and a biased race does not",
           "[sample][stats]") {
   auto w = [](index_t i) { return weights[static_cast<std::size_t>(i)]; };
   std::vector<std::uint64_t> counts(weights.size(), 0);

@@ -62,7 +62,7 @@ TEST_CASE("categorical decisions match the production sampler's u-measure", "[st
   CHECK(none[-1] == 1.0);
 }
 
-TEST_CASE("nested decisions multiply; every path is visited once", "[stats][testing]") {
+TEST_CASE("nested decisions multiply and every path is visited once", "[stats][testing]") {
   // Two coin flips with p = 0.25, then a categorical over 3 equal weights if both were heads.
   auto law = testing::enumerate_outcomes<int>([](auto& src) {
     const bool a = src.bernoulli(0.25, draw_id{0, 0});

@@ -24,7 +24,7 @@ TEST_CASE("chi-square and G statistics and p-values (2 degrees of freedom: exp(-
   CHECK(g.p_value == Approx(std::exp(-gref / 2)));
 }
 
-TEST_CASE("small bins are pooled; observations of impossible outcomes fail", "[stats]") {
+TEST_CASE("small bins are pooled and observations of impossible outcomes fail", "[stats]") {
   const std::vector<std::uint64_t> obs = {500, 490, 6, 4};
   const std::vector<double> law = {0.5, 0.49, 0.004, 0.006};
   const auto r = testing::g_test(obs, law);

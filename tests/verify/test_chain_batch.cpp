@@ -114,7 +114,7 @@ TEST_CASE("output conventions of the flattened layout", "[verify]") {
   }
 }
 
-TEST_CASE("same seed gives the same output; another step gives other draws", "[verify]") {
+TEST_CASE("same seed gives the same output and another step gives other draws", "[verify]") {
   ragged_batch bt(128, {6, 6, 6, 6, 6, 6}, 5);
   outputs a(bt.num_draft(), bt.batch()), b(bt.num_draft(), bt.batch());
   verify_chain(host::seq, bt.input(), a.view());
