@@ -10,10 +10,18 @@
 ///     after a rejection, given p = p(y) and q = q(y).
 /// Rules whose parameters vary along a draft (relaxation schedules) also provide `at(depth)`,
 /// returning the rule in force at that depth; verifiers call `rule_at(rule, depth)`.
+///
+/// Row-aware rules (LANTERN++'s neighbour aggregation, typical acceptance) need the whole target
+/// row and the drafted token before they can answer. They provide `bind(p_row, x)`, returning
+/// a bound rule with `accept_probability(p(x), q(x))` and `residual_weight_at(y, p(y), q(y))`.
+/// Verifiers call `bind_rule(rule, p_row, x)`, which wraps a scalar rule in the same interface,
+/// so the chain verifier handles both kinds with one code path.
 
 #include <concepts>
+#include <type_traits>
 
 #include "specula/core/config.hpp"
+#include "specula/core/row.hpp"
 #include "specula/core/types.hpp"
 
 namespace specula {
@@ -36,5 +44,90 @@ SPECULA_HOST_DEVICE constexpr auto rule_at(const R& rule, index_t depth) noexcep
     return rule;
   }
 }
+
+namespace detail {
+
+/// A scalar rule seen through the bound-rule interface.
+template <class R>
+struct scalar_bound_rule {
+  R rule;
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr double accept_probability(double p,
+                                                                        double q) const noexcept {
+    return static_cast<double>(rule.accept_probability(p, q));
+  }
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr double residual_weight_at(index_t /*y*/, double p,
+                                                                        double q) const noexcept {
+    return static_cast<double>(rule.residual_weight(p, q));
+  }
+};
+
+}  // namespace detail
+
+/// True for rules that need the target row and drafted token (they provide `bind`).
+template <class R, class Row>
+concept row_aware_rule = requires(const R& r, const Row& row, token_t x) {
+  r.bind(row, x);
+};
+
+/// A rule the chain verifier accepts: a scalar acceptance_rule, or a row-aware rule (bound per
+/// position), possibly through a schedule (`at(depth)`).
+template <class R>
+concept chain_rule = acceptance_rule<R> || requires(const R& r, const row_view<const float>& p,
+                                                    const row_view<const double>& pd, token_t x) {
+  r.bind(p, x);
+  r.bind(pd, x);
+};
+
+/// The rule bound to target row `p` and drafted token `x` (see file comment).
+template <class R, class Row>
+SPECULA_HOST_DEVICE constexpr auto bind_rule(const R& rule, const Row& p, token_t x) noexcept {
+  if constexpr (row_aware_rule<R, Row>) {
+    return rule.bind(p, x);
+  } else {
+    (void)p;
+    (void)x;
+    return detail::scalar_bound_rule<R>{rule};
+  }
+}
+
+/// One rule per request of a batch (e.g. per-request relaxation parameters): request b uses
+/// rules[b]. Accepted wherever a batched entry point takes a rule; checked entry points require
+/// one rule per request.
+template <class Rule>
+struct per_request {
+  row_view<const Rule> rules;
+};
+
+namespace detail {
+template <class R>
+struct is_per_request : std::false_type {};
+template <class R>
+struct is_per_request<per_request<R>> : std::true_type {
+  using rule_type = R;
+};
+
+/// The rule of request b.
+template <class R>
+SPECULA_HOST_DEVICE constexpr const auto& request_rule(const R& rule, index_t b) noexcept {
+  if constexpr (is_per_request<R>::value) {
+    return rule.rules[b];
+  } else {
+    (void)b;
+    return rule;
+  }
+}
+}  // namespace detail
+
+/// A rule argument of a batched chain entry point: a chain_rule, or per_request of one.
+template <class R>
+concept batch_chain_rule = chain_rule<R> ||
+    (detail::is_per_request<R>::value&& chain_rule<typename detail::is_per_request<R>::rule_type>);
+
+/// A rule argument of a batched tree entry point: an acceptance_rule (the K-candidate recursion
+/// needs the scalar form), or per_request of one.
+template <class R>
+concept batch_tree_rule = acceptance_rule<R> ||
+    (detail::is_per_request<R>::value&&
+         acceptance_rule<typename detail::is_per_request<R>::rule_type>);
 
 }  // namespace specula

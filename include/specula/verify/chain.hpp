@@ -184,6 +184,25 @@ inline void validate_options(const chain_options& o) {
                     "must be >= 0");
 }
 
+/// Rules with parameters tied to the vocabulary (neighbour tables) check them here; a
+/// per_request rule argument must hold one rule per request.
+template <class Rule>
+void validate_rule(const Rule& rule, index_t vocab, index_t batch) {
+  if constexpr (is_per_request<Rule>::value) {
+    require_size(rule.rules.size, batch, "rule", "per_request needs one rule per request");
+    for (index_t b = 0; b < batch; ++b) validate_rule(rule.rules[b], vocab, batch);
+  } else if constexpr (requires { rule.validate(vocab); }) {
+    rule.validate(vocab);
+  }
+}
+
+inline index_t batch_size_of(const auto& in) {
+  if constexpr (requires { in.draft_offsets; })
+    return in.draft_offsets.size - 1;
+  else
+    return in.batch_size;
+}
+
 inline void write_result(const chain_request_result& r, index_t b, row_view<std::int32_t> n,
                          row_view<std::uint32_t> flags) {
   n[b] = r.num_accepted;
@@ -282,7 +301,7 @@ void validate_chain_batch(const Input& in, const Output& out, const chain_option
 
 /// Chain verification without input validation (flattened layout). Undefined behaviour on
 /// invalid input; use verify_chain unless the inputs are valid by construction.
-template <host::policy Policy, class T, acceptance_rule Rule = exact_rule>
+template <host::policy Policy, class T, batch_chain_rule Rule = exact_rule>
 void verify_chain_unchecked(const Policy& policy, const chain_batch_input<T>& in,
                             const chain_batch_output& out, const chain_options& options = {},
                             const Rule& rule = {}) {
@@ -290,15 +309,15 @@ void verify_chain_unchecked(const Policy& policy, const chain_batch_input<T>& in
   std::uint8_t* accepted = out.accepted.empty() ? nullptr : out.accepted.data;
   host::for_each_index(policy, batch, [&](index_t b) {
     const auto s = detail::flattened_segment(in.draft_offsets, b);
-    const auto r = detail::run_segment(rule, in.rng[b], s, in.draft_tokens.data, in.draft_probs,
-                                       in.target_probs, options.residual_floor,
-                                       out.output_tokens.data, accepted);
+    const auto r = detail::run_segment(detail::request_rule(rule, b), in.rng[b], s,
+                                       in.draft_tokens.data, in.draft_probs, in.target_probs,
+                                       options.residual_floor, out.output_tokens.data, accepted);
     detail::write_result(r, b, out.num_accepted, out.flags);
   });
 }
 
 /// Chain verification without input validation (padded layout).
-template <host::policy Policy, class T, acceptance_rule Rule = exact_rule>
+template <host::policy Policy, class T, batch_chain_rule Rule = exact_rule>
 void verify_chain_unchecked(const Policy& policy, const padded_chain_input<T>& in,
                             const padded_chain_output& out, const chain_options& options = {},
                             const Rule& rule = {}) {
@@ -307,9 +326,9 @@ void verify_chain_unchecked(const Policy& policy, const padded_chain_input<T>& i
   host::for_each_index(policy, in.batch_size, [&](index_t b) {
     const index_t n = detail::padded_length(in.draft_tokens, in.draft_lengths, len, b);
     const detail::chain_segment s{n, b * len, b * (len + 1)};
-    const auto r = detail::run_segment(rule, in.rng[b], s, in.draft_tokens.data, in.draft_probs,
-                                       in.target_probs, options.residual_floor,
-                                       out.output_tokens.data, accepted);
+    const auto r = detail::run_segment(detail::request_rule(rule, b), in.rng[b], s,
+                                       in.draft_tokens.data, in.draft_probs, in.target_probs,
+                                       options.residual_floor, out.output_tokens.data, accepted);
     detail::write_result(r, b, out.num_accepted, out.flags);
     // Slots past the request's L_b + 1 outputs and L_b flags belong to padding.
     for (index_t i = n + 1; i <= len; ++i) out.output_tokens[b * (len + 1) + i] = no_token;
@@ -320,13 +339,14 @@ void verify_chain_unchecked(const Policy& policy, const padded_chain_input<T>& i
 
 /// Checked chain verification (either layout): validates inputs and outputs, then verifies every
 /// request under `policy` with `rule` (the exact rule by default).
-template <host::policy Policy, class Input, class Output, acceptance_rule Rule = exact_rule>
+template <host::policy Policy, class Input, class Output, batch_chain_rule Rule = exact_rule>
 requires requires(const Policy& p, const Input& in, const Output& out) {
   validate_chain_batch(p, in, out);
 }
 void verify_chain(const Policy& policy, const Input& in, const Output& out,
                   const chain_options& options = {}, const Rule& rule = {}) {
   validate_chain_batch(policy, in, out, options);
+  detail::validate_rule(rule, in.vocab_size, detail::batch_size_of(in));
   verify_chain_unchecked(policy, in, out, options, rule);
 }
 

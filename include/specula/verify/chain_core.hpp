@@ -63,15 +63,15 @@ struct chain_request_result {
   std::uint32_t flags = 0;        ///< chain_flags
 };
 
-/// Samples from the rule's residual at one position, falling back to p when the residual mass
-/// is <= residual_floor. Sets chain_residual_fallback in `flags` on fallback. Returns -1 when p
-/// has no mass either.
-template <class Rule, random_source Source, class T, class Proposal>
-SPECULA_HOST_DEVICE index_t sample_residual(const Rule& rule, Source& src, row_view<const T> p,
+/// Samples from a bound rule's residual at one position (see bind_rule), falling back to p when
+/// the residual mass is <= residual_floor. Sets chain_residual_fallback in `flags` on fallback.
+/// Returns -1 when p has no mass either.
+template <class BoundRule, random_source Source, class T, class Proposal>
+SPECULA_HOST_DEVICE index_t sample_residual(const BoundRule& rule, Source& src, row_view<const T> p,
                                             const Proposal& q, double residual_floor, draw_id at,
                                             std::uint32_t& flags) {
   auto residual = [&](index_t y) {
-    return static_cast<double>(rule.residual_weight(static_cast<double>(p[y]), q(y)));
+    return static_cast<double>(rule.residual_weight_at(y, static_cast<double>(p[y]), q(y)));
   };
   const double mass = positive_mass(p.size, residual);
   if (mass > residual_floor && mass > 0.0) return src.categorical(p.size, residual, mass, at);
@@ -105,7 +105,7 @@ SPECULA_HOST_DEVICE chain_request_result verify_chain_request(
     const auto p = target_row(i);
     const auto q = proposal(i);
     const token_t x = drafts[i];
-    const auto rule_i = rule_at(rule, i);
+    const auto rule_i = bind_rule(rule_at(rule, i), p, x);
     const double a = rule_i.accept_probability(static_cast<double>(p[x]), q(x));
     const auto pos = static_cast<std::uint32_t>(i);
     if (src.bernoulli(a, draw_id{pos, 0})) {

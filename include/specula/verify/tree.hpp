@@ -241,7 +241,7 @@ void validate_tree_batch(const Policy& policy, const tree_batch_input<T>& in,
 }
 
 /// Tree verification without input validation. `ws` is reused across calls.
-template <host::policy Policy, class T, acceptance_rule Rule = exact_rule>
+template <host::policy Policy, class T, batch_tree_rule Rule = exact_rule>
 void verify_tree_unchecked(const Policy& policy, const tree_batch_input<T>& in,
                            const tree_batch_output& out, tree_workspace& ws,
                            const tree_options& options = {}, const Rule& rule = {}) {
@@ -258,8 +258,9 @@ void verify_tree_unchecked(const Policy& policy, const tree_batch_input<T>& in,
     auto target_row = [&](index_t u) { return in.target_probs.row(base + u); };
     index_t* nodes = out.accepted_nodes.empty() ? nullptr : out.accepted_nodes.data + base;
     auto run = [&](auto proposal_for) {
-      return verify_tree_request(rule, src, in.trees[b].view(), target_row, proposal_for,
-                                 options.residual_floor, out.output_tokens.data + base, nodes,
+      return verify_tree_request(detail::request_rule(rule, b), src, in.trees[b].view(), target_row,
+                                 proposal_for, options.residual_floor,
+                                 out.output_tokens.data + base, nodes,
                                  ws.slot(threads == 1 ? 0 : b));
     };
     tree_request_result r;
@@ -275,15 +276,16 @@ void verify_tree_unchecked(const Policy& policy, const tree_batch_input<T>& in,
 }
 
 /// Checked tree verification: validates, then verifies every request under `policy`.
-template <host::policy Policy, class T, acceptance_rule Rule = exact_rule>
+template <host::policy Policy, class T, batch_tree_rule Rule = exact_rule>
 void verify_tree(const Policy& policy, const tree_batch_input<T>& in, const tree_batch_output& out,
                  tree_workspace& ws, const tree_options& options = {}, const Rule& rule = {}) {
   validate_tree_batch(policy, in, out, options);
+  detail::validate_rule(rule, in.vocab_size, in.trees.size);
   verify_tree_unchecked(policy, in, out, ws, options, rule);
 }
 
 /// Checked tree verification with a workspace allocated for this call.
-template <host::policy Policy, class T, acceptance_rule Rule = exact_rule>
+template <host::policy Policy, class T, batch_tree_rule Rule = exact_rule>
 void verify_tree(const Policy& policy, const tree_batch_input<T>& in, const tree_batch_output& out,
                  const tree_options& options = {}, const Rule& rule = {}) {
   tree_workspace ws;
