@@ -97,6 +97,8 @@ TEST_CASE("malformed trees are rejected with the node and the reason", "[tree][b
   fails({-1, 1}, 1, "cycle");
   fails({-1, 2, 1}, 1, "cycle");  // 1 -> 2 -> 1
   fails({-1, 2, 0}, 1, "parent after child");
+  // Found by fuzzing: the cycle walk must not follow parent entries not yet range-checked.
+  fails({-1, 3, -1, 10, 1, 2}, 1, "parent after child");
   fails({-1, 0, 1, 2, 3}, 4, "too deep", tree_limits{100, 3, 100});
   fails({-1, 0, 0, 0}, 0, "too wide", tree_limits{100, 100, 2});
   fails({-1, 0, 0}, -1, "too many nodes", tree_limits{2, 100, 100});

@@ -207,9 +207,10 @@ class token_tree {
       if (p == i)
         fail(status::invalid_parameter, i, static_cast<double>(p), "cycle: node is its own parent");
       if (p > i) {
-        // Distinguish a cycle from a mere ordering problem, with a walk bounded by n steps.
+        // Distinguish a cycle from a mere ordering problem, with a walk bounded by n steps that
+        // stops at parent entries not validated yet (out of range).
         index_t k = p;
-        for (index_t steps = 0; steps < n && k > 0 && k != i; ++steps)
+        for (index_t steps = 0; steps < n && k > 0 && k < n && k != i; ++steps)
           k = parent_[static_cast<std::size_t>(k)] < 0 ? 0 : parent_[static_cast<std::size_t>(k)];
         if (k == i)
           fail(status::invalid_parameter, i, static_cast<double>(p),

@@ -1,0 +1,83 @@
+#pragma once
+
+/// @file
+/// The concepts decoding loops are written against: Model, Proposal and Verifier.
+///
+/// - A **model** evaluates a batch of new token nodes against its committed context and keeps
+///   or drops them: `evaluate(nodes, logits)` writes one logit row per node of a token tree
+///   (node 0 is the last committed token; a chain, a tree and a Jacobi window are all trees),
+///   `commit(path)` keeps the nodes of an accepted root-to-node path in its cache and rolls back
+///   the rest.
+/// - A **proposal** drafts the next step: `propose(context, tree, q_rows)` fills a token tree
+///   below the last committed token and, for stochastic drafts, one proposal row per node (the
+///   row each node's children were drawn from); it returns whether q_rows were written (false
+///   for deterministic drafts such as greedy or n-gram ones).
+/// - A **verifier** decides what to keep: called with the tree batch (target rows, optional q
+///   rows, random streams) and the outputs, it fills the accepted path and emitted tokens.
+///   `tree_verifier<Policy, Rule>` (stochastic, any rule) and `greedy_tree_verifier<Policy>`
+///   model it.
+///
+/// The decoding-loop templates constrain their parameters with these concepts, so a type that
+/// does not fit is reported at the call with the requirement it misses.
+
+#include <concepts>
+#include <span>
+#include <vector>
+
+#include "specula/backend/host.hpp"
+#include "specula/core/row.hpp"
+#include "specula/core/types.hpp"
+#include "specula/rules/exact.hpp"
+#include "specula/tree/token_tree.hpp"
+#include "specula/verify/greedy.hpp"
+#include "specula/verify/tree.hpp"
+
+namespace specula {
+
+/// A model (see file comment).
+template <class M>
+concept model = requires(M& m, const token_tree& nodes, batch_view<float> logits,
+                         std::span<const index_t> path) {
+  { m.vocab_size() } -> std::convertible_to<index_t>;
+  m.evaluate(nodes, logits);
+  m.commit(path);
+};
+
+/// A proposal (see file comment).
+template <class P>
+concept proposal = requires(P& p, std::span<const token_t> context, token_tree& tree,
+                            std::vector<float>& q_rows) {
+  { p.propose(context, tree, q_rows) } -> std::convertible_to<bool>;
+};
+
+/// A verifier (see file comment).
+template <class V>
+concept verifier = requires(const V& v, const tree_batch_input<float>& in,
+                            const tree_batch_output& out) {
+  v(in, out);
+};
+
+/// Stochastic tree verification (verify_tree) as a verifier object.
+template <host::policy Policy = host::sequential_policy, class Rule = exact_rule>
+struct tree_verifier {
+  Policy policy{};
+  Rule rule{};
+  tree_options options{};
+  void operator()(const tree_batch_input<float>& in, const tree_batch_output& out) const {
+    verify_tree(policy, in, out, options, rule);
+  }
+};
+
+/// Greedy tree verification (verify_tree_greedy) as a verifier object.
+template <host::policy Policy = host::sequential_policy>
+struct greedy_tree_verifier {
+  Policy policy{};
+  void operator()(const tree_batch_input<float>& in, const tree_batch_output& out) const {
+    verify_tree_greedy(policy, in, out);
+  }
+};
+
+static_assert(verifier<tree_verifier<>>);
+static_assert(verifier<greedy_tree_verifier<>>);
+
+}  // namespace specula
