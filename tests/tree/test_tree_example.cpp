@@ -14,17 +14,16 @@ TEST_CASE("docs/trees.md example", "[tree]") {
   tree.set_tokens(std::vector<specula::token_t>{specula::no_token, 3, 1, 0, 2});
 
   // What the model needs to evaluate all nodes in one forward pass.
-  const auto mask = tree.attention_mask();     // bit j of row i: node j is visible to node i
+  const auto mask = tree.attention_mask();      // bit j of row i: node j is visible to node i
   const auto positions = tree.position_ids(7);  // the root sits at position 7
 
   // One target row per node (p(. | path to node)) and one proposal row per node (the row its
   // children were drawn from, without replacement), V = 4.
-  const std::vector<float> p = {0.1f, 0.6f, 0.1f, 0.2f,   0.3f, 0.3f, 0.2f, 0.2f,
-                                0.5f, 0.1f, 0.2f, 0.2f,   0.7f, 0.1f, 0.1f, 0.1f,
-                                0.25f, 0.25f, 0.25f, 0.25f};
-  const std::vector<float> q = {0.1f, 0.3f, 0.1f, 0.5f,   0.4f, 0.1f, 0.4f, 0.1f,
-                                0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f,
-                                0.25f, 0.25f, 0.25f, 0.25f};
+  const std::vector<float> p = {0.1f, 0.6f, 0.1f, 0.2f, 0.3f, 0.3f, 0.2f,  0.2f,  0.5f,  0.1f,
+                                0.2f, 0.2f, 0.7f, 0.1f, 0.1f, 0.1f, 0.25f, 0.25f, 0.25f, 0.25f};
+  const std::vector<float> q = {0.1f,  0.3f,  0.1f,  0.5f,  0.4f,  0.1f,  0.4f,
+                                0.1f,  0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f,
+                                0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f};
   const std::vector<specula::request_rng> rng = {{/*seed=*/1, /*request_id=*/0, /*step=*/0}};
   std::vector<specula::token_t> tokens(5);
   std::vector<specula::index_t> path(5);

@@ -437,7 +437,8 @@ TEST_CASE("greedy tree and chain verification reproduce greedy decoding", "[veri
   }
 }
 
-TEST_CASE("greedy ties resolve to the lowest token id and NaN rows are rejected", "[verify][tree]") {
+TEST_CASE("greedy ties resolve to the lowest token id and NaN rows are rejected",
+          "[verify][tree]") {
   const std::vector<float> tied = {0.1f, 0.4f, 0.4f, 0.1f};
   CHECK(argmax_lowest(row_view<const float>(tied)) == 1);
   // A tree whose children are 2 then 1: the tie picks token 1, the second child.

@@ -3,13 +3,9 @@
 /// @file
 /// Catch2 (v2) helpers for proving a verifier lossless in a few lines.
 ///
-/// Include after <catch2/catch.hpp>'s configuration (this header includes it). Example:
-/// @code
-///   TEST_CASE("my verifier is lossless") {
-///     std::vector<double> p = ..., q = ...;
-///     SPECULA_REQUIRE_LOSSLESS(p, [&](auto& src) { return my_verify(src, p, q); });
-///   }
-/// @endcode
+/// Example (compiled and run by the test suite):
+/// @snippet testing/test_user_verifier_example.cpp user_verifier
+///
 /// `my_verify` draws through the random_source interface (specula/sample/random_source.hpp):
 /// the helper enumerates its randomness and compares its exact output law with p.
 

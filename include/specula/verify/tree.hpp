@@ -16,6 +16,9 @@
 /// Draws: verification at a node of depth d uses position d (candidate j at slot 2j, the
 /// residual or bonus sample at slot 1), so a chain-shaped tree draws exactly like
 /// verify_chain and gives the same output.
+///
+/// Example (compiled and run by the test suite):
+/// @snippet tree/test_tree_example.cpp tree_example
 
 #include <algorithm>
 #include <cstdint>
