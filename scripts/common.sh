@@ -53,6 +53,50 @@ ensure_deps() {
   fi
 }
 
+# ensure_conan <venv-dir>: put a Conan 2 `conan` on PATH for the package.conan_create
+# test (tests/package/conan_create.cmake), which is skipped when there is none.
+#   - a Conan 2 already on PATH is used as is;
+#   - else <venv-dir>/bin/conan, if an earlier run installed it there;
+#   - else conan is pip-installed (PyPI) into a new virtual environment <venv-dir>.
+# Best effort: never fails the caller. Quick when conan is already there.
+# SPECULA_NO_CONAN=1 skips all of this (and so the test, unless conan is on PATH).
+_is_conan2() { [[ "$("$1" --version 2>/dev/null)" == "Conan version 2."* ]]; }
+
+ensure_conan() {
+  local venv="$1"
+  if [[ "${SPECULA_NO_CONAN:-0}" == 1 ]]; then
+    return 0
+  fi
+  if command -v conan >/dev/null 2>&1 && _is_conan2 conan; then
+    return 0
+  fi
+  if [[ -x "$venv/bin/conan" ]] && _is_conan2 "$venv/bin/conan"; then
+    export PATH="$venv/bin:$PATH"
+    return 0
+  fi
+  if ! command -v python3 >/dev/null 2>&1; then
+    log "python3 not found: cannot install conan, package.conan_create will be skipped"
+    return 0
+  fi
+  log "installing conan into $venv (for package.conan_create; SPECULA_NO_CONAN=1 to skip)"
+  rm -rf "$venv"
+  if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+    log "python3 -m venv failed (Debian: apt-get install python3-venv):" \
+        "package.conan_create will be skipped"
+    rm -rf "$venv"
+    return 0
+  fi
+  if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+         --timeout 30 --retries 1 'conan>=2,<3' >/dev/null 2>&1 ||
+     ! _is_conan2 "$venv/bin/conan"; then
+    log "pip install conan failed (no access to PyPI?): package.conan_create will be skipped"
+    rm -rf "$venv"
+    return 0
+  fi
+  export PATH="$venv/bin:$PATH"
+  log "$("$venv/bin/conan" --version)"
+}
+
 # now_s: wall-clock seconds with sub-second precision.
 now_s() { date +%s.%N; }
 

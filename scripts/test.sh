@@ -5,7 +5,9 @@
 #
 # Environment: BUILD_DIR (default: build), BUILD_TYPE (default: Release),
 #              JOBS (default: nproc), CMAKE_ARGS (extra configure arguments),
-#              SPECULA_WERROR=ON (warnings as errors).
+#              SPECULA_WERROR=ON (warnings as errors),
+#              SPECULA_NO_CONAN=1 (do not pip-install conan into $BUILD_DIR/.venv
+#              when it is not on PATH; package.conan_create is then skipped).
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -28,6 +30,9 @@ t=$(now_s)
 log "build (-j $JOBS)"
 cmake --build "$BUILD_DIR" -j "$JOBS"
 t_build=$(elapsed "$t")
+
+# conan for the package.conan_create test (best effort; the test skips without it).
+ensure_conan "$(cd "$BUILD_DIR" && pwd)/.venv"
 
 t=$(now_s)
 log "test"
