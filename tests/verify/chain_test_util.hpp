@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "specula/core/rng.hpp"
+#include "specula/core/row.hpp"
 #include "specula/core/types.hpp"
 #include "specula/testing/toy_models.hpp"
 
@@ -81,6 +82,24 @@ struct absolute_residual_rule {
   }
   [[nodiscard]] constexpr double residual_weight(double p, double q) const noexcept {
     return p > q ? p - q : q - p;
+  }
+};
+
+/// View of a double vector as a row.
+inline row_view<const double> view(const std::vector<double>& v) {
+  return {v.data(), static_cast<index_t>(v.size())};
+}
+
+/// A deliberately wrong candidate proposal: earlier candidates removed from q but q^(k) not
+/// renormalised.
+template <class T>
+struct unnormalised_without_replacement {
+  row_view<const T> q;
+  [[nodiscard]] constexpr double prob(index_t x, bool earlier, token_t, double) const noexcept {
+    return earlier ? 0.0 : static_cast<double>(q[x]);
+  }
+  [[nodiscard]] constexpr double mass(index_t x) const noexcept {
+    return static_cast<double>(q[x]);
   }
 };
 

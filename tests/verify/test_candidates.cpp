@@ -15,24 +15,10 @@
 using namespace specula;
 using specula::test::make_pair;
 using specula::test::pair_kind;
+using specula::test::unnormalised_without_replacement;
+using specula::test::view;
 
 namespace {
-
-row_view<const double> view(const std::vector<double>& v) {
-  return {v.data(), static_cast<index_t>(v.size())};
-}
-
-/// Deliberately wrong: earlier candidates removed from q but q^(k) not renormalised.
-template <class T>
-struct unnormalised_without_replacement {
-  row_view<const T> q;
-  [[nodiscard]] constexpr double prob(index_t x, bool earlier, token_t, double) const noexcept {
-    return earlier ? 0.0 : static_cast<double>(q[x]);
-  }
-  [[nodiscard]] constexpr double mass(index_t x) const noexcept {
-    return static_cast<double>(q[x]);
-  }
-};
 
 enum class draw_mode { without, with };
 

@@ -15,12 +15,9 @@
 using namespace specula;
 using specula::test::make_pair;
 using specula::test::pair_kind;
+using specula::test::view;
 
 namespace {
-
-row_view<const double> view(const std::vector<double>& v) {
-  return {v.data(), static_cast<index_t>(v.size())};
-}
 
 /// One position: draft x ~ q (through the source), verify a chain of length 1, return the first
 /// emitted token (the accepted draft or the correction).

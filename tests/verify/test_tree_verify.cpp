@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "chain_test_util.hpp"
 #include "specula/rules/exact.hpp"
 #include "specula/sample/without_replacement.hpp"
 #include "specula/testing/catch2.hpp"
@@ -19,6 +20,7 @@
 #include "specula/verify/tree.hpp"
 
 using namespace specula;
+using specula::test::unnormalised_without_replacement;
 
 namespace {
 
@@ -147,17 +149,6 @@ std::vector<std::uint64_t> tree_sequence_counts(const testing::toy_ar_model& tar
   }
   return counts;
 }
-
-template <class T>
-struct unnormalised_without_replacement {
-  row_view<const T> q;
-  [[nodiscard]] constexpr double prob(index_t x, bool earlier, token_t, double) const noexcept {
-    return earlier ? 0.0 : static_cast<double>(q[x]);
-  }
-  [[nodiscard]] constexpr double mass(index_t x) const noexcept {
-    return static_cast<double>(q[x]);
-  }
-};
 
 }  // namespace
 

@@ -26,12 +26,17 @@ struct example_weight_fn {
 };
 }  // namespace detail
 
-/// A source of the two kinds of random decisions verifiers make (see file comment).
+/// A source of the two kinds of random decisions verifiers make (see file comment). Sources
+/// also accept a weight_summary in place of the total (the library's verifiers pass one; it
+/// must describe the same weights). Sources
+/// also accept a weight_summary in place of the total (the library's verifiers pass one; it
+/// must describe the same weights).
 template <class S>
 concept random_source = requires(S& s, double prob, draw_id at, index_t n, double total,
-                                 detail::example_weight_fn w) {
+                                 const weight_summary& summary, detail::example_weight_fn w) {
   { s.bernoulli(prob, at) } -> std::same_as<bool>;
   { s.categorical(n, w, total, at) } -> std::same_as<index_t>;
+  { s.categorical(n, w, summary, at) } -> std::same_as<index_t>;
 };
 
 /// Production random source: one Philox block per draw point of a request's stream.
@@ -51,6 +56,15 @@ struct philox_source {
                                                                   double total,
                                                                   draw_id at) const noexcept {
     return sample_inverse_cdf(n, w, total, uniform_at(rng, at));
+  }
+
+  /// The same sample (same index for the same uniform) using tile sums recorded by
+  /// summarize_weights, so the row is not summed again.
+  template <class WeightFn>
+  [[nodiscard]] SPECULA_HOST_DEVICE index_t categorical(index_t n, WeightFn&& w,
+                                                        const weight_summary& s,
+                                                        draw_id at) const noexcept {
+    return sample_inverse_cdf(n, w, s, uniform_at(rng, at));
   }
 };
 

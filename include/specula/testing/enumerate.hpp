@@ -126,6 +126,13 @@ class enumerating_source {
     return explorer_->decide(std::move(options));
   }
 
+  /// As above, with the total taken from a summary (the production source gives the same
+  /// index for the same uniform either way).
+  template <class WeightFn>
+  index_t categorical(index_t n, WeightFn&& w, const weight_summary& s, draw_id at) {
+    return categorical(n, w, s.total, at);
+  }
+
  private:
   detail::explorer* explorer_;
 };

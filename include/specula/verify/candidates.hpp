@@ -204,6 +204,7 @@ SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source
   const detail::candidate_recursion<Rule, T, Proposal> rec{rule, p, proposal, cand, inv_z, renorm};
   const index_t n = p.size;
   double removed_mass = 0.0;
+  weight_summary summary;  // reused by every step: the normaliser pass records tile sums
   for (index_t j = 1; j <= k; ++j) {
     renorm[j - 1] = removed_mass < 1.0 ? 1.0 / (1.0 - removed_mass) : 0.0;
     const index_t c = cand[j - 1];
@@ -221,7 +222,8 @@ SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source
     // One pass for the normaliser of this step's residual; returns true when the call is done
     // (fallback, or the last candidate was rejected and the residual sample was drawn).
     auto finish_step = [&](auto&& r) -> bool {
-      const double mass = positive_mass(n, r);
+      summarize_weights(n, r, summary);
+      const double mass = summary.total;
       if (!(mass > residual_floor && mass > 0.0)) {
         // Empty residual: sample from the current target p^(j).
         result.flags |= chain_residual_fallback;
@@ -238,7 +240,7 @@ SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source
       inv_z[j - 1] = 1.0 / mass;
       if (j < k) return false;
       // All rejected: sample from p^(k+1) = r_k / Z_k, reusing the normaliser just computed.
-      result.token = static_cast<token_t>(src.categorical(n, r, mass, draw_id{position, 1}));
+      result.token = static_cast<token_t>(src.categorical(n, r, summary, draw_id{position, 1}));
       if (result.token >= 0) result.flags |= chain_valid;
       return true;
     };

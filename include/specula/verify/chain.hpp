@@ -209,13 +209,10 @@ inline void write_result(const chain_request_result& r, index_t b, row_view<std:
   if (!flags.empty()) flags[b] = r.flags;
 }
 
-}  // namespace detail
-
-/// Validates flattened-layout inputs and outputs; throws invalid_input on the first problem.
-template <host::policy Policy, class T>
-void validate_chain_batch(const Policy& policy, const chain_batch_input<T>& in,
-                          const chain_batch_output& out, const chain_options& options = {}) {
-  detail::validate_options(options);
+/// Checks vocab_size, draft_offsets and the length of draft_tokens of the flattened layout;
+/// returns B.
+template <class T>
+index_t validate_flattened_shape(const chain_batch_input<T>& in) {
   require_parameter(in.vocab_size > 0, "vocab_size", static_cast<double>(in.vocab_size),
                     "must be positive");
   if (in.draft_offsets.size < 2)
@@ -230,9 +227,31 @@ void validate_chain_batch(const Policy& policy, const chain_batch_input<T>& in,
       throw_if_failed(
           {status::invalid_parameter, b + 1, -1, static_cast<double>(in.draft_offsets[b + 1])},
           "draft_offsets", "offsets must be non-decreasing");
+  require_size(in.draft_tokens.size, in.draft_offsets[batch], "draft_tokens",
+               "length must equal draft_offsets[B]");
+  return batch;
+}
+
+/// Checks the output extents of the flattened layout.
+inline void validate_flattened_outputs(const chain_batch_output& out, index_t num_draft,
+                                       index_t batch) {
+  require_size(out.output_tokens.size, num_draft + batch, "output_tokens",
+               "length must be num_draft + B");
+  require_size(out.num_accepted.size, batch, "num_accepted", "length must be B");
+  if (!out.accepted.empty())
+    require_size(out.accepted.size, num_draft, "accepted", "length must be num_draft");
+  if (!out.flags.empty()) require_size(out.flags.size, batch, "flags", "length must be B");
+}
+
+}  // namespace detail
+
+/// Validates flattened-layout inputs and outputs; throws invalid_input on the first problem.
+template <host::policy Policy, class T>
+void validate_chain_batch(const Policy& policy, const chain_batch_input<T>& in,
+                          const chain_batch_output& out, const chain_options& options = {}) {
+  detail::validate_options(options);
+  const index_t batch = detail::validate_flattened_shape(in);
   const index_t num_draft = in.draft_offsets[batch];
-  detail::require_size(in.draft_tokens.size, num_draft, "draft_tokens",
-                       "length must equal draft_offsets[B]");
   detail::require_size(in.rng.size, batch, "rng", "one random stream per request");
   detail::validate_rows(policy, in.target_probs, num_draft + batch, in.vocab_size, "target_probs",
                         options.sum_tolerance);
@@ -242,12 +261,7 @@ void validate_chain_batch(const Policy& policy, const chain_batch_input<T>& in,
   for (index_t b = 0; b < batch; ++b)
     detail::validate_segment_drafts(detail::flattened_segment(in.draft_offsets, b), b,
                                     in.draft_tokens.data, in.draft_probs, in.vocab_size, false, 0);
-  detail::require_size(out.output_tokens.size, num_draft + batch, "output_tokens",
-                       "length must be num_draft + B");
-  detail::require_size(out.num_accepted.size, batch, "num_accepted", "length must be B");
-  if (!out.accepted.empty())
-    detail::require_size(out.accepted.size, num_draft, "accepted", "length must be num_draft");
-  if (!out.flags.empty()) detail::require_size(out.flags.size, batch, "flags", "length must be B");
+  detail::validate_flattened_outputs(out, num_draft, batch);
 }
 
 /// Validates padded-layout inputs and outputs; throws invalid_input on the first problem.

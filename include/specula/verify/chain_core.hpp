@@ -73,8 +73,10 @@ SPECULA_HOST_DEVICE index_t sample_residual(const BoundRule& rule, Source& src, 
   auto residual = [&](index_t y) {
     return static_cast<double>(rule.residual_weight_at(y, static_cast<double>(p[y]), q(y)));
   };
-  const double mass = positive_mass(p.size, residual);
-  if (mass > residual_floor && mass > 0.0) return src.categorical(p.size, residual, mass, at);
+  weight_summary summary;  // one pass: the mass and the tile sums the sample walks
+  summarize_weights(p.size, residual, summary);
+  const double mass = summary.total;
+  if (mass > residual_floor && mass > 0.0) return src.categorical(p.size, residual, summary, at);
   flags |= chain_residual_fallback;
   const detail::row_weights<T> target{p};
   const double p_mass = positive_mass(p.size, target);
@@ -126,11 +128,12 @@ SPECULA_HOST_DEVICE chain_request_result verify_chain_request(
 
   const auto p = target_row(length);
   const detail::row_weights<typename decltype(p)::value_type> target{p};
-  const double mass = positive_mass(p.size, target);
+  weight_summary summary;
+  summarize_weights(p.size, target, summary);
   result.flags |= chain_bonus;
-  if (mass > 0.0) {
+  if (summary.total > 0.0) {
     const index_t y =
-        src.categorical(p.size, target, mass, draw_id{static_cast<std::uint32_t>(length), 1});
+        src.categorical(p.size, target, summary, draw_id{static_cast<std::uint32_t>(length), 1});
     result.emitted = static_cast<token_t>(y);
     result.flags |= chain_valid;
   }

@@ -110,23 +110,8 @@ void validate_score_rows(const Policy& policy, batch_view<const T> rows, index_t
 template <host::policy Policy, class T>
 void verify_chain_greedy(const Policy& policy, const chain_batch_input<T>& in,
                          const chain_batch_output& out) {
-  require_parameter(in.vocab_size > 0, "vocab_size", static_cast<double>(in.vocab_size),
-                    "must be positive");
-  if (in.draft_offsets.size < 2)
-    throw_if_failed({status::empty_input, -1, -1, 0.0}, "draft_offsets",
-                    "needs B + 1 >= 2 entries (at least one request)");
-  const index_t batch = in.draft_offsets.size - 1;
-  if (in.draft_offsets[0] != 0)
-    throw_if_failed({status::invalid_parameter, 0, -1, static_cast<double>(in.draft_offsets[0])},
-                    "draft_offsets", "the first offset must be 0");
-  for (index_t b = 0; b < batch; ++b)
-    if (in.draft_offsets[b + 1] < in.draft_offsets[b])
-      throw_if_failed(
-          {status::invalid_parameter, b + 1, -1, static_cast<double>(in.draft_offsets[b + 1])},
-          "draft_offsets", "offsets must be non-decreasing");
+  const index_t batch = detail::validate_flattened_shape(in);
   const index_t num_draft = in.draft_offsets[batch];
-  detail::require_size(in.draft_tokens.size, num_draft, "draft_tokens",
-                       "length must equal draft_offsets[B]");
   for (index_t i = 0; i < num_draft; ++i) {
     const token_t x = in.draft_tokens[i];
     if (x < 0 || static_cast<index_t>(x) >= in.vocab_size)
@@ -135,12 +120,7 @@ void verify_chain_greedy(const Policy& policy, const chain_batch_input<T>& in,
   }
   detail::validate_score_rows(policy, in.target_probs, num_draft + batch, in.vocab_size,
                               "target_probs");
-  detail::require_size(out.output_tokens.size, num_draft + batch, "output_tokens",
-                       "length must be num_draft + B");
-  detail::require_size(out.num_accepted.size, batch, "num_accepted", "length must be B");
-  if (!out.accepted.empty())
-    detail::require_size(out.accepted.size, num_draft, "accepted", "length must be num_draft");
-  if (!out.flags.empty()) detail::require_size(out.flags.size, batch, "flags", "length must be B");
+  detail::validate_flattened_outputs(out, num_draft, batch);
 
   host::for_each_index(policy, batch, [&](index_t b) {
     const auto s = detail::flattened_segment(in.draft_offsets, b);

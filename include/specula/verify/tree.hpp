@@ -100,10 +100,11 @@ verify_tree_request(const Rule& rule, Source& src, const tree_view& tree, Target
     if (k == 0) {
       // Leaf: bonus token from p_u.
       const detail::row_weights<typename decltype(p)::value_type> w{p};
-      const double mass = positive_mass(p.size, w);
+      weight_summary summary;
+      summarize_weights(p.size, w, summary);
       result.flags |= chain_bonus;
-      if (mass > 0.0) {
-        result.emitted = static_cast<token_t>(src.categorical(p.size, w, mass, draw_id{d, 1}));
+      if (summary.total > 0.0) {
+        result.emitted = static_cast<token_t>(src.categorical(p.size, w, summary, draw_id{d, 1}));
         result.flags |= chain_valid;
       }
       break;
