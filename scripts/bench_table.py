@@ -21,6 +21,10 @@ def main() -> int:
         name = b["name"]
         if pattern and not pattern.search(name):
             continue
+        # Aggregates (--benchmark_repetitions) carry a suffix such as _median.
+        for suffix in ("_median", "_mean", "_stddev", "_cv"):
+            if name.endswith(suffix):
+                name = name[: -len(suffix)]
         unit = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[b.get("time_unit", "ns")]
         t = b["real_time"] * unit
         if "bytes" not in b:
