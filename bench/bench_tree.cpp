@@ -4,8 +4,9 @@
 // candidates/<proposal>/all_rejected/V:<V>/K:<K>
 //   one position, K candidates drawn without replacement (or one-hot), every candidate with
 //   p(c) = 0 so all are rejected: the worst case (K normaliser passes, then the residual scan).
-//   Bytes that must be touched: the p and q rows once (8V); the recursion reads them K + ~0.5
-//   times, so 1 / (K + 0.5) of the stream rate is the ceiling of this algorithm.
+//   Bytes that must be touched: the p and q rows once (8V); the recursion reads them K
+//   times (the final sample walks the last pass's tile sums), so 1 / K of the stream rate is
+//   the ceiling of this algorithm.
 // tree/<checked|unchecked>/<scenario>/V:<V>/B:<B>
 //   the SJD-PAC tree (3-ary, 2 levels, first branch continued to 64 nodes) per request, float
 //   rows, siblings without replacement; scenario first_path: p = q on the first path, so the

@@ -19,7 +19,8 @@
 /// p^(k) is never materialised: p^(k)(x) is recomputed pointwise from p(x), q(x), whether x is
 /// among the earlier candidates, and the normalisers Z_1..Z_{k-1} kept in a caller-provided
 /// workspace. Each rejected candidate costs one pass over the row (its normaliser Z_k); the final
-/// residual sample reuses Z_K and scans until the sampled token. Nothing is allocated.
+/// residual sample reuses Z_K and the tile sums of that pass (weight_summary) and reads one
+/// tile. Nothing is allocated.
 
 #include <cstdint>
 
