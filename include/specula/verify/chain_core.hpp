@@ -33,6 +33,10 @@ enum chain_flags : std::uint32_t {
   /// The residual at the rejected position had no mass up to rounding (<= residual_floor), so
   /// the emitted token was sampled from p at that position instead.
   chain_residual_fallback = 1u << 2,
+  /// The request's inputs were invalid (reported by device entry points, which cannot throw):
+  /// a drafted token outside [0, vocab) or -1 inside the draft, or a row too long for the
+  /// kernel. Nothing was read out of bounds and no token was emitted.
+  chain_invalid_input = 1u << 3,
 };
 
 /// Default mass below which a residual is treated as empty (rounding noise of float32 rows).

@@ -1,0 +1,255 @@
+// Device chain verification against the host backend: same inputs and seeds must give the same
+// tokens, flags and accepted counts (flattened and padded layouts, dense and one-hot drafts,
+// exact, relaxed-scheduled and greedy rules), plus bad input (out-of-range and -1 tokens, NaN
+// rows, rows without mass). Skips without a GPU.
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "specula/cuda/chain.cuh"
+#include "specula/cuda/error.cuh"
+#include "specula/rules/relaxed.hpp"
+#include "specula/testing/toy_models.hpp"
+#include "specula/verify/chain.hpp"
+#include "specula/verify/greedy.hpp"
+
+using namespace specula;
+
+namespace {
+
+bool have_gpu() {
+  if (cuda::device_count() > 0) return true;
+  WARN("no CUDA device: device chain-verification checks skipped (compile-only)");
+  return false;
+}
+
+/// A device copy of a host vector, freed on destruction.
+template <class T>
+struct device_vector {
+  T* ptr = nullptr;
+  std::size_t n = 0;
+  explicit device_vector(const std::vector<T>& v) : n(v.size()) {
+    cuda::throw_on_error(cudaMalloc(&ptr, (n == 0 ? 1 : n) * sizeof(T)), "cudaMalloc");
+    if (n > 0)
+      cuda::throw_on_error(cudaMemcpy(ptr, v.data(), n * sizeof(T), cudaMemcpyHostToDevice),
+                           "cudaMemcpy");
+  }
+  device_vector(const device_vector&) = delete;
+  device_vector& operator=(const device_vector&) = delete;
+  ~device_vector() { cudaFree(ptr); }
+  [[nodiscard]] std::vector<T> to_host() const {
+    std::vector<T> v(n);
+    if (n > 0)
+      cuda::throw_on_error(cudaMemcpy(v.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost),
+                           "cudaMemcpy");
+    return v;
+  }
+  row_view<T> view() { return {ptr, static_cast<index_t>(n)}; }
+};
+
+/// A random ragged batch with float rows (drafts sampled from q so q(x) > 0).
+struct batch {
+  index_t vocab;
+  std::vector<index_t> offsets{0};
+  std::vector<token_t> tokens;
+  std::vector<float> draft, target;
+  std::vector<request_rng> rng;
+
+  batch(index_t v, const std::vector<index_t>& lens, std::uint64_t seed) : vocab(v) {
+    std::uint32_t id = 0;
+    for (std::size_t b = 0; b < lens.size(); ++b) {
+      offsets.push_back(offsets.back() + lens[b]);
+      for (index_t i = 0; i < lens[b]; ++i) {
+        const auto q = testing::random_probability_row(v, seed, id++, 0.2);
+        auto p = testing::random_probability_row(v, seed, id++, 0.1);
+        for (index_t y = 0; y < v; ++y)
+          p[static_cast<std::size_t>(y)] =
+              0.6 * q[static_cast<std::size_t>(y)] + 0.4 * p[static_cast<std::size_t>(y)];
+        const double u = uniform_at(request_rng{seed, id++, 9}, draw_id{0, 0});
+        double acc = 0;
+        token_t x = 0;
+        for (index_t y = 0; y < v; ++y) {
+          if (q[static_cast<std::size_t>(y)] <= 0) continue;
+          x = static_cast<token_t>(y);
+          acc += q[static_cast<std::size_t>(y)];
+          if (u < acc) break;
+        }
+        tokens.push_back(x);
+        draft.insert(draft.end(), q.begin(), q.end());
+        target.insert(target.end(), p.begin(), p.end());
+      }
+      const auto bonus = testing::random_probability_row(v, seed, id++, 0.1);
+      target.insert(target.end(), bonus.begin(), bonus.end());
+      rng.push_back(request_rng{seed + b, static_cast<std::uint32_t>(b), 4});
+    }
+  }
+  [[nodiscard]] index_t size() const { return static_cast<index_t>(offsets.size()) - 1; }
+  [[nodiscard]] index_t drafts() const { return offsets.back(); }
+};
+
+struct results {
+  std::vector<token_t> tokens;
+  std::vector<std::int32_t> n;
+  std::vector<std::uint8_t> acc;
+  std::vector<std::uint32_t> flags;
+};
+
+template <class Rule = exact_rule>
+results run_host(const batch& bt, bool one_hot, const Rule& rule = {}) {
+  results r{std::vector<token_t>(static_cast<std::size_t>(bt.drafts() + bt.size())),
+            std::vector<std::int32_t>(static_cast<std::size_t>(bt.size())),
+            std::vector<std::uint8_t>(static_cast<std::size_t>(bt.drafts())),
+            std::vector<std::uint32_t>(static_cast<std::size_t>(bt.size()))};
+  chain_batch_input<float> in{bt.vocab,
+                              bt.offsets,
+                              bt.tokens,
+                              one_hot
+                                  ? batch_view<const float>{}
+                                  : batch_view<const float>{bt.draft.data(), bt.drafts(), bt.vocab},
+                              {bt.target.data(), bt.drafts() + bt.size(), bt.vocab},
+                              bt.rng};
+  verify_chain_unchecked(host::seq, in, chain_batch_output{r.tokens, r.n, r.acc, r.flags}, {},
+                         rule);
+  return r;
+}
+
+template <class Rule = exact_rule>
+results run_device(const batch& bt, bool one_hot, const Rule& rule = {}, bool greedy = false) {
+  device_vector<index_t> off(bt.offsets);
+  device_vector<token_t> tok(bt.tokens);
+  device_vector<float> dr(bt.draft), tg(bt.target);
+  device_vector<request_rng> rng(bt.rng);
+  device_vector<token_t> out(
+      std::vector<token_t>(static_cast<std::size_t>(bt.drafts() + bt.size()), 77));
+  device_vector<std::int32_t> n(std::vector<std::int32_t>(static_cast<std::size_t>(bt.size()), -5));
+  device_vector<std::uint8_t> acc(
+      std::vector<std::uint8_t>(static_cast<std::size_t>(bt.drafts()), 9));
+  device_vector<std::uint32_t> fl(
+      std::vector<std::uint32_t>(static_cast<std::size_t>(bt.size()), 0));
+  chain_batch_input<float> in{
+      bt.vocab,
+      {off.ptr, bt.size() + 1},
+      {tok.ptr, bt.drafts()},
+      one_hot ? batch_view<const float>{} : batch_view<const float>{dr.ptr, bt.drafts(), bt.vocab},
+      {tg.ptr, bt.drafts() + bt.size(), bt.vocab},
+      {rng.ptr, bt.size()}};
+  const chain_batch_output o{out.view(), n.view(), acc.view(), fl.view()};
+  if (greedy)
+    cuda::throw_on_error(cuda::verify_chain_greedy_async(cuda::par_on(nullptr), in, o), "greedy");
+  else
+    cuda::verify_chain(cuda::par_on(nullptr), in, o, chain_options{}, rule);
+  cuda::throw_on_error(cudaDeviceSynchronize(), "chain kernel");
+  return {out.to_host(), n.to_host(), acc.to_host(), fl.to_host()};
+}
+
+void require_equal(const results& a, const results& b) {
+  CHECK(a.tokens == b.tokens);
+  CHECK(a.n == b.n);
+  CHECK(a.acc == b.acc);
+  CHECK(a.flags == b.flags);
+}
+
+}  // namespace
+
+TEST_CASE("device chain verification equals the host backend", "[cuda]") {
+  if (!have_gpu()) return;
+  for (index_t vocab : {7, 300, 5000, 128256}) {
+    for (std::uint64_t seed = 1; seed <= (vocab > 10000 ? 2u : 6u); ++seed) {
+      const batch bt(vocab, {3, 0, 5, 1, 8, 2}, seed);
+      INFO("vocab " << vocab << " seed " << seed);
+      require_equal(run_device(bt, false), run_host(bt, false));
+      require_equal(run_device(bt, true), run_host(bt, true));
+    }
+  }
+}
+
+TEST_CASE("device chain verification with a relaxed schedule equals the host", "[cuda][relaxed]") {
+  if (!have_gpu()) return;
+  const auto sch = relaxation_schedule::make_exponential(2.0, 0.5, 6);
+  const scheduled_relaxed_rule rule{sch, resampling::optimal};
+  for (std::uint64_t seed = 1; seed <= 4; ++seed) {
+    const batch bt(1000, {6, 4, 2}, seed);
+    require_equal(run_device(bt, false, rule), run_host(bt, false, rule));
+  }
+}
+
+TEST_CASE("device greedy chain verification equals the host", "[cuda]") {
+  if (!have_gpu()) return;
+  for (std::uint64_t seed = 1; seed <= 4; ++seed) {
+    batch bt(2000, {4, 1, 6}, seed);
+    // Make some drafts the argmax so that greedy chains get accepted.
+    index_t row = 0;
+    for (index_t b = 0; b < bt.size(); ++b) {
+      const index_t len =
+          bt.offsets[static_cast<std::size_t>(b + 1)] - bt.offsets[static_cast<std::size_t>(b)];
+      for (index_t i = 0; i < len; ++i) {
+        const float* p =
+            bt.target.data() + (bt.offsets[static_cast<std::size_t>(b)] + b + i) * bt.vocab;
+        if ((i + seed) % 3 != 0)
+          bt.tokens[static_cast<std::size_t>(row)] =
+              static_cast<token_t>(argmax_lowest(row_view<const float>(p, bt.vocab)));
+        ++row;
+      }
+    }
+    results h{std::vector<token_t>(static_cast<std::size_t>(bt.drafts() + bt.size())),
+              std::vector<std::int32_t>(static_cast<std::size_t>(bt.size())),
+              std::vector<std::uint8_t>(static_cast<std::size_t>(bt.drafts())),
+              std::vector<std::uint32_t>(static_cast<std::size_t>(bt.size()))};
+    verify_chain_greedy(
+        host::seq,
+        chain_batch_input<float>{bt.vocab,
+                                 bt.offsets,
+                                 bt.tokens,
+                                 {},
+                                 {bt.target.data(), bt.drafts() + bt.size(), bt.vocab},
+                                 bt.rng},
+        chain_batch_output{h.tokens, h.n, h.acc, h.flags});
+    require_equal(run_device(bt, true, exact_rule{}, true), h);
+  }
+}
+
+TEST_CASE("device chain verification: batch-position invariance", "[cuda]") {
+  if (!have_gpu()) return;
+  const batch full(800, {2, 5, 3}, 11);
+  const auto all = run_device(full, false);
+  // Request 1 alone.
+  batch one = full;
+  one.offsets = {0, 5};
+  one.tokens.assign(full.tokens.begin() + 2, full.tokens.begin() + 7);
+  one.draft.assign(full.draft.begin() + 2 * 800, full.draft.begin() + 7 * 800);
+  one.target.assign(full.target.begin() + 3 * 800, full.target.begin() + 9 * 800);
+  one.rng = {full.rng[1]};
+  const auto alone = run_device(one, false);
+  CHECK(alone.n[0] == all.n[1]);
+  CHECK(std::vector<token_t>(alone.tokens.begin(), alone.tokens.end()) ==
+        std::vector<token_t>(all.tokens.begin() + 3, all.tokens.begin() + 9));
+}
+
+TEST_CASE("device chain verification: bad input sets flags and reads nothing out of bounds",
+          "[cuda][bad_input]") {
+  if (!have_gpu()) return;
+  batch bt(64, {3, 2, 2}, 5);
+  bt.tokens[1] = 64;        // out of range in request 0
+  bt.tokens[3] = no_token;  // -1 inside request 1
+  // Request 2: a target row of NaN at its first position and no mass at its bonus row.
+  for (index_t y = 0; y < 64; ++y)
+    bt.target[static_cast<std::size_t>((5 + 2) * 64 + y)] = std::numeric_limits<float>::quiet_NaN();
+  const auto r = run_device(bt, false);
+  CHECK((r.flags[0] & chain_invalid_input) != 0);
+  CHECK((r.flags[1] & chain_invalid_input) != 0);
+  CHECK((r.flags[0] & chain_valid) == 0);
+  CHECK(r.n[0] == 0);
+  CHECK(r.tokens[0] == no_token);
+  // NaN rows: p(x) is NaN, so the draft is rejected; the residual of NaN weights is empty and
+  // the fallback to p finds no mass either: no token, not valid.
+  CHECK((r.flags[2] & chain_valid) == 0);
+  CHECK(r.tokens[static_cast<std::size_t>(5 + 2)] == no_token);
+  // A vocabulary beyond the kernel's limit is refused at launch.
+  chain_batch_input<float> huge{};
+  huge.vocab_size = cuda::chain_max_vocab + 1;
+  CHECK(cuda::verify_chain_async(cuda::par_on(nullptr), huge, chain_batch_output{}) ==
+        cudaErrorInvalidValue);
+}
