@@ -1,0 +1,515 @@
+#pragma once
+
+/// @file
+/// Fused logits -> probabilities on the GPU: the device counterpart of specula::logits_to_probs
+/// (include/specula/sample/transforms.hpp), for fp32, bf16 and fp16 logits.
+///
+/// Order, as on the host: CFG mix -> temperature -> top-k (on logits, ties kept) -> softmax
+/// (max subtracted) -> top-p (ties kept, renormalised) -> min-p (renormalised). The scalar maths
+/// of the first two steps are the host's function objects (cfg_mix_op, temperature_op).
+///
+/// Layout of the work: one CTA of `transforms_block_size` threads per row. The input row is read
+/// directly in its own type (bf16/fp16 are converted per element in registers); no fp32 copy of
+/// the logits is made, and the only write is the fp32 output row. Each pass re-reads the input
+/// row and recomputes the per-element values:
+///
+///   1  scan: max logit, first NaN / first +Inf
+///   8  top-k threshold (only when 0 < top_k < cols): radix select on the order-preserving
+///      32-bit key of the logit, 4 bits per pass; each pass counts, for 16 candidate thresholds
+///      at once, the elements >= the candidate (per-thread counters, then one cub::BlockReduce)
+///   1  softmax denominator (sum in double)
+///   8  top-p threshold (only when top_p < 1): the same radix select in probability space,
+///      accumulating mass (double) instead of counts; the first pass also yields the total and
+///      the last one the kept mass (the renormalisation constant)
+///   1  min-p renormalisation sum (only when min_p > 0); the max probability is known in
+///      closed form (the arg-max logit has exp(0) = 1)
+///   1  write
+///
+/// i.e. 3 passes with no top-k/top-p/min-p, at most 20 with all of them. No sort, no workspace.
+///
+/// Guarantees: the reductions have a fixed order (per-thread strided accumulation in index order,
+/// then cub::BlockReduce on a fixed block size), so the same inputs give the same output bits on
+/// every call, whatever the other rows of the batch are and wherever the row sits in it. The
+/// result is NOT bit-identical to the host's logits_to_probs: the device sums in another order,
+/// uses the device expf (max 2 ulp) and may contract the CFG mix into an FMA. Filter decisions
+/// (top-k) on identical logits are exact; top-p/min-p decisions can differ from the host only
+/// when a cumulative mass lies within rounding of its target.
+///
+/// Bad rows never stop the batch: the row's status (specula::status cast to std::uint32_t) is
+/// written to `row_status[row]` (0 = ok) and its output row is filled with quiet NaN.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cub/block/block_reduce.cuh>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "specula/core/error.hpp"
+#include "specula/core/numeric.hpp"
+#include "specula/core/row.hpp"
+#include "specula/core/status.hpp"
+#include "specula/core/types.hpp"
+#include "specula/cuda/config.cuh"
+#include "specula/cuda/error.cuh"
+#include "specula/cuda/policy.cuh"
+#include "specula/sample/transforms.hpp"
+
+SPECULA_CUDA_NAMESPACE_BEGIN
+
+/// Logit element types accepted by logits_to_probs_async.
+template <class T>
+concept logit_element =
+    std::is_same_v<T, float> || std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+
+/// Threads per CTA (one CTA per row). A compile-time constant: the reduction order, and so the
+/// output bits, depend only on the row's inputs.
+inline constexpr int transforms_block_size = 512;
+
+/// Workspace logits_to_probs_async needs: none (every pass re-reads the input row).
+[[nodiscard]] constexpr std::size_t logits_to_probs_workspace_bytes(index_t /*rows*/,
+                                                                    index_t /*cols*/) noexcept {
+  return 0;
+}
+
+namespace transforms_detail {
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+__device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
+__device__ __forceinline__ float neg_inf() { return __int_as_float(static_cast<int>(0xff800000u)); }
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
+
+/// Order-preserving key of a float: a < b (non-NaN, -0 below +0) iff key(a) < key(b).
+__device__ __forceinline__ std::uint32_t order_key(float f) {
+  const std::uint32_t b = __float_as_uint(f);
+  return (b & 0x80000000u) != 0u ? ~b : (b | 0x80000000u);
+}
+
+/// key(-Inf). Keys below it are negative NaN patterns.
+inline constexpr std::uint32_t neg_inf_key = 0x007FFFFFu;
+
+/// The float threshold of a key, clamped to -Inf below key(-Inf). Keys above key(+Inf) give
+/// NaN, which no element reaches (x >= NaN is false), so the counting functions below are
+/// non-increasing over the whole key range.
+__device__ __forceinline__ float key_threshold(std::uint32_t k) {
+  if (k <= neg_inf_key) return neg_inf();
+  const std::uint32_t b = (k & 0x80000000u) != 0u ? (k & 0x7FFFFFFFu) : ~k;
+  return __uint_as_float(b);
+}
+
+/// 16 accumulators (one per candidate threshold of a radix-select pass).
+template <class A>
+struct acc16 {
+  A v[16];
+};
+
+struct acc16_sum {
+  template <class A>
+  __device__ acc16<A> operator()(const acc16<A>& a, const acc16<A>& b) const {
+    acc16<A> r;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) r.v[j] = a.v[j] + b.v[j];
+    return r;
+  }
+};
+
+struct double_sum {
+  __device__ double operator()(double a, double b) const { return a + b; }
+};
+
+/// Pass 1: max over the non-NaN logits, first NaN index, first +Inf index (n when none).
+struct scan_acc {
+  float max;
+  long long first_nan;
+  long long first_inf;
+};
+
+struct scan_combine {
+  __device__ scan_acc operator()(const scan_acc& a, const scan_acc& b) const {
+    return {a.max > b.max ? a.max : b.max, a.first_nan < b.first_nan ? a.first_nan : b.first_nan,
+            a.first_inf < b.first_inf ? a.first_inf : b.first_inf};
+  }
+};
+
+template <int Block>
+union reduce_storage {
+  typename cub::BlockReduce<acc16<double>, Block>::TempStorage mass;
+  typename cub::BlockReduce<acc16<unsigned>, Block>::TempStorage count;
+  typename cub::BlockReduce<scan_acc, Block>::TempStorage scan;
+  typename cub::BlockReduce<double, Block>::TempStorage sum;
+};
+
+struct reduce_slots {
+  acc16<double> mass;
+  acc16<unsigned> count;
+  scan_acc scan;
+  double sum;
+};
+
+/// Block-wide reduction whose result every thread receives. Deterministic for a fixed Block.
+template <int Block, class V, class Op>
+__device__ V block_all_reduce(const V& v, Op op,
+                              typename cub::BlockReduce<V, Block>::TempStorage& tmp, V& slot) {
+  const V r = cub::BlockReduce<V, Block>(tmp).Reduce(v, op);
+  if (threadIdx.x == 0) slot = r;
+  __syncthreads();
+  const V out = slot;
+  __syncthreads();  // tmp and slot may be reused by the next reduction
+  return out;
+}
+
+/// Host-side check of the parameters, repeated per row on the device.
+__host__ __device__ inline bool valid_params(const sampling_params& s) {
+  return specula::detail::is_finite(s.temperature) && s.temperature > 0.0f && s.top_k >= 0 &&
+         s.top_p > 0.0f && s.top_p <= 1.0f && s.min_p >= 0.0f && s.min_p <= 1.0f &&
+         specula::detail::is_finite(s.cfg_scale);
+}
+
+/// One row's logits after CFG and temperature, as the host computes them.
+template <class T>
+struct logit_source {
+  const T* cond;
+  const T* uncond;  // null: no CFG
+  cfg_mix_op mix;
+  temperature_op temperature;
+  bool apply_temperature;
+
+  __device__ __forceinline__ float operator()(index_t i) const {
+    float x = to_float(cond[i]);
+    if (uncond != nullptr) x = mix(x, to_float(uncond[i]));
+    if (apply_temperature) x = temperature(x);
+    return x;
+  }
+};
+
+/// Radix select (4 bits per pass, 8 passes): the largest key K such that
+/// F(K) = sum of w_i over the elements with x_i >= key_threshold(K) is >= target, where
+/// `target = make_target(F(0))` (F(0) is the total weight). Returns key_threshold(K); `kept`
+/// receives F(K). item(i, x, w) yields element i's value and weight. Elements below the current
+/// lower bound are skipped after the test, so later passes add only near the threshold.
+template <int Block, class A, class Item, class MakeTarget>
+__device__ float radix_select(index_t n, const Item& item, const MakeTarget& make_target,
+                              typename cub::BlockReduce<acc16<A>, Block>::TempStorage& tmp,
+                              acc16<A>& slot, A& kept) {
+  std::uint32_t prefix = 0;
+  A target{};
+  for (int shift = 28; shift >= 0; shift -= 4) {
+    float thr[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      thr[j] = key_threshold(prefix | (static_cast<std::uint32_t>(j) << shift));
+    acc16<A> acc;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) acc.v[j] = A(0);
+    for (index_t i = threadIdx.x; i < n; i += Block) {
+      float x;
+      A w;
+      item(i, x, w);
+      if (!(x >= thr[0])) continue;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) acc.v[j] += x >= thr[j] ? w : A(0);
+    }
+    const acc16<A> f = block_all_reduce<Block>(acc, acc16_sum{}, tmp, slot);
+    if (shift == 28) target = make_target(f.v[0]);
+    int best = 0;  // f is non-increasing in j and f.v[0] >= target (invariant)
+#pragma unroll
+    for (int j = 1; j < 16; ++j)
+      if (f.v[j] >= target) best = j;
+    prefix |= static_cast<std::uint32_t>(best) << shift;
+    kept = f.v[best];
+  }
+  return key_threshold(prefix);
+}
+
+template <class T, int Block>
+SPECULA_KERNEL void __launch_bounds__(Block)
+    logits_to_probs_kernel(batch_view<const T> logits, batch_view<const T> uncond,
+                           row_view<const sampling_params> params, batch_view<float> probs,
+                           std::uint32_t* row_status) {
+  __shared__ reduce_storage<Block> tmp;
+  __shared__ reduce_slots slots;
+
+  const index_t r = blockIdx.x;
+  const index_t n = logits.cols;
+  const index_t tid = threadIdx.x;
+  float* out = probs.data + r * probs.row_stride;
+  const sampling_params sp = params.data[params.size == 1 ? 0 : r];
+
+  const auto finish = [&](status s, bool fill_nan) {
+    if (fill_nan)
+      for (index_t i = tid; i < n; i += Block) out[i] = quiet_nan();
+    if (tid == 0 && row_status != nullptr) row_status[r] = static_cast<std::uint32_t>(s);
+  };
+
+  if (n == 0) {
+    finish(status::empty_input, false);
+    return;
+  }
+  if (!valid_params(sp)) {
+    finish(status::invalid_parameter, true);
+    return;
+  }
+
+  const logit_source<T> src{logits.data + r * logits.row_stride,
+                            uncond.rows > 0 ? uncond.data + r * uncond.row_stride : nullptr,
+                            cfg_mix_op{sp.cfg_scale}, temperature_op{1.0f / sp.temperature},
+                            sp.temperature != 1.0f};
+
+  // Pass 1: max, first NaN, first +Inf (the host's softmax reports the first offender).
+  scan_acc s{neg_inf(), n, n};
+  for (index_t i = tid; i < n; i += Block) {
+    const float x = src(i);
+    if (x != x) {
+      if (s.first_nan == n) s.first_nan = i;
+    } else if (x == pos_inf()) {
+      if (s.first_inf == n) s.first_inf = i;
+    } else if (x > s.max) {
+      s.max = x;
+    }
+  }
+  s = block_all_reduce<Block>(s, scan_combine{}, tmp.scan, slots.scan);
+  if (s.first_nan < n || s.first_inf < n) {
+    finish(s.first_nan < s.first_inf ? status::nan_value : status::inf_value, true);
+    return;
+  }
+  if (s.max == neg_inf()) {
+    finish(status::no_mass, true);
+    return;
+  }
+  const float m = s.max;  // top-k always keeps the max, so this is also the filtered max
+
+  // Top-k threshold on the logits (keep x >= thr_k; -Inf keeps everything).
+  float thr_k = neg_inf();
+  if (sp.top_k > 0 && sp.top_k < n) {
+    const auto k = static_cast<unsigned>(sp.top_k);
+    unsigned kept_count = 0;
+    thr_k = radix_select<Block, unsigned>(
+        n,
+        [&](index_t i, float& x, unsigned& w) {
+          x = src(i);
+          w = 1u;
+        },
+        [k](unsigned) { return k; }, tmp.count, slots.count, kept_count);
+  }
+
+  // Softmax denominator: exp(x - m) in float, summed in double (as the host).
+  double sum = 0.0;
+  for (index_t i = tid; i < n; i += Block) {
+    const float x = src(i);
+    if (x >= thr_k) sum += static_cast<double>(expf(x - m));
+  }
+  sum = block_all_reduce<Block>(sum, double_sum{}, tmp.sum, slots.sum);
+  const double inv_sum = 1.0 / sum;
+  const auto p1 = [&](index_t i) -> float {
+    const float x = src(i);
+    if (!(x >= thr_k)) return 0.0f;
+    return static_cast<float>(static_cast<double>(expf(x - m)) * inv_sum);
+  };
+
+  // Top-p threshold in probability space; the kept mass is the renormalisation constant.
+  const bool do_top_p = sp.top_p < 1.0f;
+  float thr_p = 0.0f;
+  double inv_p = 1.0;
+  if (do_top_p) {
+    const double top_p = sp.top_p;
+    double kept_mass = 0.0;
+    thr_p = radix_select<Block, double>(
+        n,
+        [&](index_t i, float& x, double& w) {
+          x = p1(i);
+          w = x;
+        },
+        [top_p](double total) { return top_p * total; }, tmp.mass, slots.mass, kept_mass);
+    inv_p = 1.0 / kept_mass;
+  }
+  const auto p2 = [&](index_t i) -> float {
+    float p = p1(i);
+    if (do_top_p) {
+      if (p < thr_p) p = 0.0f;
+      p = static_cast<float>(static_cast<double>(p) * inv_p);
+    }
+    return p;
+  };
+
+  // Min-p: the max probability is the arg-max logit's, exp(0) = 1 times the constants.
+  const bool do_min_p = sp.min_p > 0.0f;
+  float thr_m = 0.0f;
+  double inv_m = 1.0;
+  if (do_min_p) {
+    float pmax = static_cast<float>(inv_sum);
+    if (do_top_p) pmax = static_cast<float>(static_cast<double>(pmax) * inv_p);
+    thr_m = sp.min_p * pmax;
+    double kept = 0.0;
+    for (index_t i = tid; i < n; i += Block) {
+      const float p = p2(i);
+      if (!(p < thr_m)) kept += static_cast<double>(p);
+    }
+    kept = block_all_reduce<Block>(kept, double_sum{}, tmp.sum, slots.sum);
+    inv_m = 1.0 / kept;
+  }
+
+  for (index_t i = tid; i < n; i += Block) {
+    float p = p2(i);
+    if (do_min_p) {
+      if (p < thr_m) p = 0.0f;
+      p = static_cast<float>(static_cast<double>(p) * inv_m);
+    }
+    out[i] = p;
+  }
+  finish(status::ok, false);
+}
+
+/// A failed shape check: the diagnostic, and the argument it names.
+struct shape_problem {
+  diagnostic d;
+  const char* argument = "";
+  const char* what = "";
+};
+
+template <class U>
+inline bool overlaps(const U* a, index_t a_rows, index_t a_stride, const float* b, index_t b_rows,
+                     index_t b_stride, index_t cols) {
+  if (a == nullptr || b == nullptr || a_rows == 0 || b_rows == 0 || cols == 0) return false;
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a);
+  const auto a1 = a0 + static_cast<std::uintptr_t>((a_rows - 1) * a_stride + cols) * sizeof(U);
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b);
+  const auto b1 = b0 + static_cast<std::uintptr_t>((b_rows - 1) * b_stride + cols) * sizeof(float);
+  return a0 < b1 && b0 < a1;
+}
+
+/// Host checks of extents, strides and pointers (no device memory is read).
+template <class T>
+shape_problem check_shapes(batch_view<const T> logits, batch_view<const T> uncond,
+                           row_view<const sampling_params> params, batch_view<float> probs) {
+  const index_t rows = logits.rows, cols = logits.cols;
+  const auto bad = [](status c, double v, const char* arg, const char* what) {
+    return shape_problem{diagnostic{c, -1, -1, v}, arg, what};
+  };
+  if (rows < 0 || rows > std::numeric_limits<int>::max())
+    return bad(status::length_mismatch, static_cast<double>(rows), "logits",
+               "rows must be in [0, 2^31)");
+  if (cols < 0 || cols > std::numeric_limits<int>::max())
+    return bad(status::length_mismatch, static_cast<double>(cols), "logits",
+               "cols must be in [0, 2^31)");
+  if (probs.rows != rows)
+    return bad(status::length_mismatch, static_cast<double>(probs.rows), "probs_out",
+               "rows must equal logits.rows");
+  if (probs.cols != cols)
+    return bad(status::length_mismatch, static_cast<double>(probs.cols), "probs_out",
+               "cols must equal logits.cols");
+  if (uncond.rows != 0 && (uncond.rows != rows || uncond.cols != cols))
+    return bad(status::length_mismatch, static_cast<double>(uncond.rows), "uncond",
+               "must have 0 rows (no CFG) or the shape of logits");
+  if (rows == 0) return {};
+  if (params.size != 1 && params.size != rows)
+    return bad(status::length_mismatch, static_cast<double>(params.size), "params",
+               "needs 1 entry or one per row");
+  if (params.data == nullptr) return bad(status::empty_input, 0.0, "params", "null data pointer");
+  if (cols == 0) return {};
+  if (logits.data == nullptr) return bad(status::empty_input, 0.0, "logits", "null data pointer");
+  if (probs.data == nullptr) return bad(status::empty_input, 0.0, "probs_out", "null data pointer");
+  if (uncond.rows > 0 && uncond.data == nullptr)
+    return bad(status::empty_input, 0.0, "uncond", "null data pointer");
+  if (rows > 1) {
+    if (logits.row_stride < cols)
+      return bad(status::length_mismatch, static_cast<double>(logits.row_stride), "logits",
+                 "row_stride must be at least the row length");
+    if (probs.row_stride < cols)
+      return bad(status::length_mismatch, static_cast<double>(probs.row_stride), "probs_out",
+                 "row_stride must be at least the row length");
+    if (uncond.rows > 0 && uncond.row_stride < cols)
+      return bad(status::length_mismatch, static_cast<double>(uncond.row_stride), "uncond",
+                 "row_stride must be at least the row length");
+  }
+  if (overlaps(logits.data, rows, logits.row_stride, probs.data, rows, probs.row_stride, cols))
+    return bad(status::length_mismatch, 0.0, "probs_out",
+               "must not overlap logits (every pass re-reads the input)");
+  if (overlaps(uncond.data, uncond.rows, uncond.row_stride, probs.data, rows, probs.row_stride,
+               cols))
+    return bad(status::length_mismatch, 0.0, "probs_out", "must not overlap uncond");
+  return {};
+}
+
+}  // namespace transforms_detail
+
+/// Enqueues the fused logits -> probabilities transform of every row on `policy.stream`.
+///
+/// - `logits`: [rows, cols] device rows of T (float, __half or __nv_bfloat16).
+/// - `uncond`: unconditional rows for classifier-free guidance, same shape, or 0 rows (no CFG).
+/// - `params`: device array of 1 entry (for all rows) or one per row.
+/// - `probs_out`: [rows, cols] device fp32 rows; must not overlap the inputs.
+/// - `row_status`: device array of `rows` entries receiving specula::status values (0 = ok) as
+///   std::uint32_t; may be null. A failed row's output is filled with quiet NaN (empty rows
+///   have nothing to fill).
+///
+/// Does not synchronise. Returns cudaErrorInvalidValue (without launching) when the extents,
+/// strides or pointers are inconsistent, otherwise cudaGetLastError() after the launch.
+/// Bad data (NaN or +Inf logits, rows without mass, invalid parameters) is reported per row.
+template <logit_element T>
+cudaError_t logits_to_probs_async(const par_policy& policy, batch_view<const T> logits,
+                                  batch_view<const T> uncond,
+                                  row_view<const sampling_params> params,
+                                  batch_view<float> probs_out,
+                                  std::uint32_t* row_status = nullptr) {
+  if (!transforms_detail::check_shapes<T>(logits, uncond, params, probs_out).d.ok())
+    return cudaErrorInvalidValue;
+  if (logits.rows == 0) return cudaSuccess;
+  transforms_detail::logits_to_probs_kernel<T, transforms_block_size>
+      <<<static_cast<unsigned>(logits.rows), transforms_block_size, 0, policy.stream>>>(
+          logits, uncond, params, probs_out, row_status);
+  return cudaGetLastError();
+}
+
+/// Checked, synchronising variant: throws specula::invalid_input naming the argument for bad
+/// extents, cuda_error for CUDA failures, and, after synchronising `policy.stream`,
+/// specula::invalid_input for the first row whose status is not ok (row index in the
+/// exception; argument "params" for invalid parameters, "logits" otherwise). When `row_status`
+/// is null a temporary status array is allocated on the stream (cudaMallocAsync).
+template <logit_element T>
+void logits_to_probs_checked(const par_policy& policy, batch_view<const T> logits,
+                             batch_view<const T> uncond, row_view<const sampling_params> params,
+                             batch_view<float> probs_out, std::uint32_t* row_status = nullptr) {
+  const auto problem = transforms_detail::check_shapes<T>(logits, uncond, params, probs_out);
+  throw_if_failed(problem.d, problem.argument, problem.what);
+  if (logits.rows == 0) return;
+
+  struct temp_status {
+    std::uint32_t* ptr = nullptr;
+    cudaStream_t stream = nullptr;
+    ~temp_status() {
+      if (ptr != nullptr) (void)cudaFreeAsync(ptr, stream);
+    }
+  } temp{nullptr, policy.stream};
+  std::uint32_t* statuses = row_status;
+  const auto rows = static_cast<std::size_t>(logits.rows);
+  if (statuses == nullptr) {
+    throw_on_error(cudaMallocAsync(reinterpret_cast<void**>(&temp.ptr),
+                                   rows * sizeof(std::uint32_t), policy.stream),
+                   "cudaMallocAsync (row statuses)");
+    statuses = temp.ptr;
+  }
+  throw_on_error(logits_to_probs_async<T>(policy, logits, uncond, params, probs_out, statuses),
+                 "logits_to_probs kernel launch");
+  std::vector<std::uint32_t> host(rows);
+  throw_on_error(cudaMemcpyAsync(host.data(), statuses, rows * sizeof(std::uint32_t),
+                                 cudaMemcpyDeviceToHost, policy.stream),
+                 "cudaMemcpyAsync (row statuses)");
+  throw_on_error(cudaStreamSynchronize(policy.stream), "logits_to_probs");
+  for (std::size_t r = 0; r < rows; ++r) {
+    if (host[r] == 0u) continue;
+    const auto code = static_cast<status>(host[r]);
+    const double value = code == status::inf_value ? std::numeric_limits<double>::infinity() : 0.0;
+    throw_if_failed(diagnostic{code, static_cast<index_t>(r), -1, value},
+                    code == status::invalid_parameter ? "params" : "logits",
+                    "device logits_to_probs");
+  }
+}
+
+SPECULA_CUDA_NAMESPACE_END
