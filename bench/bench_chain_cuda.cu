@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_bench_util.cuh"
 #include "specula/cuda/chain.cuh"
 #include "specula/cuda/error.cuh"
 
@@ -23,41 +24,13 @@ using namespace specula;
 
 namespace {
 
-struct device_buffer {
-  void* ptr = nullptr;
-  explicit device_buffer(std::size_t bytes) {
-    cuda::throw_on_error(cudaMalloc(&ptr, bytes == 0 ? 1 : bytes), "cudaMalloc");
-  }
-  ~device_buffer() { cudaFree(ptr); }
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(ptr);
-  }
-};
+using specula::bench::device_buffer;
+using specula::bench::time_ms;
 
 template <class T>
 void upload(const device_buffer& d, const std::vector<T>& v) {
   cuda::throw_on_error(cudaMemcpy(d.ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
                        "cudaMemcpy");
-}
-
-/// Milliseconds of `launch` measured with CUDA events.
-template <class Launch>
-float time_ms(Launch&& launch) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  cudaEventRecord(a);
-  launch();
-  cudaEventRecord(b);
-  cudaEventSynchronize(b);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms;
 }
 
 void chain_case(benchmark::State& state, index_t vocab, index_t n, index_t batch, bool reject) {

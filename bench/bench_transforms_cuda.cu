@@ -27,6 +27,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cuda_bench_util.cuh"
 #include "specula/cuda/error.cuh"
 #include "specula/cuda/transforms.cuh"
 
@@ -34,36 +35,8 @@ using namespace specula;
 
 namespace {
 
-struct device_bytes {
-  void* ptr = nullptr;
-  explicit device_bytes(std::size_t bytes) {
-    specula::cuda::throw_on_error(cudaMalloc(&ptr, bytes == 0 ? 1 : bytes), "cudaMalloc");
-  }
-  ~device_bytes() { cudaFree(ptr); }
-  device_bytes(const device_bytes&) = delete;
-  device_bytes& operator=(const device_bytes&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(ptr);
-  }
-};
-
-/// Milliseconds of `launch` on the legacy default stream, measured with CUDA events.
-template <class Launch>
-float time_ms(Launch&& launch) {
-  cudaEvent_t a, b;
-  specula::cuda::throw_on_error(cudaEventCreate(&a), "cudaEventCreate");
-  specula::cuda::throw_on_error(cudaEventCreate(&b), "cudaEventCreate");
-  cudaEventRecord(a, nullptr);
-  launch();
-  cudaEventRecord(b, nullptr);
-  cudaEventSynchronize(b);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms;
-}
+using specula::bench::device_buffer;
+using specula::bench::time_ms;
 
 template <class T>
 void transforms_case(benchmark::State& state, index_t vocab, index_t batch) {
@@ -86,7 +59,7 @@ void transforms_case(benchmark::State& state, index_t vocab, index_t batch) {
   sp.top_k = 50;
   sp.top_p = 0.9f;
 
-  device_bytes d_logits(n * sizeof(T)), d_probs(n * sizeof(float)),
+  device_buffer d_logits(n * sizeof(T)), d_probs(n * sizeof(float)),
       d_params(sizeof(sampling_params)),
       d_status(static_cast<std::size_t>(batch) * sizeof(std::uint32_t));
   specula::cuda::throw_on_error(
@@ -110,7 +83,7 @@ void transforms_case(benchmark::State& state, index_t vocab, index_t batch) {
   // Bytes the call must touch, and a copy moving as many (bytes/2 read + bytes/2 written).
   const double bytes = static_cast<double>(n) * static_cast<double>(sizeof(T) + sizeof(float));
   const auto copy_bytes = static_cast<std::size_t>(bytes / 2);
-  device_bytes src(copy_bytes), dst(copy_bytes);
+  device_buffer src(copy_bytes), dst(copy_bytes);
   cudaMemcpyAsync(dst.ptr, src.ptr, copy_bytes, cudaMemcpyDeviceToDevice, nullptr);
   float best_copy = 1e30f;
   for (int r = 0; r < 20; ++r)

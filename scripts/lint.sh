@@ -18,7 +18,7 @@ command -v clang-format >/dev/null || { echo "[specula] clang-format not found" 
 command -v clang-tidy >/dev/null || { echo "[specula] clang-tidy not found" >&2; exit 1; }
 
 mapfile -t sources < <(git ls-files 'include/*.hpp' 'cuda/*.cuh' 'cuda/*.hpp' 'tests/*.cpp' \
-  'tests/*.hpp' 'tests/*.cu' 'bench/*.cpp' 'bench/*.hpp' 'bench/*.cu' 'examples/*.cpp' |
+  'tests/*.hpp' 'tests/*.cu' 'bench/*.cpp' 'bench/*.hpp' 'bench/*.cu' 'bench/*.cuh' 'examples/*.cpp' |
   grep -v '^tests/package/')
 if ((fix)); then
   clang-format -i "${sources[@]}"

@@ -4,7 +4,7 @@
 file(GLOB_RECURSE sources
      "${ROOT}/include/*.hpp" "${ROOT}/cuda/*.cuh" "${ROOT}/cuda/*.hpp"
      "${ROOT}/tests/*.cpp" "${ROOT}/tests/*.hpp" "${ROOT}/tests/*.cu"
-     "${ROOT}/bench/*.cpp" "${ROOT}/bench/*.hpp" "${ROOT}/bench/*.cu"
+     "${ROOT}/bench/*.cpp" "${ROOT}/bench/*.hpp" "${ROOT}/bench/*.cu" "${ROOT}/bench/*.cuh"
      "${ROOT}/examples/*.cpp")
 list(FILTER sources EXCLUDE REGEX "/tests/package/")
 set(bad "")

@@ -76,33 +76,13 @@ __device__ void block_tile_sums(index_t n, const WeightFn& w, double* tile_sums,
   }
 }
 
-/// Thread-0 part of a sample: total = Σ tile sums in order; walk to the tile that crosses
-/// u·total and scan it element by element — sample_inverse_cdf(n, w, summary, u) on the host.
+/// Thread-0 part of a sample: the host's own inverse-CDF walk (specula::detail::walk_tiles)
+/// over the tile sums in shared memory — sample_inverse_cdf(n, w, summary, u) on the host.
 template <class WeightFn>
 __device__ index_t sample_from_tiles(index_t n, const WeightFn& w, const double* tile_sums,
                                      double total, double u) {
-  constexpr index_t tile = specula::detail::sum_tile;
-  const double target = u * total;
-  double acc = 0.0;
-  index_t t = 0;
-  for (index_t begin = 0; begin < n; begin += tile, ++t) {
-    const index_t end = begin + tile < n ? begin + tile : n;
-    const double ts = tile_sums[t];
-    if (target < acc + ts) {
-      double run = acc;
-      for (index_t i = begin; i < end; ++i) {
-        const double wi = w(i);
-        if (wi > 0.0) {
-          run += wi;
-          if (target < run) return i;
-        }
-      }
-    }
-    acc += ts;
-  }
-  for (index_t i = n - 1; i >= 0; --i)
-    if (w(i) > 0.0) return i;
-  return -1;
+  return specula::detail::walk_tiles(n, w, u * total,
+                                     [&](index_t k, index_t, index_t) { return tile_sums[k]; });
 }
 
 __device__ inline double ordered_total(const double* tile_sums, index_t tiles) {

@@ -92,6 +92,29 @@ SPECULA_HOST_DEVICE constexpr index_t scan_tile(index_t begin, index_t end, Weig
   return -1;
 }
 
+/// The inverse-CDF walk shared by both sample_inverse_cdf forms: tile sums (from `tile_sum(k,
+/// begin, end)` for tile k) are accumulated in order until one crosses `target`, then that tile
+/// is scanned element by element. Falls back to the last positive index when rounding leaves
+/// the target beyond the accumulated mass; -1 when no weight is positive.
+template <class WeightFn, class TileSum>
+SPECULA_HOST_DEVICE constexpr index_t walk_tiles(index_t n, WeightFn& w, double target,
+                                                 TileSum&& tile_sum) noexcept {
+  double acc = 0.0;
+  index_t k = 0;
+  for (index_t t = 0; t < n; t += sum_tile, ++k) {
+    const index_t end = t + sum_tile < n ? t + sum_tile : n;
+    const double tile = tile_sum(k, t, end);
+    if (target < acc + tile) {
+      const index_t i = scan_tile(t, end, w, acc, target);
+      if (i >= 0) return i;
+    }
+    acc += tile;
+  }
+  for (index_t i = n - 1; i >= 0; --i)
+    if (w(i) > 0.0) return i;
+  return -1;
+}
+
 }  // namespace detail
 
 /// Sum of the positive weights of `w` over [0, n), in double, in a fixed order: tiles of
@@ -119,20 +142,9 @@ SPECULA_HOST_DEVICE constexpr double positive_mass(index_t n, WeightFn&& w) noex
 template <class WeightFn>
 SPECULA_HOST_DEVICE constexpr index_t sample_inverse_cdf(index_t n, WeightFn&& w, double total,
                                                          double u) noexcept {
-  const double target = u * total;
-  double acc = 0.0;
-  for (index_t t = 0; t < n; t += detail::sum_tile) {
-    const index_t end = t + detail::sum_tile < n ? t + detail::sum_tile : n;
-    const double tile = detail::tile_positive_sum(t, end, w);
-    if (target < acc + tile) {
-      const index_t i = detail::scan_tile(t, end, w, acc, target);
-      if (i >= 0) return i;
-    }
-    acc += tile;
-  }
-  for (index_t i = n - 1; i >= 0; --i)
-    if (w(i) > 0.0) return i;
-  return -1;
+  return detail::walk_tiles(n, w, u * total, [&](index_t, index_t begin, index_t end) {
+    return detail::tile_positive_sum(begin, end, w);
+  });
 }
 
 /// The positive mass of a weight row together with its tile sums, recorded by one pass
@@ -166,22 +178,9 @@ SPECULA_HOST_DEVICE void summarize_weights(index_t n, WeightFn&& w, weight_summa
 template <class WeightFn>
 SPECULA_HOST_DEVICE index_t sample_inverse_cdf(index_t n, WeightFn&& w, const weight_summary& s,
                                                double u) noexcept {
-  const double target = u * s.total;
-  double acc = 0.0;
-  index_t tile_index = 0;
-  for (index_t t = 0; t < n; t += detail::sum_tile, ++tile_index) {
-    const index_t end = t + detail::sum_tile < n ? t + detail::sum_tile : n;
-    const double tile =
-        tile_index < s.recorded ? s.tile_sum[tile_index] : detail::tile_positive_sum(t, end, w);
-    if (target < acc + tile) {
-      const index_t i = detail::scan_tile(t, end, w, acc, target);
-      if (i >= 0) return i;
-    }
-    acc += tile;
-  }
-  for (index_t i = n - 1; i >= 0; --i)
-    if (w(i) > 0.0) return i;
-  return -1;
+  return detail::walk_tiles(n, w, u * s.total, [&](index_t k, index_t begin, index_t end) {
+    return k < s.recorded ? s.tile_sum[k] : detail::tile_positive_sum(begin, end, w);
+  });
 }
 
 /// Inverse-CDF sampling from a row of non-negative weights (two passes: sum, then scan).
