@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "specula/cuda/chain.cuh"
@@ -17,6 +18,11 @@
 #include "specula/verify/greedy.hpp"
 
 using namespace specula;
+
+namespace specula::cuda_test {
+double g_test_p_value(const std::vector<std::uint64_t>& counts, const std::vector<double>& law,
+                      std::string& summary);
+}  // namespace specula::cuda_test
 
 namespace {
 
@@ -252,4 +258,67 @@ TEST_CASE("device chain verification: bad input sets flags and reads nothing out
   huge.vocab_size = cuda::chain_max_vocab + 1;
   CHECK(cuda::verify_chain_async(cuda::par_on(nullptr), huge, chain_batch_output{}) ==
         cudaErrorInvalidValue);
+}
+
+TEST_CASE("device G-test: one speculative round per request reproduces the toy model's law",
+          "[cuda][stats]") {
+  if (!have_gpu()) return;
+  // 200 000 requests, each one round of draft length 3 on a toy model (V = 5, horizon 4), all in
+  // one launch; the emitted tokens are extended to 4 with target samples on the host. The law of
+  // the 4 tokens must be the target's (G-test); the same rounds with the residual replaced by p
+  // (a planted bias, run through the relaxed rule slot) must fail.
+  const testing::toy_ar_model target(5, 4, 2024, 0.3);
+  const auto draft = testing::toy_ar_model::perturbed(target, 0.6, 77, 0.3);
+  const index_t V = 5, L = 3;
+  const std::uint32_t runs = 200000;
+  batch bt(V, {}, 1);
+  for (std::uint32_t r = 0; r < runs; ++r) {
+    std::vector<token_t> ctx;
+    const request_rng drng{91, r, 0};
+    for (index_t i = 0; i < L; ++i) {
+      const auto q = draft.row(ctx);
+      const auto p = target.row(ctx);
+      auto w = [&](index_t y) { return q[static_cast<std::size_t>(y)]; };
+      const auto x = static_cast<token_t>(sample_inverse_cdf(
+          V, w, 1.0, uniform_at(drng, draw_id{static_cast<std::uint32_t>(i), 0})));
+      bt.tokens.push_back(x);
+      bt.draft.insert(bt.draft.end(), q.begin(), q.end());
+      bt.target.insert(bt.target.end(), p.begin(), p.end());
+      ctx.push_back(x);
+    }
+    const auto p = target.row(ctx);
+    bt.target.insert(bt.target.end(), p.begin(), p.end());
+    bt.offsets.push_back(bt.offsets.back() + L);
+    bt.rng.push_back(request_rng{92, r, 0});
+  }
+  const auto law = [&] {
+    // Law of the first 4 tokens = the toy model's sequence law (horizon 4).
+    return target.sequence_law();
+  }();
+  auto counts_of = [&](const results& res) {
+    std::vector<std::uint64_t> counts(law.size(), 0);
+    for (std::uint32_t r = 0; r < runs; ++r) {
+      std::vector<token_t> seq;
+      const auto base = static_cast<std::size_t>(r) * (L + 1);
+      for (index_t i = 0; i <= res.n[r]; ++i)
+        seq.push_back(res.tokens[base + static_cast<std::size_t>(i)]);
+      for (std::uint32_t j = 0; static_cast<index_t>(seq.size()) < 4; ++j) {
+        const auto p = target.row(seq);
+        auto w = [&](index_t y) { return p[static_cast<std::size_t>(y)]; };
+        seq.push_back(static_cast<token_t>(
+            sample_inverse_cdf(V, w, 1.0, uniform_at(request_rng{93, r, 0}, draw_id{j, 0}))));
+      }
+      ++counts[static_cast<std::size_t>(target.sequence_index(seq))];
+    }
+    return counts;
+  };
+  std::string summary;
+  const double fit = cuda_test::g_test_p_value(counts_of(run_device(bt, false)), law, summary);
+  INFO("G-test exact rule: " << summary);
+  CHECK(fit > 1e-4);
+  // Planted bias: ω = 3 accepts too often (and G* then cannot restore p).
+  const double bad =
+      cuda_test::g_test_p_value(counts_of(run_device(bt, false, relaxed_rule{3.0})), law, summary);
+  INFO("G-test relaxed (negative control): " << summary);
+  CHECK(bad < 1e-4);
 }
