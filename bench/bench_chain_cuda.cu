@@ -25,7 +25,6 @@ using namespace specula;
 namespace {
 
 using specula::bench::device_buffer;
-using specula::bench::time_ms;
 
 template <class T>
 void upload(const device_buffer& d, const std::vector<T>& v) {
@@ -96,29 +95,9 @@ void chain_case(benchmark::State& state, index_t vocab, index_t n, index_t batch
   double bytes = 0;
   for (auto a : accepted) bytes += 8.0 * a + (a == n ? 4.0 : 8.0) * static_cast<double>(vocab);
 
-  // Copy baseline of the same bytes.
-  const auto copy_bytes = static_cast<std::size_t>(bytes);
-  device_buffer src(copy_bytes), dst(copy_bytes);
-  cudaMemcpyAsync(dst.ptr, src.ptr, copy_bytes, cudaMemcpyDeviceToDevice);
-  float best_copy = 1e30f;
-  for (int r = 0; r < 20; ++r)
-    best_copy = std::min(best_copy, time_ms([&] {
-                           cudaMemcpyAsync(dst.ptr, src.ptr, copy_bytes, cudaMemcpyDeviceToDevice);
-                         }));
-
-  double total_ms = 0;
-  for (auto _ : state) {
-    const float ms = time_ms([&] { (void)cuda::verify_chain_async(pol, in, out); });
-    total_ms += ms;
-    state.SetIterationTime(ms / 1e3);
-  }
-  const double per_call_ms = total_ms / static_cast<double>(state.iterations());
-  // A device-to-device copy reads and writes each byte; count the bytes it reads.
-  const double copy_gbps = static_cast<double>(copy_bytes) / (best_copy * 1e-3) / 1e9;
-  state.counters["bytes"] = bytes;
-  state.counters["copy_GBps"] = copy_gbps;
-  state.counters["frac_of_copy"] = (bytes / (per_call_ms * 1e-3) / 1e9) / copy_gbps;
-  state.counters["copy_us"] = best_copy * 1e3;
+  // Copy baseline of the same bytes (counting the bytes the copy reads).
+  specula::bench::time_against_copy(state, bytes, static_cast<std::size_t>(bytes), 1.0,
+                                    [&] { (void)cuda::verify_chain_async(pol, in, out); });
 }
 
 int register_all() {

@@ -36,7 +36,6 @@ using namespace specula;
 namespace {
 
 using specula::bench::device_buffer;
-using specula::bench::time_ms;
 
 template <class T>
 void transforms_case(benchmark::State& state, index_t vocab, index_t batch) {
@@ -82,28 +81,7 @@ void transforms_case(benchmark::State& state, index_t vocab, index_t batch) {
 
   // Bytes the call must touch, and a copy moving as many (bytes/2 read + bytes/2 written).
   const double bytes = static_cast<double>(n) * static_cast<double>(sizeof(T) + sizeof(float));
-  const auto copy_bytes = static_cast<std::size_t>(bytes / 2);
-  device_buffer src(copy_bytes), dst(copy_bytes);
-  cudaMemcpyAsync(dst.ptr, src.ptr, copy_bytes, cudaMemcpyDeviceToDevice, nullptr);
-  float best_copy = 1e30f;
-  for (int r = 0; r < 20; ++r)
-    best_copy =
-        std::min(best_copy, time_ms([&] {
-                   cudaMemcpyAsync(dst.ptr, src.ptr, copy_bytes, cudaMemcpyDeviceToDevice, nullptr);
-                 }));
-
-  double total_ms = 0;
-  for (auto _ : state) {
-    const float ms = time_ms(launch);
-    total_ms += ms;
-    state.SetIterationTime(ms / 1e3);
-  }
-  const double per_call_ms = total_ms / static_cast<double>(state.iterations());
-  const double copy_gbps = 2.0 * static_cast<double>(copy_bytes) / (best_copy * 1e-3) / 1e9;
-  state.counters["bytes"] = bytes;
-  state.counters["copy_GBps"] = copy_gbps;
-  state.counters["frac_of_copy"] = (bytes / (per_call_ms * 1e-3) / 1e9) / copy_gbps;
-  state.counters["copy_us"] = best_copy * 1e3;
+  specula::bench::time_against_copy(state, bytes, static_cast<std::size_t>(bytes / 2), 2.0, launch);
 }
 
 int register_all() {

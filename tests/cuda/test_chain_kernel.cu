@@ -3,6 +3,7 @@
 // exact, relaxed-scheduled and greedy rules), plus bad input (out-of-range and -1 tokens, NaN
 // rows, rows without mass). Skips without a GPU.
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -321,4 +322,52 @@ TEST_CASE("device G-test: one speculative round per request reproduces the toy m
       cuda_test::g_test_p_value(counts_of(run_device(bt, false, relaxed_rule{3.0})), law, summary);
   INFO("G-test relaxed (negative control): " << summary);
   CHECK(bad < 1e-4);
+}
+
+TEST_CASE("device chain verification, padded layout, equals the host", "[cuda]") {
+  if (!have_gpu()) return;
+  const index_t V = 300, L = 4, B = 3;
+  const batch bt(V, {2, 4, 0}, 17);
+  // Padded copies: drafts -1 after each request's length, unused rows filled with a valid row.
+  std::vector<token_t> tokens(static_cast<std::size_t>(B * L), no_token);
+  std::vector<float> q(static_cast<std::size_t>(B * L * V), 1.0f / V),
+      p(static_cast<std::size_t>(B * (L + 1) * V), 1.0f / V);
+  for (index_t b = 0; b < B; ++b) {
+    const auto sb = static_cast<std::size_t>(b);
+    const index_t len = bt.offsets[sb + 1] - bt.offsets[sb];
+    for (index_t i = 0; i < len; ++i) {
+      tokens[static_cast<std::size_t>(b * L + i)] =
+          bt.tokens[static_cast<std::size_t>(bt.offsets[sb] + i)];
+      std::copy_n(bt.draft.begin() + (bt.offsets[sb] + i) * V, V, q.begin() + (b * L + i) * V);
+    }
+    for (index_t i = 0; i <= len; ++i)
+      std::copy_n(bt.target.begin() + (bt.offsets[sb] + b + i) * V, V,
+                  p.begin() + (b * (L + 1) + i) * V);
+  }
+  std::vector<token_t> h_out(static_cast<std::size_t>(B * (L + 1)));
+  std::vector<std::int32_t> h_n(static_cast<std::size_t>(B));
+  std::vector<std::uint32_t> h_fl(static_cast<std::size_t>(B));
+  padded_chain_input<float> hin{
+      V, B, L, tokens, {}, {q.data(), B * L, V}, {p.data(), B * (L + 1), V}, bt.rng};
+  verify_chain_unchecked(host::seq, hin, padded_chain_output{h_out, h_n, {}, h_fl});
+
+  device_vector<token_t> d_tok(tokens), d_out(h_out);
+  device_vector<float> d_q(q), d_p(p);
+  device_vector<request_rng> d_rng(bt.rng);
+  device_vector<std::int32_t> d_n(h_n);
+  device_vector<std::uint32_t> d_fl(h_fl);
+  padded_chain_input<float> din{V,
+                                B,
+                                L,
+                                {d_tok.ptr, B * L},
+                                {},
+                                {d_q.ptr, B * L, V},
+                                {d_p.ptr, B * (L + 1), V},
+                                {d_rng.ptr, B}};
+  cuda::verify_chain(cuda::par_on(nullptr), din,
+                     padded_chain_output{d_out.view(), d_n.view(), {}, d_fl.view()});
+  cuda::throw_on_error(cudaDeviceSynchronize(), "padded chain kernel");
+  CHECK(d_out.to_host() == h_out);
+  CHECK(d_n.to_host() == h_n);
+  CHECK(d_fl.to_host() == h_fl);
 }

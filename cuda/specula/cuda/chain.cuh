@@ -192,6 +192,29 @@ __device__ void block_verify_chain(const Rule& rule, const request_rng& rng, ind
   }
 }
 
+/// One segment (either layout) with the whole block: dense or one-hot proposals, as the host's
+/// specula::detail::run_segment. Outputs start at out_tokens/accepted of the segment.
+template <class Rule, class T>
+__device__ void block_verify_segment(const Rule& rule, const request_rng& rng,
+                                     const specula::detail::chain_segment& s, index_t vocab,
+                                     const token_t* tokens, batch_view<const T> draft_probs,
+                                     batch_view<const T> target_probs, double residual_floor,
+                                     token_t* out_tokens, std::uint8_t* accepted,
+                                     std::int32_t* num_accepted, std::uint32_t* flags,
+                                     double* tile_sums, double* lane_scratch,
+                                     chain_block_state& st) {
+  const token_t* drafts = tokens + s.draft_row;
+  auto target_row = [&](index_t i) { return target_probs.row(s.target_row + i); };
+  auto run = [&](const auto& proposal) {
+    block_verify_chain(rule, rng, s.length, vocab, drafts, target_row, proposal, residual_floor,
+                       out_tokens, accepted, num_accepted, flags, tile_sums, lane_scratch, st);
+  };
+  if (draft_probs.rows > 0)
+    run([&](index_t i) { return dense_proposal<T>{draft_probs.row(s.draft_row + i)}; });
+  else
+    run([&](index_t i) { return one_hot_proposal{drafts[i]}; });
+}
+
 template <class Rule, class T>
 SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
     chain_flattened_kernel(Rule rule, chain_batch_input<T> in, chain_batch_output out,
@@ -201,24 +224,11 @@ SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
   __shared__ chain_block_state st;
   const auto b = static_cast<index_t>(blockIdx.x);
   const auto s = specula::detail::flattened_segment(in.draft_offsets, b);
-  const token_t* drafts = in.draft_tokens.data + s.draft_row;
-  auto target_row = [&](index_t i) { return in.target_probs.row(s.target_row + i); };
-  std::uint8_t* acc = out.accepted.empty() ? nullptr : out.accepted.data + s.draft_row;
-  std::uint32_t* fl = out.flags.empty() ? nullptr : out.flags.data + b;
-  const auto& r = specula::detail::request_rule(rule, b);
-  if (in.draft_probs.rows > 0) {
-    auto proposal = [&](index_t i) {
-      return dense_proposal<T>{in.draft_probs.row(s.draft_row + i)};
-    };
-    block_verify_chain(r, in.rng[b], s.length, in.vocab_size, drafts, target_row, proposal,
-                       residual_floor, out.output_tokens.data + s.target_row, acc,
-                       out.num_accepted.data + b, fl, tile_sums, lane_scratch, st);
-  } else {
-    auto proposal = [&](index_t i) { return one_hot_proposal{drafts[i]}; };
-    block_verify_chain(r, in.rng[b], s.length, in.vocab_size, drafts, target_row, proposal,
-                       residual_floor, out.output_tokens.data + s.target_row, acc,
-                       out.num_accepted.data + b, fl, tile_sums, lane_scratch, st);
-  }
+  block_verify_segment(
+      specula::detail::request_rule(rule, b), in.rng[b], s, in.vocab_size, in.draft_tokens.data,
+      in.draft_probs, in.target_probs, residual_floor, out.output_tokens.data + s.target_row,
+      out.accepted.empty() ? nullptr : out.accepted.data + s.draft_row, out.num_accepted.data + b,
+      out.flags.empty() ? nullptr : out.flags.data + b, tile_sums, lane_scratch, st);
 }
 
 template <class Rule, class T>
@@ -240,23 +250,13 @@ SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
   }
   __syncthreads();
   const index_t n = length;
-  const token_t* drafts = in.draft_tokens.data + b * len_max;
-  auto target_row = [&](index_t i) { return in.target_probs.row(b * (len_max + 1) + i); };
+  const specula::detail::chain_segment s{n, b * len_max, b * (len_max + 1)};
   std::uint8_t* acc = out.accepted.empty() ? nullptr : out.accepted.data + b * len_max;
-  std::uint32_t* fl = out.flags.empty() ? nullptr : out.flags.data + b;
   token_t* outp = out.output_tokens.data + b * (len_max + 1);
-  const auto& r = specula::detail::request_rule(rule, b);
-  if (in.draft_probs.rows > 0) {
-    auto proposal = [&](index_t i) {
-      return dense_proposal<T>{in.draft_probs.row(b * len_max + i)};
-    };
-    block_verify_chain(r, in.rng[b], n, in.vocab_size, drafts, target_row, proposal, residual_floor,
-                       outp, acc, out.num_accepted.data + b, fl, tile_sums, lane_scratch, st);
-  } else {
-    auto proposal = [&](index_t i) { return one_hot_proposal{drafts[i]}; };
-    block_verify_chain(r, in.rng[b], n, in.vocab_size, drafts, target_row, proposal, residual_floor,
-                       outp, acc, out.num_accepted.data + b, fl, tile_sums, lane_scratch, st);
-  }
+  block_verify_segment(
+      specula::detail::request_rule(rule, b), in.rng[b], s, in.vocab_size, in.draft_tokens.data,
+      in.draft_probs, in.target_probs, residual_floor, outp, acc, out.num_accepted.data + b,
+      out.flags.empty() ? nullptr : out.flags.data + b, tile_sums, lane_scratch, st);
   if (threadIdx.x == 0) {
     for (index_t i = n + 1; i <= len_max; ++i) outp[i] = no_token;
     if (acc != nullptr)
