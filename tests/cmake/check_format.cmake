@@ -5,7 +5,7 @@ file(GLOB_RECURSE sources
      "${ROOT}/include/*.hpp" "${ROOT}/cuda/*.cuh" "${ROOT}/cuda/*.hpp"
      "${ROOT}/tests/*.cpp" "${ROOT}/tests/*.hpp" "${ROOT}/tests/*.cu"
      "${ROOT}/bench/*.cpp" "${ROOT}/bench/*.hpp" "${ROOT}/bench/*.cu" "${ROOT}/bench/*.cuh"
-     "${ROOT}/examples/*.cpp")
+     "${ROOT}/examples/*.cpp" "${ROOT}/examples/*.hpp")
 list(FILTER sources EXCLUDE REGEX "/tests/package/")
 set(bad "")
 foreach(f IN LISTS sources)

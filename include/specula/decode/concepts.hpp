@@ -7,7 +7,8 @@
 ///   or drops them: `evaluate(nodes, logits)` writes one logit row per node of a token tree
 ///   (node 0 is the last committed token; a chain, a tree and a Jacobi window are all trees),
 ///   `commit(path)` keeps the nodes of an accepted root-to-node path in its cache and rolls back
-///   the rest.
+///   the rest. `batched_model` is the same for several requests in one call; `masked_model` is
+///   a bidirectional model evaluating whole sequences with mask tokens (masked diffusion).
 /// - A **proposal** drafts the next step: `propose(context, tree, q_rows)` fills a token tree
 ///   below the last committed token and, for stochastic drafts, one proposal row per node (the
 ///   row each node's children were drawn from); it returns whether q_rows were written (false
@@ -41,6 +42,29 @@ concept model = requires(M& m, const token_tree& nodes, batch_view<float> logits
   { m.vocab_size() } -> std::convertible_to<index_t>;
   m.evaluate(nodes, logits);
   m.commit(path);
+};
+
+/// Several requests of one model evaluated in one call: `evaluate(trees, logits)` takes one
+/// tree per request (same conventions as `model`) and writes their node rows concatenated in
+/// request order; `commit(request, path)` commits one request's accepted path.
+template <class M>
+concept batched_model = requires(M& m, std::span<const token_tree> trees, batch_view<float> logits,
+                                 index_t request, std::span<const index_t> path) {
+  { m.vocab_size() } -> std::convertible_to<index_t>;
+  { m.batch_size() } -> std::convertible_to<index_t>;
+  m.evaluate(trees, logits);
+  m.commit(request, path);
+};
+
+/// A masked (diffusion) model: `evaluate_sequences(tokens, length, logits)` evaluates
+/// `tokens.size() / length` whole sequences bidirectionally, one logit row per position;
+/// positions holding `mask_token()` are the ones to predict.
+template <class M>
+concept masked_model = requires(const M& m, std::span<const token_t> tokens, index_t length,
+                                batch_view<float> logits) {
+  { m.vocab_size() } -> std::convertible_to<index_t>;
+  { m.mask_token() } -> std::convertible_to<token_t>;
+  m.evaluate_sequences(tokens, length, logits);
 };
 
 /// A proposal (see file comment).

@@ -1,0 +1,112 @@
+#pragma once
+
+/// @file
+/// The example transformer seen through specula's decoding concepts:
+///
+/// - `transformer_session`: one request, a `specula::model` (evaluate a token tree below the
+///   committed context, commit an accepted path).
+/// - `transformer_batch`: several requests evaluated in one forward pass, a
+///   `specula::batched_model`.
+/// - `transformer` itself is a `specula::masked_model` (whole-sequence evaluation with a mask
+///   token) when its file is a bidirectional model.
+///
+/// The root (node 0) of every evaluated tree is the last committed token, which the cache does
+/// not hold yet: `prefill(prompt)` commits all prompt tokens but the last, and the next tree's
+/// root is the last prompt token; after `commit(path)` the next root is the emitted bonus token.
+
+#include <span>
+#include <vector>
+
+#include "specula/decode/concepts.hpp"
+#include "specula_example/transformer.hpp"
+
+namespace specula::example {
+
+/// One request of a transformer as a `specula::model`.
+class transformer_session {
+ public:
+  explicit transformer_session(const transformer& model) : model_(&model) {}
+
+  [[nodiscard]] index_t vocab_size() const noexcept { return model_->vocab_size(); }
+  [[nodiscard]] const transformer& model() const noexcept { return *model_; }
+  [[nodiscard]] kv_cache& cache() noexcept { return cache_; }
+  [[nodiscard]] const kv_cache& cache() const noexcept { return cache_; }
+
+  /// Starts a request: clears the cache and commits all of `prompt` but its last token, which
+  /// becomes the root of the first evaluated tree.
+  void prefill(std::span<const token_t> prompt) {
+    if (prompt.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "prompt");
+    cache_.clear();
+    if (prompt.size() > 1) model_->prefill(cache_, prompt.first(prompt.size() - 1));
+  }
+
+  /// One logit row per node of `nodes` (node 0: the last committed token).
+  void evaluate(const token_tree& nodes, batch_view<float> logits) {
+    model_->evaluate_tree(cache_, nodes, logits);
+  }
+
+  /// Keeps the accepted root-to-node path (local node ids, root first) and rolls back the rest.
+  void commit(std::span<const index_t> path) { cache_.commit(path); }
+
+ private:
+  const transformer* model_;
+  kv_cache cache_;
+};
+
+/// Several requests of one transformer, evaluated together, as a `specula::batched_model`.
+class transformer_batch {
+ public:
+  transformer_batch(const transformer& model, index_t batch)
+      : model_(&model), caches_(static_cast<std::size_t>(batch)) {
+    require_parameter(batch > 0, "batch", static_cast<double>(batch), "must be > 0");
+  }
+
+  [[nodiscard]] index_t vocab_size() const noexcept { return model_->vocab_size(); }
+  [[nodiscard]] index_t batch_size() const noexcept { return static_cast<index_t>(caches_.size()); }
+  [[nodiscard]] kv_cache& cache(index_t request) { return caches_.at(checked(request)); }
+
+  /// Starts request `request` (see transformer_session::prefill).
+  void prefill(index_t request, std::span<const token_t> prompt) {
+    if (prompt.empty()) throw_if_failed({status::empty_input, request, -1, 0.0}, "prompt");
+    kv_cache& c = caches_[checked(request)];
+    c.clear();
+    if (prompt.size() > 1) model_->prefill(c, prompt.first(prompt.size() - 1));
+  }
+
+  /// One forward pass over all requests' trees (one per request, in order); one logit row per
+  /// node, requests' nodes concatenated.
+  void evaluate(std::span<const token_tree> trees, batch_view<float> logits) {
+    if (static_cast<index_t>(trees.size()) != batch_size())
+      throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(trees.size())}, "trees",
+                      "one tree per request");
+    storage_.resize(trees.size());
+    blocks_.resize(trees.size());
+    for (std::size_t r = 0; r < trees.size(); ++r)
+      blocks_[r] = tree_block(caches_[r], trees[r], storage_[r]);
+    model_->evaluate(blocks_, logits);
+  }
+
+  /// Commits request `request`'s accepted path (see transformer_session::commit).
+  void commit(index_t request, std::span<const index_t> path) {
+    caches_[checked(request)].commit(path);
+  }
+
+ private:
+  [[nodiscard]] std::size_t checked(index_t request) const {
+    if (request < 0 || request >= batch_size())
+      throw_if_failed({status::invalid_parameter, request, -1, static_cast<double>(request)},
+                      "request", "outside [0, batch_size)");
+    return static_cast<std::size_t>(request);
+  }
+
+  const transformer* model_;
+  std::vector<kv_cache> caches_;
+  std::vector<tree_block_storage> storage_;
+  std::vector<node_block> blocks_;
+};
+
+static_assert(model<transformer_session>);
+static_assert(batched_model<transformer_batch>);
+static_assert(masked_model<transformer>);
+
+}  // namespace specula::example

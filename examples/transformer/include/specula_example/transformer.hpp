@@ -1,0 +1,648 @@
+#pragma once
+
+/// @file
+/// A llama-style decoder in plain C++20 (RMSNorm, rotate-half RoPE, SwiGLU MLP, grouped-query
+/// attention), loaded from safetensors (docs/model_format.md), with the evaluation shape that
+/// speculative verifiers need:
+///
+/// - `kv_cache`: one request's committed keys/values plus the pending keys/values of the nodes
+///   its last evaluation added; `commit(path)` keeps an accepted path and drops the rest,
+///   `rollback(n)` truncates the committed context.
+/// - `transformer::evaluate(blocks, logits)`: several requests in one call, each a block of new
+///   nodes with absolute positions and a bit-packed attention mask over the block (node i sees
+///   the whole committed context and the block nodes whose bits are set). Chains, token trees,
+///   Jacobi windows and multi-block windows are all such blocks; `tree_block` builds one from a
+///   `specula::token_tree`.
+/// - `transformer::evaluate_sequences(tokens, length, logits)`: whole sequences without a cache,
+///   causal or bidirectional per the model (the masked-diffusion mode).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "specula/core/error.hpp"
+#include "specula/core/row.hpp"
+#include "specula/core/types.hpp"
+#include "specula/tree/token_tree.hpp"
+#include "specula_example/kernels.hpp"
+#include "specula_example/safetensors.hpp"
+
+namespace specula::example {
+
+/// Hyperparameters (the `specula.config` metadata of a model file).
+struct transformer_config {
+  index_t vocab_size = 0;
+  index_t d_model = 0;
+  index_t n_layers = 0;
+  index_t n_heads = 0;
+  index_t n_kv_heads = 0;
+  index_t d_ff = 0;
+  index_t max_seq_len = 0;
+  float rope_theta = 10000.0f;
+  float norm_eps = 1e-5f;
+  bool causal = true;
+  token_t mask_token = -1;
+
+  [[nodiscard]] index_t head_dim() const noexcept { return d_model / n_heads; }
+  [[nodiscard]] index_t kv_dim() const noexcept { return n_kv_heads * head_dim(); }
+  [[nodiscard]] index_t q_dim() const noexcept { return n_heads * head_dim(); }
+
+  /// Parses and checks the JSON object; `origin` names the file in errors.
+  [[nodiscard]] static transformer_config from_json(const std::string& text,
+                                                    const std::string& origin) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw load_error(origin + ": bad JSON in metadata 'specula.config': " + e.what());
+    }
+    const auto get = [&](const char* key) -> const nlohmann::json& {
+      if (!j.is_object() || !j.contains(key))
+        throw load_error(origin + ": specula.config has no field '" + key + "'");
+      return j[key];
+    };
+    transformer_config c;
+    try {
+      if (get("architecture").get<std::string>() != "llama")
+        throw load_error(origin + ": specula.config architecture '" +
+                         j["architecture"].get<std::string>() + "' is not 'llama'");
+      c.vocab_size = get("vocab_size").get<index_t>();
+      c.d_model = get("d_model").get<index_t>();
+      c.n_layers = get("n_layers").get<index_t>();
+      c.n_heads = get("n_heads").get<index_t>();
+      c.n_kv_heads = get("n_kv_heads").get<index_t>();
+      c.d_ff = get("d_ff").get<index_t>();
+      c.max_seq_len = get("max_seq_len").get<index_t>();
+      c.rope_theta = get("rope_theta").get<float>();
+      c.norm_eps = get("norm_eps").get<float>();
+      c.causal = get("causal").get<bool>();
+      c.mask_token = get("mask_token").get<token_t>();
+    } catch (const nlohmann::json::exception& e) {
+      throw load_error(origin + ": specula.config has a field of the wrong type: " + e.what());
+    }
+    c.check(origin);
+    return c;
+  }
+
+  /// The JSON object stored as `specula.config`.
+  [[nodiscard]] std::string to_json() const {
+    const nlohmann::json j = {{"architecture", "llama"},
+                              {"vocab_size", vocab_size},
+                              {"d_model", d_model},
+                              {"n_layers", n_layers},
+                              {"n_heads", n_heads},
+                              {"n_kv_heads", n_kv_heads},
+                              {"d_ff", d_ff},
+                              {"max_seq_len", max_seq_len},
+                              {"rope_theta", rope_theta},
+                              {"norm_eps", norm_eps},
+                              {"causal", causal},
+                              {"mask_token", mask_token}};
+    return j.dump();
+  }
+
+  void check(const std::string& origin) const {
+    const auto bad = [&](const std::string& why) {
+      throw load_error(origin + ": specula.config: " + why);
+    };
+    if (vocab_size <= 0 || d_model <= 0 || n_layers <= 0 || n_heads <= 0 || n_kv_heads <= 0 ||
+        d_ff <= 0 || max_seq_len <= 0)
+      bad("sizes must be positive");
+    if (d_model % n_heads != 0 || head_dim() % 2 != 0)
+      bad("d_model must be n_heads times an even head size");
+    if (n_heads % n_kv_heads != 0) bad("n_kv_heads must divide n_heads");
+    if (!(rope_theta > 0.0f) || !(norm_eps > 0.0f)) bad("rope_theta and norm_eps must be > 0");
+    if (mask_token < -1 || mask_token >= vocab_size) bad("mask_token outside [-1, vocab_size)");
+  }
+};
+
+/// fp32 weights of one decoder block.
+struct layer_weights {
+  std::vector<float> attention_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2;
+};
+
+/// fp32 weights of a model.
+struct transformer_weights {
+  transformer_config config;
+  std::vector<float> tok_embeddings;
+  std::vector<layer_weights> layers;
+  std::vector<float> norm;
+  std::vector<float> output;
+
+  /// Loads a model file, checking every tensor's presence, dtype and shape.
+  [[nodiscard]] static transformer_weights load(const safetensors_file& f) {
+    transformer_weights w;
+    w.config = transformer_config::from_json(f.required_metadata("specula.config"), f.origin());
+    const transformer_config& c = w.config;
+    const std::int64_t d = c.d_model;
+    w.tok_embeddings = f.read_f32("tok_embeddings.weight", {c.vocab_size, d});
+    w.layers.resize(static_cast<std::size_t>(c.n_layers));
+    for (index_t i = 0; i < c.n_layers; ++i) {
+      const std::string p = "layers." + std::to_string(i) + ".";
+      layer_weights& l = w.layers[static_cast<std::size_t>(i)];
+      l.attention_norm = f.read_f32(p + "attention_norm.weight", {d});
+      l.wq = f.read_f32(p + "attention.wq.weight", {c.q_dim(), d});
+      l.wk = f.read_f32(p + "attention.wk.weight", {c.kv_dim(), d});
+      l.wv = f.read_f32(p + "attention.wv.weight", {c.kv_dim(), d});
+      l.wo = f.read_f32(p + "attention.wo.weight", {d, c.q_dim()});
+      l.ffn_norm = f.read_f32(p + "ffn_norm.weight", {d});
+      l.w1 = f.read_f32(p + "feed_forward.w1.weight", {c.d_ff, d});
+      l.w3 = f.read_f32(p + "feed_forward.w3.weight", {c.d_ff, d});
+      l.w2 = f.read_f32(p + "feed_forward.w2.weight", {d, c.d_ff});
+    }
+    w.norm = f.read_f32("norm.weight", {d});
+    w.output = f.read_f32("output.weight", {c.vocab_size, d});
+    return w;
+  }
+
+  [[nodiscard]] static transformer_weights load(const std::filesystem::path& path) {
+    return load(safetensors_file::open(path));
+  }
+
+  /// The tensors of a model file, weights stored as `type` (F32 or BF16), norms as F32.
+  [[nodiscard]] std::vector<tensor_to_write> to_tensors(dtype type = dtype::bf16) const {
+    const transformer_config& c = config;
+    const std::int64_t d = c.d_model;
+    std::vector<tensor_to_write> t;
+    t.push_back({"tok_embeddings.weight", {c.vocab_size, d}, type, tok_embeddings, {}});
+    for (index_t i = 0; i < c.n_layers; ++i) {
+      const std::string p = "layers." + std::to_string(i) + ".";
+      const layer_weights& l = layers[static_cast<std::size_t>(i)];
+      t.push_back({p + "attention_norm.weight", {d}, dtype::f32, l.attention_norm, {}});
+      t.push_back({p + "attention.wq.weight", {c.q_dim(), d}, type, l.wq, {}});
+      t.push_back({p + "attention.wk.weight", {c.kv_dim(), d}, type, l.wk, {}});
+      t.push_back({p + "attention.wv.weight", {c.kv_dim(), d}, type, l.wv, {}});
+      t.push_back({p + "attention.wo.weight", {d, c.q_dim()}, type, l.wo, {}});
+      t.push_back({p + "ffn_norm.weight", {d}, dtype::f32, l.ffn_norm, {}});
+      t.push_back({p + "feed_forward.w1.weight", {c.d_ff, d}, type, l.w1, {}});
+      t.push_back({p + "feed_forward.w3.weight", {c.d_ff, d}, type, l.w3, {}});
+      t.push_back({p + "feed_forward.w2.weight", {d, c.d_ff}, type, l.w2, {}});
+    }
+    t.push_back({"norm.weight", {d}, dtype::f32, norm, {}});
+    t.push_back({"output.weight", {c.vocab_size, d}, type, output, {}});
+    return t;
+  }
+
+  /// Writes a model file (metadata `specula.config` plus `extra_metadata`).
+  void save(const std::filesystem::path& path, dtype type = dtype::bf16,
+            std::map<std::string, std::string> extra_metadata = {}) const {
+    extra_metadata["specula.config"] = config.to_json();
+    save_safetensors(path, to_tensors(type), extra_metadata);
+  }
+
+  [[nodiscard]] index_t parameters() const noexcept {
+    std::size_t n = tok_embeddings.size() + norm.size() + output.size();
+    for (const auto& l : layers)
+      n += l.attention_norm.size() + l.wq.size() + l.wk.size() + l.wv.size() + l.wo.size() +
+           l.ffn_norm.size() + l.w1.size() + l.w3.size() + l.w2.size();
+    return static_cast<index_t>(n);
+  }
+};
+
+/// One request's key/value cache: the committed context and the pending nodes of the last
+/// evaluation.
+class kv_cache {
+ public:
+  /// Number of committed positions.
+  [[nodiscard]] index_t size() const noexcept { return size_; }
+  /// Number of pending nodes (added by the last evaluation, not yet committed).
+  [[nodiscard]] index_t pending() const noexcept { return pending_n_; }
+
+  /// Keeps the pending nodes `path` (in order) and drops the other pending nodes. The path must
+  /// be causal and contiguous: node path[k] sits at position size() + k and, among the pending
+  /// nodes, saw exactly path[0..k], so its keys/values are those of a sequential evaluation.
+  /// Throws invalid_input (argument "path", row k) otherwise.
+  void commit(std::span<const index_t> path) {
+    const index_t n = pending_n_;
+    const index_t words = (n + 63) / 64;
+    for (std::size_t k = 0; k < path.size(); ++k) {
+      const index_t node = path[k];
+      const auto row = static_cast<index_t>(k);
+      if (node < 0 || node >= n)
+        throw_if_failed({status::invalid_parameter, row, -1, static_cast<double>(node)}, "path",
+                        ("not one of the " + std::to_string(n) + " pending nodes").c_str());
+      if (pending_pos_[static_cast<std::size_t>(node)] != size_ + row)
+        throw_if_failed(
+            {status::invalid_parameter, row, -1, static_cast<double>(node)}, "path",
+            ("node position " + std::to_string(pending_pos_[static_cast<std::size_t>(node)]) +
+             " is not the next context position " + std::to_string(size_ + row))
+                .c_str());
+      const std::uint64_t* m = pending_mask_.data() + node * words;
+      index_t seen = 0;
+      for (index_t w = 0; w < words; ++w) seen += std::popcount(m[w]);
+      bool ok = seen == row + 1;
+      for (std::size_t j = 0; ok && j <= k; ++j)
+        ok = ((m[path[j] / 64] >> (path[j] % 64)) & 1u) != 0;
+      if (!ok)
+        throw_if_failed({status::invalid_parameter, row, -1, static_cast<double>(node)}, "path",
+                        "the node did not attend to exactly the path nodes before it");
+    }
+    const auto kv = static_cast<std::size_t>(kv_dim_);
+    reserve(size_ + static_cast<index_t>(path.size()));
+    for (std::size_t l = 0; l < k_.size(); ++l)
+      for (std::size_t k = 0; k < path.size(); ++k) {
+        const auto src = static_cast<std::size_t>(path[k]) * kv;
+        const auto dst = (static_cast<std::size_t>(size_) + k) * kv;
+        std::copy_n(pk_[l].begin() + static_cast<std::ptrdiff_t>(src), kv,
+                    k_[l].begin() + static_cast<std::ptrdiff_t>(dst));
+        std::copy_n(pv_[l].begin() + static_cast<std::ptrdiff_t>(src), kv,
+                    v_[l].begin() + static_cast<std::ptrdiff_t>(dst));
+      }
+    size_ += static_cast<index_t>(path.size());
+    drop_pending();
+  }
+
+  /// Keeps every pending node as a chain (for a block evaluated as a causal chain).
+  void commit_all() {
+    std::vector<index_t> path(static_cast<std::size_t>(pending_n_));
+    for (index_t i = 0; i < pending_n_; ++i) path[static_cast<std::size_t>(i)] = i;
+    commit(path);
+  }
+
+  /// Drops pending nodes and truncates the committed context to `n` positions.
+  void rollback(index_t n) {
+    if (n < 0 || n > size_)
+      throw_if_failed({status::invalid_parameter, -1, -1, static_cast<double>(n)}, "n",
+                      ("must be in [0, " + std::to_string(size_) + "]").c_str());
+    size_ = n;
+    drop_pending();
+  }
+
+  void clear() {
+    size_ = 0;
+    drop_pending();
+  }
+
+  void drop_pending() noexcept { pending_n_ = 0; }
+
+ private:
+  friend class transformer;
+
+  void shape(index_t layers, index_t kv_dim) {
+    if (static_cast<index_t>(k_.size()) == layers && kv_dim_ == kv_dim) return;
+    if (size_ != 0 || !k_.empty())
+      if (static_cast<index_t>(k_.size()) != layers || kv_dim_ != kv_dim)
+        throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(kv_dim)}, "cache",
+                        "the cache holds keys of another model shape");
+    k_.resize(static_cast<std::size_t>(layers));
+    v_.resize(static_cast<std::size_t>(layers));
+    pk_.resize(static_cast<std::size_t>(layers));
+    pv_.resize(static_cast<std::size_t>(layers));
+    kv_dim_ = kv_dim;
+  }
+
+  void reserve(index_t positions) {
+    const auto need = static_cast<std::size_t>(positions * kv_dim_);
+    if (!k_.empty() && k_[0].size() >= need) return;
+    const std::size_t grown = std::max(need, k_.empty() ? need : 2 * k_[0].size());
+    for (auto& x : k_) x.resize(grown);
+    for (auto& x : v_) x.resize(grown);
+  }
+
+  void begin_pending(std::span<const index_t> positions, std::span<const std::uint64_t> mask) {
+    pending_n_ = static_cast<index_t>(positions.size());
+    pending_pos_.assign(positions.begin(), positions.end());
+    pending_mask_.assign(mask.begin(), mask.end());
+    const auto need = static_cast<std::size_t>(pending_n_ * kv_dim_);
+    for (auto& x : pk_)
+      if (x.size() < need) x.resize(need);
+    for (auto& x : pv_)
+      if (x.size() < need) x.resize(need);
+  }
+
+  index_t size_ = 0;
+  index_t kv_dim_ = 0;
+  std::vector<std::vector<float>> k_, v_;    // per layer: positions x kv_dim (after RoPE)
+  std::vector<std::vector<float>> pk_, pv_;  // per layer: pending nodes x kv_dim
+  index_t pending_n_ = 0;
+  std::vector<index_t> pending_pos_;
+  std::vector<std::uint64_t> pending_mask_;
+};
+
+/// One request's block of new nodes for `transformer::evaluate`.
+struct node_block {
+  kv_cache* cache = nullptr;            ///< the request's cache; receives the pending keys
+  std::span<const token_t> tokens;      ///< n new tokens
+  std::span<const index_t> positions;   ///< n absolute positions
+  std::span<const std::uint64_t> mask;  ///< n rows of ceil(n/64) words; bit j of row i: node
+                                        ///< i attends to node j (bit i must be set)
+};
+
+/// A token tree's evaluation block: positions cache.size() + depth, the tree's ancestor mask.
+/// The returned block refers to `storage` and `tree`, which must outlive it.
+struct tree_block_storage {
+  std::vector<index_t> positions;
+  std::vector<std::uint64_t> mask;
+};
+
+[[nodiscard]] inline node_block tree_block(kv_cache& cache, const token_tree& tree,
+                                           tree_block_storage& storage) {
+  storage.positions.resize(static_cast<std::size_t>(tree.size()));
+  for (index_t i = 0; i < tree.size(); ++i)
+    storage.positions[static_cast<std::size_t>(i)] = cache.size() + tree.depth(i);
+  storage.mask.resize(static_cast<std::size_t>(tree.size() * tree.mask_words()));
+  tree.attention_mask(storage.mask);
+  return {&cache, tree.tokens(), storage.positions, storage.mask};
+}
+
+/// The decoder. Immutable after construction: one instance serves any number of caches, and
+/// `evaluate` is safe to call from several threads on distinct caches.
+class transformer {
+ public:
+  explicit transformer(transformer_weights w, matmul_kernel kernel = default_kernel())
+      : w_(std::move(w)), kernel_(kernel) {
+    const transformer_config& c = w_.config;
+    const index_t half = c.head_dim() / 2;
+    rope_cos_.resize(static_cast<std::size_t>(c.max_seq_len * half));
+    rope_sin_.resize(rope_cos_.size());
+    for (index_t p = 0; p < c.max_seq_len; ++p)
+      for (index_t i = 0; i < half; ++i) {
+        const double inv =
+            std::pow(static_cast<double>(c.rope_theta),
+                     -2.0 * static_cast<double>(i) / static_cast<double>(c.head_dim()));
+        const double a = static_cast<double>(p) * static_cast<double>(static_cast<float>(inv));
+        rope_cos_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
+        rope_sin_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
+      }
+  }
+
+  [[nodiscard]] static transformer load(const std::filesystem::path& path,
+                                        matmul_kernel kernel = default_kernel()) {
+    return transformer(transformer_weights::load(path), kernel);
+  }
+
+  [[nodiscard]] static constexpr matmul_kernel default_kernel() noexcept {
+    return have_blas() ? matmul_kernel::blas : matmul_kernel::builtin;
+  }
+
+  [[nodiscard]] const transformer_config& config() const noexcept { return w_.config; }
+  [[nodiscard]] const transformer_weights& weights() const noexcept { return w_; }
+  [[nodiscard]] index_t vocab_size() const noexcept { return w_.config.vocab_size; }
+  /// The mask token of a bidirectional (masked-diffusion) model, -1 for a causal one.
+  [[nodiscard]] token_t mask_token() const noexcept { return w_.config.mask_token; }
+  [[nodiscard]] matmul_kernel kernel() const noexcept { return kernel_; }
+
+  /// Evaluates the blocks of several requests in one batch. `logits` gets one row per node,
+  /// blocks in order (rows = total nodes, cols = vocab_size), or may be empty to only fill the
+  /// caches (prefill). Each block's cache receives its nodes as pending keys/values, replacing
+  /// any earlier pending nodes. Throws invalid_input naming the argument and index on bad input.
+  void evaluate(std::span<const node_block> blocks, batch_view<float> logits) const {
+    const transformer_config& c = w_.config;
+    index_t total = 0;
+    for (std::size_t b = 0; b < blocks.size(); ++b) {
+      check_block(blocks[b], static_cast<index_t>(b));
+      total += static_cast<index_t>(blocks[b].tokens.size());
+    }
+    if (!logits.empty() && (logits.rows != total || logits.cols != c.vocab_size))
+      throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(logits.rows)}, "logits",
+                      ("needs " + std::to_string(total) + " rows of " +
+                       std::to_string(c.vocab_size) + " columns")
+                          .c_str());
+    for (const node_block& b : blocks) {
+      b.cache->shape(c.n_layers, c.kv_dim());
+      b.cache->begin_pending(b.positions, b.mask);
+    }
+    if (total == 0) return;
+    run(blocks, total, logits);
+  }
+
+  /// Evaluates one token tree below `cache`'s committed context (node 0 at position
+  /// cache.size()); one logit row per node.
+  void evaluate_tree(kv_cache& cache, const token_tree& tree, batch_view<float> logits) const {
+    tree_block_storage s;
+    const node_block b = tree_block(cache, tree, s);
+    evaluate(std::span<const node_block>(&b, 1), logits);
+  }
+
+  /// Appends `tokens` to `cache` as committed context (no logits).
+  void prefill(kv_cache& cache, std::span<const token_t> tokens) const {
+    const token_tree chain = chain_tree(tokens);
+    evaluate_tree(cache, chain, {});
+    cache.commit_all();
+  }
+
+  /// Evaluates `tokens.size() / length` whole sequences of `length` tokens without a cache:
+  /// causal or bidirectional per the model. One logit row per token.
+  void evaluate_sequences(std::span<const token_t> tokens, index_t length,
+                          batch_view<float> logits) const {
+    require_parameter(length > 0 && length <= config().max_seq_len, "length",
+                      static_cast<double>(length), "must be in [1, max_seq_len]");
+    if (tokens.size() % static_cast<std::size_t>(length) != 0)
+      throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(tokens.size())},
+                      "tokens",
+                      ("size is not a multiple of length " + std::to_string(length)).c_str());
+    const auto count = static_cast<index_t>(tokens.size()) / length;
+    const index_t words = (length + 63) / 64;
+    std::vector<index_t> positions(static_cast<std::size_t>(length));
+    for (index_t i = 0; i < length; ++i) positions[static_cast<std::size_t>(i)] = i;
+    std::vector<std::uint64_t> mask(static_cast<std::size_t>(length * words), 0);
+    for (index_t i = 0; i < length; ++i)
+      for (index_t j = 0; j < length; ++j)
+        if (!config().causal || j <= i)
+          mask[static_cast<std::size_t>(i * words + j / 64)] |= std::uint64_t{1} << (j % 64);
+    std::vector<kv_cache> caches(static_cast<std::size_t>(count));
+    std::vector<node_block> blocks(static_cast<std::size_t>(count));
+    for (index_t s = 0; s < count; ++s)
+      blocks[static_cast<std::size_t>(s)] = {
+          &caches[static_cast<std::size_t>(s)],
+          tokens.subspan(static_cast<std::size_t>(s * length), static_cast<std::size_t>(length)),
+          positions, mask};
+    evaluate(blocks, logits);
+  }
+
+  /// A chain tree over `tokens` (node i's parent is i - 1).
+  [[nodiscard]] static token_tree chain_tree(std::span<const token_t> tokens) {
+    std::vector<index_t> parents(tokens.size());
+    for (std::size_t i = 0; i < parents.size(); ++i) parents[i] = static_cast<index_t>(i) - 1;
+    tree_limits limits;
+    limits.max_nodes = std::max<index_t>(1, static_cast<index_t>(tokens.size()));
+    limits.max_depth = limits.max_nodes;
+    if (parents.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "tokens");
+    return token_tree(std::move(parents), std::vector<token_t>(tokens.begin(), tokens.end()),
+                      limits);
+  }
+
+ private:
+  void check_block(const node_block& b, index_t index) const {
+    const transformer_config& c = w_.config;
+    const auto n = static_cast<index_t>(b.tokens.size());
+    const index_t words = (n + 63) / 64;
+    if (b.cache == nullptr)
+      throw_if_failed({status::invalid_parameter, index, -1, 0.0}, "blocks", "cache is null");
+    if (static_cast<index_t>(b.positions.size()) != n)
+      throw_if_failed({status::length_mismatch, index, -1, static_cast<double>(b.positions.size())},
+                      "blocks.positions", "one position per token");
+    if (static_cast<index_t>(b.mask.size()) != n * words)
+      throw_if_failed({status::length_mismatch, index, -1, static_cast<double>(b.mask.size())},
+                      "blocks.mask", "needs tokens * ceil(tokens / 64) words");
+    if (c.causal ? false : b.cache->size() != 0)
+      throw_if_failed({status::invalid_parameter, index, -1, static_cast<double>(b.cache->size())},
+                      "blocks.cache", "a bidirectional model has no committed context");
+    for (index_t i = 0; i < n; ++i) {
+      const token_t t = b.tokens[static_cast<std::size_t>(i)];
+      if (t < 0 || t >= c.vocab_size)
+        throw_if_failed({status::token_out_of_range, index, i, static_cast<double>(t)},
+                        "blocks.tokens");
+      const index_t p = b.positions[static_cast<std::size_t>(i)];
+      if (p < 0 || p >= c.max_seq_len)
+        throw_if_failed(
+            {status::invalid_parameter, index, i, static_cast<double>(p)}, "blocks.positions",
+            ("outside [0, max_seq_len = " + std::to_string(c.max_seq_len) + ")").c_str());
+      const std::uint64_t* row = b.mask.data() + i * words;
+      if (((row[i / 64] >> (i % 64)) & 1u) == 0)
+        throw_if_failed({status::invalid_parameter, index, i, 0.0}, "blocks.mask",
+                        "a node must attend to itself");
+      if (n % 64 != 0 && (row[words - 1] >> (n % 64)) != 0)
+        throw_if_failed({status::invalid_parameter, index, i, 0.0}, "blocks.mask",
+                        "bits beyond the block's nodes are set");
+    }
+  }
+
+  /// The forward pass over all blocks' nodes (rows concatenated in block order).
+  void run(std::span<const node_block> blocks, index_t total, batch_view<float> logits) const {
+    const transformer_config& c = w_.config;
+    const index_t d = c.d_model, hd = c.head_dim(), qd = c.q_dim(), kvd = c.kv_dim();
+    const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
+    std::vector<float> x(sz(total * d)), xn(sz(total * d)), q(sz(total * qd)), k(sz(total * kvd)),
+        v(sz(total * kvd)), att(sz(total * qd)), tmp(sz(total * d)), gate(sz(total * c.d_ff)),
+        up(sz(total * c.d_ff));
+
+    // Embeddings, and each node's row offset / block.
+    index_t r = 0;
+    for (const node_block& b : blocks)
+      for (const token_t t : b.tokens) {
+        std::copy_n(w_.tok_embeddings.begin() + static_cast<std::ptrdiff_t>(t * d), d,
+                    x.begin() + static_cast<std::ptrdiff_t>(r * d));
+        ++r;
+      }
+
+    index_t max_ctx = 0;
+    for (const node_block& b : blocks)
+      max_ctx = std::max(max_ctx, b.cache->size() + static_cast<index_t>(b.tokens.size()));
+    std::vector<float> scores(sz(max_ctx));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const index_t group = c.n_heads / c.n_kv_heads;
+    const index_t half = hd / 2;
+
+    for (index_t l = 0; l < c.n_layers; ++l) {
+      const layer_weights& lw = w_.layers[sz(l)];
+      detail::rms_norm(x.data(), total, d, lw.attention_norm.data(), c.norm_eps, xn.data());
+      detail::linear(kernel_, xn.data(), total, d, lw.wq.data(), qd, q.data());
+      detail::linear(kernel_, xn.data(), total, d, lw.wk.data(), kvd, k.data());
+      detail::linear(kernel_, xn.data(), total, d, lw.wv.data(), kvd, v.data());
+
+      r = 0;
+      for (const node_block& b : blocks) {
+        const auto n = static_cast<index_t>(b.tokens.size());
+        const index_t words = (n + 63) / 64;
+        kv_cache& cache = *b.cache;
+        // RoPE, then stash this block's keys/values as the cache's pending nodes.
+        for (index_t i = 0; i < n; ++i) {
+          const index_t pos = b.positions[sz(i)];
+          const float* cs = rope_cos_.data() + pos * half;
+          const float* sn = rope_sin_.data() + pos * half;
+          for (index_t h = 0; h < c.n_heads; ++h)
+            rope(q.data() + (r + i) * qd + h * hd, hd, cs, sn);
+          for (index_t h = 0; h < c.n_kv_heads; ++h)
+            rope(k.data() + (r + i) * kvd + h * hd, hd, cs, sn);
+        }
+        std::copy_n(k.begin() + static_cast<std::ptrdiff_t>(r * kvd), n * kvd,
+                    cache.pk_[sz(l)].begin());
+        std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(r * kvd), n * kvd,
+                    cache.pv_[sz(l)].begin());
+        const float* ck = cache.k_[sz(l)].data();
+        const float* cv = cache.v_[sz(l)].data();
+        const index_t ctx = cache.size();
+        const float* pk = k.data() + r * kvd;
+        const float* pv = v.data() + r * kvd;
+
+        for (index_t i = 0; i < n; ++i) {
+          const std::uint64_t* mrow = b.mask.data() + i * words;
+          for (index_t h = 0; h < c.n_heads; ++h) {
+            const index_t kvh = h / group;
+            const float* qh = q.data() + (r + i) * qd + h * hd;
+            float mx = -INFINITY;
+            for (index_t j = 0; j < ctx; ++j) {
+              const float s = detail::dot(qh, ck + j * kvd + kvh * hd, hd) * scale;
+              scores[sz(j)] = s;
+              mx = std::max(mx, s);
+            }
+            for (index_t j = 0; j < n; ++j) {
+              if (((mrow[j / 64] >> (j % 64)) & 1u) == 0) continue;
+              const float s = detail::dot(qh, pk + j * kvd + kvh * hd, hd) * scale;
+              scores[sz(ctx + j)] = s;
+              mx = std::max(mx, s);
+            }
+            float* out = att.data() + (r + i) * qd + h * hd;
+            std::fill_n(out, hd, 0.0f);
+            float denom = 0.0f;
+            for (index_t j = 0; j < ctx; ++j) {
+              const float e = std::exp(scores[sz(j)] - mx);
+              denom += e;
+              const float* vj = cv + j * kvd + kvh * hd;
+#pragma omp simd
+              for (index_t t = 0; t < hd; ++t) out[t] += e * vj[t];
+            }
+            for (index_t j = 0; j < n; ++j) {
+              if (((mrow[j / 64] >> (j % 64)) & 1u) == 0) continue;
+              const float e = std::exp(scores[sz(ctx + j)] - mx);
+              denom += e;
+              const float* vj = pv + j * kvd + kvh * hd;
+#pragma omp simd
+              for (index_t t = 0; t < hd; ++t) out[t] += e * vj[t];
+            }
+            const float inv = 1.0f / denom;
+#pragma omp simd
+            for (index_t t = 0; t < hd; ++t) out[t] *= inv;
+          }
+        }
+        r += n;
+      }
+
+      detail::linear(kernel_, att.data(), total, qd, lw.wo.data(), d, tmp.data());
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+      detail::rms_norm(x.data(), total, d, lw.ffn_norm.data(), c.norm_eps, xn.data());
+      detail::linear(kernel_, xn.data(), total, d, lw.w1.data(), c.d_ff, gate.data());
+      detail::linear(kernel_, xn.data(), total, d, lw.w3.data(), c.d_ff, up.data());
+      detail::swiglu(gate.data(), up.data(), total * c.d_ff);
+      detail::linear(kernel_, gate.data(), total, c.d_ff, lw.w2.data(), d, tmp.data());
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    }
+
+    if (logits.empty()) return;
+    detail::rms_norm(x.data(), total, d, w_.norm.data(), c.norm_eps, xn.data());
+    if (logits.row_stride == c.vocab_size) {
+      detail::linear(kernel_, xn.data(), total, d, w_.output.data(), c.vocab_size, logits.data);
+    } else {
+      std::vector<float> out(sz(total * c.vocab_size));
+      detail::linear(kernel_, xn.data(), total, d, w_.output.data(), c.vocab_size, out.data());
+      for (index_t i = 0; i < total; ++i)
+        std::copy_n(out.begin() + static_cast<std::ptrdiff_t>(i * c.vocab_size), c.vocab_size,
+                    logits.data + i * logits.row_stride);
+    }
+  }
+
+  static void rope(float* v, index_t hd, const float* cs, const float* sn) noexcept {
+    const index_t half = hd / 2;
+    for (index_t i = 0; i < half; ++i) {
+      const float x0 = v[i];
+      const float x1 = v[i + half];
+      v[i] = x0 * cs[i] - x1 * sn[i];
+      v[i + half] = x0 * sn[i] + x1 * cs[i];
+    }
+  }
+
+  transformer_weights w_;
+  matmul_kernel kernel_;
+  std::vector<float> rope_cos_, rope_sin_;
+};
+
+}  // namespace specula::example
