@@ -569,39 +569,9 @@ class transformer {
           for (index_t h = 0; h < c.n_heads; ++h) {
             const index_t kvh = h / group;
             const float* qh = q.data() + (r + i) * qd + h * hd;
-            float mx = -INFINITY;
-            for (index_t j = 0; j < ctx; ++j) {
-              const float s = detail::dot(qh, ck + j * kvd + kvh * hd, hd) * scale;
-              scores[sz(j)] = s;
-              mx = std::max(mx, s);
-            }
-            for (index_t j = 0; j < n; ++j) {
-              if (((mrow[j / 64] >> (j % 64)) & 1u) == 0) continue;
-              const float s = detail::dot(qh, pk + j * kvd + kvh * hd, hd) * scale;
-              scores[sz(ctx + j)] = s;
-              mx = std::max(mx, s);
-            }
-            float* out = att.data() + (r + i) * qd + h * hd;
-            std::fill_n(out, hd, 0.0f);
-            float denom = 0.0f;
-            for (index_t j = 0; j < ctx; ++j) {
-              const float e = std::exp(scores[sz(j)] - mx);
-              denom += e;
-              const float* vj = cv + j * kvd + kvh * hd;
-#pragma omp simd
-              for (index_t t = 0; t < hd; ++t) out[t] += e * vj[t];
-            }
-            for (index_t j = 0; j < n; ++j) {
-              if (((mrow[j / 64] >> (j % 64)) & 1u) == 0) continue;
-              const float e = std::exp(scores[sz(ctx + j)] - mx);
-              denom += e;
-              const float* vj = pv + j * kvd + kvh * hd;
-#pragma omp simd
-              for (index_t t = 0; t < hd; ++t) out[t] += e * vj[t];
-            }
-            const float inv = 1.0f / denom;
-#pragma omp simd
-            for (index_t t = 0; t < hd; ++t) out[t] *= inv;
+            detail::attend(qh, ck + kvh * hd, cv + kvh * hd, ctx, pk + kvh * hd, pv + kvh * hd,
+                           mrow, n, kvd, hd, scale, scores.data(),
+                           att.data() + (r + i) * qd + h * hd);
           }
         }
         r += n;

@@ -1,0 +1,92 @@
+// The models shipped in examples/models: each loads, and its held-out perplexity computed by
+// this backend matches the value on its model card (computed at training time by PyTorch on
+// the same bf16 weights) within 1 %.
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <specula_example/transformer.hpp>
+
+using namespace specula;
+using namespace specula::example;
+
+namespace {
+
+const std::filesystem::path models_dir{SPECULA_MODELS_DIR};
+
+nlohmann::json read_card(const std::string& name) {
+  std::ifstream in(models_dir / (name + ".card.json"));
+  REQUIRE(in.good());
+  return nlohmann::json::parse(in);
+}
+
+/// Mean NLL (nats) of the held-out set: every row evaluated as one whole sequence.
+double heldout_nll(const transformer& m, const safetensors_file& data, index_t* counted) {
+  const tensor_info& info = data.at("inputs");
+  REQUIRE(info.shape.size() == 2);
+  const index_t rows = info.shape[0], T = info.shape[1];
+  const auto inputs = data.read_i32("inputs", info.shape);
+  const auto targets = data.read_i32("targets", info.shape);
+  const index_t V = m.vocab_size();
+  const index_t chunk = 8;
+  std::vector<float> logits(static_cast<std::size_t>(chunk * T * V));
+  double nll = 0.0;
+  index_t n = 0;
+  for (index_t r0 = 0; r0 < rows; r0 += chunk) {
+    const index_t c = std::min(chunk, rows - r0);
+    m.evaluate_sequences(std::span<const std::int32_t>(inputs).subspan(
+                             static_cast<std::size_t>(r0 * T), static_cast<std::size_t>(c * T)),
+                         T, batch_view<float>(logits.data(), c * T, V));
+    for (index_t i = 0; i < c * T; ++i) {
+      const std::int32_t t = targets[static_cast<std::size_t>(r0 * T + i)];
+      if (t < 0) continue;
+      const float* row = logits.data() + i * V;
+      double mx = row[0];
+      for (index_t v = 1; v < V; ++v) mx = std::max(mx, static_cast<double>(row[v]));
+      double z = 0.0;
+      for (index_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(row[v]) - mx);
+      nll += std::log(z) + mx - static_cast<double>(row[t]);
+      ++n;
+    }
+  }
+  *counted = n;
+  return nll / static_cast<double>(n);
+}
+
+}  // namespace
+
+TEST_CASE("shipped models reproduce their model cards' held-out perplexity", "[backend][models]") {
+  for (const std::string name : {"text-target", "text-draft", "text-diffusion", "image-ar"}) {
+    INFO("model " << name);
+    const nlohmann::json card = read_card(name);
+    const transformer m = transformer::load(models_dir / (name + ".safetensors"));
+    CHECK(m.weights().parameters() == card.at("parameters").get<index_t>());
+    const safetensors_file data =
+        safetensors_file::open(models_dir / (name + ".heldout.safetensors"));
+    index_t counted = 0;
+    const double nll = heldout_nll(m, data, &counted);
+    const double ppl = std::exp(nll);
+    const double card_ppl = card.at("heldout_ppl").get<double>();
+    INFO("backend ppl " << ppl << ", card ppl " << card_ppl);
+    CHECK(counted == card.at("heldout_tokens").get<index_t>());
+    CHECK(std::abs(ppl - card_ppl) <= 0.01 * card_ppl);
+  }
+  // The masked-diffusion model is bidirectional with a mask token; the AR ones are causal.
+  CHECK_FALSE(transformer::load(models_dir / "text-diffusion.safetensors").config().causal);
+  CHECK(transformer::load(models_dir / "text-diffusion.safetensors").mask_token() >= 0);
+}
+
+TEST_CASE("the target and draft text models share a vocabulary, the draft is much smaller",
+          "[backend][models]") {
+  const transformer target = transformer::load(models_dir / "text-target.safetensors");
+  const transformer draft = transformer::load(models_dir / "text-draft.safetensors");
+  CHECK(target.vocab_size() == draft.vocab_size());
+  CHECK(draft.weights().parameters() * 8 < target.weights().parameters());
+  CHECK(read_card("text-target").at("heldout_ppl").get<double>() <
+        read_card("text-draft").at("heldout_ppl").get<double>());
+}
