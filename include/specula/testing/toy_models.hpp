@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "specula/core/rng.hpp"
+#include "specula/core/row.hpp"
 #include "specula/core/types.hpp"
+#include "specula/tree/token_tree.hpp"
 
 namespace specula::testing {
 
@@ -173,6 +175,79 @@ class toy_ar_model {
   index_t vocab_;
   index_t horizon_;
   std::vector<double> rows_;
+};
+
+/// A toy_ar_model as a decoding-loop model (specula::session_model): sequences start with one
+/// BOS token (any id; the model ignores it), so the row of the node at sequence position k
+/// (BOS at 0) is the toy row of the k tokens after BOS. Logits are log-probabilities (-inf
+/// where the toy row is 0); past the horizon every row is uniform. Evaluation is exact table
+/// lookup, so decoding loops run on it with a known output law.
+class toy_model_session {
+ public:
+  explicit toy_model_session(const toy_ar_model& model) : model_(&model) {}
+
+  [[nodiscard]] index_t vocab_size() const noexcept { return model_->vocab_size(); }
+  [[nodiscard]] index_t context_size() const noexcept {
+    return static_cast<index_t>(context_.size());
+  }
+  [[nodiscard]] std::span<const token_t> context() const noexcept { return context_; }
+
+  void prefill(std::span<const token_t> prompt) {
+    if (prompt.empty()) throw std::invalid_argument("specula::testing: empty prompt");
+    context_.assign(prompt.begin(), prompt.end() - 1);
+    pending_.clear();
+  }
+
+  void rollback(index_t n) {
+    if (n < 0 || n > context_size())
+      throw std::invalid_argument("specula::testing: rollback beyond the context");
+    context_.resize(static_cast<std::size_t>(n));
+    pending_.clear();
+  }
+
+  void evaluate(const token_tree& nodes, batch_view<float> logits) {
+    const index_t V = vocab_size();
+    if (logits.rows != nodes.size() || logits.cols != V)
+      throw std::invalid_argument("specula::testing: logits must be nodes x vocab");
+    pending_.assign(nodes.tokens().begin(), nodes.tokens().end());
+    pending_parent_.assign(nodes.parents().begin(), nodes.parents().end());
+    std::vector<token_t> prefix;
+    for (index_t i = 0; i < nodes.size(); ++i) {
+      // Full sequence: context, then the path root .. i; the prefix drops the BOS token.
+      prefix.assign(context_.begin() + (context_.empty() ? 0 : 1), context_.end());
+      const auto path = nodes.path_to(i);
+      for (std::size_t k = 0; k < path.size(); ++k)
+        if (!(context_.empty() && k == 0)) prefix.push_back(nodes.token(path[k]));
+      auto row = logits.row(i);
+      if (static_cast<index_t>(prefix.size()) >= model_->horizon()) {
+        for (index_t y = 0; y < V; ++y) row[y] = 0.0f;
+        continue;
+      }
+      const auto p = model_->row(prefix);
+      for (index_t y = 0; y < V; ++y) {
+        const double v = p[static_cast<std::size_t>(y)];
+        row[y] = v > 0.0 ? static_cast<float>(std::log(v)) : -INFINITY;
+      }
+    }
+  }
+
+  void commit(std::span<const index_t> path) {
+    for (std::size_t k = 0; k < path.size(); ++k) {
+      const index_t node = path[k];
+      if (node < 0 || node >= static_cast<index_t>(pending_.size()) ||
+          (k == 0 ? pending_parent_[static_cast<std::size_t>(node)] != -1
+                  : pending_parent_[static_cast<std::size_t>(node)] != path[k - 1]))
+        throw std::invalid_argument("specula::testing: commit path is not a root-to-node path");
+      context_.push_back(pending_[static_cast<std::size_t>(node)]);
+    }
+    pending_.clear();
+  }
+
+ private:
+  const toy_ar_model* model_;
+  std::vector<token_t> context_;
+  std::vector<token_t> pending_;
+  std::vector<index_t> pending_parent_;
 };
 
 }  // namespace specula::testing

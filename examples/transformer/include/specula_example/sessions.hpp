@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "specula/decode/concepts.hpp"
+#include "specula/decode/speculative.hpp"
 #include "specula_example/transformer.hpp"
 
 namespace specula::example {
@@ -39,6 +40,11 @@ class transformer_session {
     cache_.clear();
     if (prompt.size() > 1) model_->prefill(cache_, prompt.first(prompt.size() - 1));
   }
+
+  /// Committed tokens.
+  [[nodiscard]] index_t context_size() const noexcept { return cache_.size(); }
+  /// Keeps the first n committed tokens (drops any pending nodes).
+  void rollback(index_t n) { cache_.rollback(n); }
 
   /// One logit row per node of `nodes` (node 0: the last committed token).
   void evaluate(const token_tree& nodes, batch_view<float> logits) {
@@ -105,7 +111,7 @@ class transformer_batch {
   std::vector<node_block> blocks_;
 };
 
-static_assert(model<transformer_session>);
+static_assert(session_model<transformer_session>);
 static_assert(batched_model<transformer_batch>);
 static_assert(masked_model<transformer>);
 

@@ -1,0 +1,186 @@
+// Draft-model speculative decoding: its output law is the target's (G-test on toy models with a
+// known law, with a biased verifier as the negative control), greedy SD equals greedy decoding
+// on the shipped models, and bad input is rejected.
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <specula/decode/speculative.hpp>
+#include <specula/testing/goodness_of_fit.hpp>
+#include <specula/testing/toy_models.hpp>
+#include <specula_example/sessions.hpp>
+
+using namespace specula;
+using specula::testing::toy_ar_model;
+using specula::testing::toy_model_session;
+
+namespace {
+
+/// A deliberately wrong verifier: accepts every draft and emits the leaf's argmax, so the
+/// output leans towards the draft model.
+struct accept_all_verifier {
+  void operator()(const tree_batch_input<float>& in, const tree_batch_output& out) const {
+    const token_tree& t = in.trees[0];
+    const index_t leaf = t.size() - 1;
+    for (index_t i = 1; i < t.size(); ++i) out.output_tokens[i - 1] = t.token(i);
+    out.output_tokens[leaf] = static_cast<token_t>(argmax_lowest(in.target_probs.row(leaf)));
+    for (index_t i = 0; i < t.size(); ++i) out.accepted_nodes[i] = i;
+    out.num_accepted[0] = static_cast<std::int32_t>(leaf);
+  }
+};
+
+template <class Verifier>
+std::vector<std::uint64_t> sd_sequence_counts(const toy_ar_model& target_model,
+                                              const toy_ar_model& draft_model, index_t gamma,
+                                              std::uint32_t runs, std::uint64_t seed,
+                                              const Verifier& v, decode_stats* stats) {
+  toy_model_session target(target_model), draft(draft_model);
+  speculative_options opt;
+  opt.draft_length = gamma;
+  opt.max_new_tokens = target_model.horizon();
+  const std::vector<token_t> prompt{0};  // BOS
+  std::vector<std::uint64_t> counts(static_cast<std::size_t>(target_model.num_sequences()), 0);
+  for (std::uint32_t r = 0; r < runs; ++r) {
+    const auto out =
+        speculative_decode(target, draft, prompt, opt, request_rng{seed, r, 0}, v, stats);
+    REQUIRE(static_cast<index_t>(out.size()) == target_model.horizon());
+    ++counts[static_cast<std::size_t>(target_model.sequence_index(out))];
+  }
+  return counts;
+}
+
+}  // namespace
+
+TEST_CASE("speculative decoding samples the target's sequence law (G-test)", "[decode][stats]") {
+  // V = 4, 4 positions: 256 sequences, 10^6 generations; the draft is the target mixed half
+  // and half with a random sparse model, so many drafts are rejected and residuals matter.
+  const toy_ar_model target(4, 4, 101);
+  const toy_ar_model draft = toy_ar_model::perturbed(target, 0.5, 202);
+  const auto law = target.sequence_law();
+  decode_stats st;
+  const auto counts = sd_sequence_counts(target, draft, 3, 1'000'000, 7, tree_verifier<>{}, &st);
+  const auto g = specula::testing::g_test(counts, law);
+  INFO(g);
+  CHECK(g.impossible_observations == 0);
+  CHECK(g.p_value > 1e-4);
+  // The loop's accounting: every generation produced 4 tokens over its steps.
+  CHECK(st.tokens == 4'000'000);
+  CHECK(st.target_forwards == st.steps);
+  CHECK(st.step_compression() > 1.2);  // drafts were accepted
+  CHECK(st.accepted_histogram.size() == 4);
+
+  // Negative control: accepting every draft samples a different law and must fail.
+  const auto biased =
+      sd_sequence_counts(target, draft, 3, 200'000, 8, accept_all_verifier{}, nullptr);
+  CHECK(specula::testing::g_test(biased, law).p_value < 1e-6);
+}
+
+TEST_CASE("speculative decoding with greedy drafts and one-hot verification is lossless",
+          "[decode][stats]") {
+  const toy_ar_model target(3, 5, 303);
+  const toy_ar_model draft = toy_ar_model::perturbed(target, 0.7, 404);
+  toy_model_session t(target), d(draft);
+  speculative_options opt;
+  opt.draft_length = 2;
+  opt.max_new_tokens = 5;
+  opt.mode = draft_mode::greedy;
+  const std::vector<token_t> prompt{0};
+  std::vector<std::uint64_t> counts(static_cast<std::size_t>(target.num_sequences()), 0);
+  for (std::uint32_t r = 0; r < 300'000; ++r)
+    ++counts[static_cast<std::size_t>(
+        target.sequence_index(speculative_decode(t, d, prompt, opt, request_rng{9, r, 0})))];
+  const auto g = specula::testing::g_test(counts, target.sequence_law());
+  INFO(g);
+  CHECK(g.p_value > 1e-4);
+}
+
+TEST_CASE("speculative decoding is reproducible per request seed", "[decode]") {
+  const toy_ar_model target(4, 5, 505);
+  const toy_ar_model draft = toy_ar_model::perturbed(target, 0.3, 606);
+  toy_model_session t(target), d(draft);
+  speculative_options opt;
+  opt.max_new_tokens = 5;
+  const std::vector<token_t> prompt{0};
+  const auto a = speculative_decode(t, d, prompt, opt, request_rng{1, 3, 0});
+  const auto b = speculative_decode(t, d, prompt, opt, request_rng{1, 3, 0});
+  CHECK(a == b);
+  int differ = 0;
+  for (std::uint32_t r = 0; r < 20; ++r)
+    differ += speculative_decode(t, d, prompt, opt, request_rng{1, r, 0}) != a ? 1 : 0;
+  CHECK(differ > 0);
+}
+
+TEST_CASE("greedy speculative decoding equals greedy decoding of the target model",
+          "[decode][models]") {
+  const std::filesystem::path dir{SPECULA_MODELS_DIR};
+  const auto target_model = example::transformer::load(dir / "text-target.safetensors");
+  const auto draft_model = example::transformer::load(dir / "text-draft.safetensors");
+  example::transformer_session target(target_model), draft(draft_model);
+  const std::vector<std::string> prompts{
+      "import os\n",     "def __init__(self", "    return ",     "class ",
+      "for i in range(", "# Copyright ",      "if __name__ == ", "        raise ValueError("};
+  speculative_options opt;
+  opt.max_new_tokens = 40;
+  opt.mode = draft_mode::greedy;
+  for (const index_t gamma : {1, 4, 7}) {
+    opt.draft_length = gamma;
+    decode_stats st;
+    for (const auto& text : prompts) {
+      const std::vector<token_t> prompt(text.begin(), text.end());
+      const auto sd = speculative_decode(target, draft, prompt, opt, request_rng{1, 0, 0},
+                                         greedy_tree_verifier<>{}, &st);
+      // Greedy decoding, one token per forward pass.
+      example::transformer_session ar(target_model);
+      ar.prefill(prompt);
+      std::vector<token_t> greedy;
+      token_t last = prompt.back();
+      std::vector<float> row(static_cast<std::size_t>(target_model.vocab_size()));
+      for (int i = 0; i < 40; ++i) {
+        const token_tree one(std::vector<index_t>{-1}, std::vector<token_t>{last});
+        ar.evaluate(one, batch_view<float>(row.data(), 1, target_model.vocab_size()));
+        const std::vector<index_t> root{0};
+        ar.commit(root);
+        last = static_cast<token_t>(
+            argmax_lowest(row_view<const float>(row.data(), target_model.vocab_size())));
+        greedy.push_back(last);
+      }
+      INFO("prompt " << text << ", draft length " << gamma);
+      CHECK(sd == greedy);
+    }
+    CHECK(st.step_compression() > 1.0);
+  }
+}
+
+TEST_CASE("speculative decoding rejects bad input", "[decode]") {
+  const toy_ar_model target(4, 3, 1), other(5, 3, 2);
+  toy_model_session t(target), d(other), d4(target);
+  speculative_options opt;
+  const std::vector<token_t> prompt{0};
+  const auto msg = [](auto&& f) {
+    try {
+      f();
+    } catch (const invalid_input& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(msg([&] { (void)speculative_decode(t, d, prompt, opt, request_rng{}); }),
+             Catch::Contains("draft"));
+  CHECK_THAT(
+      msg([&] { (void)speculative_decode(t, d4, std::vector<token_t>{}, opt, request_rng{}); }),
+      Catch::Contains("prompt"));
+  opt.draft_length = -1;
+  CHECK_THAT(msg([&] { (void)speculative_decode(t, d4, prompt, opt, request_rng{}); }),
+             Catch::Contains("draft_length"));
+  opt.draft_length = 2;
+  opt.max_new_tokens = 0;
+  CHECK_THAT(msg([&] { (void)speculative_decode(t, d4, prompt, opt, request_rng{}); }),
+             Catch::Contains("max_new_tokens"));
+  opt.max_new_tokens = 3;
+  opt.target.temperature = 0.0f;
+  CHECK_THAT(msg([&] { (void)speculative_decode(t, d4, prompt, opt, request_rng{}); }),
+             Catch::Contains("temperature"));
+}
