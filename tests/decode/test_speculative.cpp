@@ -13,6 +13,8 @@
 #include <specula/testing/toy_models.hpp>
 #include <specula_example/sessions.hpp>
 
+#include "decode_test_util.hpp"
+
 using namespace specula;
 using specula::testing::toy_ar_model;
 using specula::testing::toy_model_session;
@@ -119,34 +121,18 @@ TEST_CASE("greedy speculative decoding equals greedy decoding of the target mode
   const auto target_model = example::transformer::load(dir / "text-target.safetensors");
   const auto draft_model = example::transformer::load(dir / "text-draft.safetensors");
   example::transformer_session target(target_model), draft(draft_model);
-  const std::vector<std::string> prompts{
-      "import os\n",     "def __init__(self", "    return ",     "class ",
-      "for i in range(", "# Copyright ",      "if __name__ == ", "        raise ValueError("};
   speculative_options opt;
   opt.max_new_tokens = 40;
   opt.mode = draft_mode::greedy;
   for (const index_t gamma : {1, 4, 7}) {
     opt.draft_length = gamma;
     decode_stats st;
-    for (const auto& text : prompts) {
-      const std::vector<token_t> prompt(text.begin(), text.end());
+    for (const auto& text : decode_testing::text_prompts()) {
+      const auto prompt = decode_testing::bytes(text);
       const auto sd = speculative_decode(target, draft, prompt, opt, request_rng{1, 0, 0},
                                          greedy_tree_verifier<>{}, &st);
-      // Greedy decoding, one token per forward pass.
       example::transformer_session ar(target_model);
-      ar.prefill(prompt);
-      std::vector<token_t> greedy;
-      token_t last = prompt.back();
-      std::vector<float> row(static_cast<std::size_t>(target_model.vocab_size()));
-      for (int i = 0; i < 40; ++i) {
-        const token_tree one(std::vector<index_t>{-1}, std::vector<token_t>{last});
-        ar.evaluate(one, batch_view<float>(row.data(), 1, target_model.vocab_size()));
-        const std::vector<index_t> root{0};
-        ar.commit(root);
-        last = static_cast<token_t>(
-            argmax_lowest(row_view<const float>(row.data(), target_model.vocab_size())));
-        greedy.push_back(last);
-      }
+      const auto greedy = decode_testing::greedy_reference(ar, prompt, 40);
       INFO("prompt " << text << ", draft length " << gamma);
       CHECK(sd == greedy);
     }

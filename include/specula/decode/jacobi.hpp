@@ -1,0 +1,131 @@
+#pragma once
+
+/// @file
+/// Jacobi decoding (Jacobi Forcing, §2.1): greedy fixed-point iteration over a window of guessed
+/// future tokens, with the model's KV cache.
+///
+/// Each step evaluates the last committed token (the root) followed by the window's `n` guesses
+/// as one chain. Row j's argmax `a_j` is the greedy next token after the root and guesses
+/// 1..j; the longest prefix of guesses that equals these argmaxes is accepted (greedy
+/// verification), then `a_k` after it — so every step emits at least one token and the output
+/// is identical to greedy decoding. The argmaxes past the accepted prefix, `a_{k+1} .. a_n`,
+/// are the next iteration's guesses (the Jacobi update); the window is refilled to `n` guesses
+/// by repeating the last guess or with random tokens.
+
+#include <algorithm>
+#include <span>
+#include <vector>
+
+#include "specula/core/error.hpp"
+#include "specula/core/rng.hpp"
+#include "specula/decode/speculative.hpp"
+#include "specula/verify/greedy.hpp"
+
+namespace specula {
+
+/// How empty window slots are filled.
+enum class jacobi_init {
+  repeat_last,  ///< copy the last known token (the root or the last guess)
+  random,       ///< uniform random tokens from the request's stream
+};
+
+/// Options of jacobi_decode.
+struct jacobi_options {
+  index_t window = 16;          ///< guesses per step (n), >= 1
+  index_t max_new_tokens = 64;  ///< >= 1
+  jacobi_init init = jacobi_init::repeat_last;
+  token_t stop_token = no_token;  ///< generation ends after emitting it (-1: never)
+};
+
+/// Greedy Jacobi decoding of up to `options.max_new_tokens` tokens after `prompt` (see file
+/// comment); `rng` seeds random window initialisation. The model is restarted with
+/// `prefill(prompt)`. Adds to `*stats` when given.
+template <session_model Model>
+std::vector<token_t> jacobi_decode(Model& m, std::span<const token_t> prompt,
+                                   const jacobi_options& options, request_rng rng = {},
+                                   decode_stats* stats = nullptr) {
+  if (prompt.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "prompt");
+  require_parameter(options.window >= 1, "window", static_cast<double>(options.window),
+                    "must be >= 1");
+  require_parameter(options.max_new_tokens >= 1, "max_new_tokens",
+                    static_cast<double>(options.max_new_tokens), "must be >= 1");
+  const index_t V = m.vocab_size();
+  decode_stats local;
+  decode_stats& st = stats != nullptr ? *stats : local;
+  const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
+
+  m.prefill(prompt);
+  std::vector<token_t> seq(prompt.begin(), prompt.end());
+  const auto prompt_len = static_cast<index_t>(prompt.size());
+  std::vector<token_t> guesses, chain_tokens, out_tokens;
+  std::vector<index_t> out_nodes;
+  std::vector<float> logits;
+  std::int32_t num_accepted = 0;
+  std::uint32_t draws = 0;
+  const auto fill = [&](index_t want) {
+    while (static_cast<index_t>(guesses.size()) < want) {
+      if (options.init == jacobi_init::random) {
+        const double u = uniform_at(rng, draw_id{draws++, 1});
+        guesses.push_back(static_cast<token_t>(
+            std::min<index_t>(V - 1, static_cast<index_t>(u * static_cast<double>(V)))));
+      } else {
+        guesses.push_back(guesses.empty() ? seq.back() : guesses.back());
+      }
+    }
+  };
+
+  for (std::uint32_t step = 0;; ++step) {
+    const index_t remaining =
+        options.max_new_tokens - (static_cast<index_t>(seq.size()) - prompt_len);
+    if (remaining <= 0) break;
+    const index_t n = std::min(options.window, remaining - 1);
+    if (static_cast<index_t>(guesses.size()) > n) guesses.resize(sz(n));
+    fill(n);
+
+    chain_tokens.assign(1, seq.back());
+    chain_tokens.insert(chain_tokens.end(), guesses.begin(), guesses.end());
+    const token_tree chain = detail::chain_of(chain_tokens);
+    const index_t nodes = chain.size();
+    logits.resize(sz(nodes * V));
+    {
+      detail::scoped_timer timer(st.forward_seconds);
+      m.evaluate(chain, batch_view<float>(logits.data(), nodes, V));
+      ++st.target_forwards;
+    }
+    index_t k = 0;
+    {
+      detail::scoped_timer timer(st.verify_seconds);
+      out_tokens.assign(sz(nodes), no_token);
+      out_nodes.assign(sz(nodes), -1);
+      const request_rng unused{};
+      tree_batch_input<float> in;
+      in.vocab_size = V;
+      in.trees = row_view<const token_tree>(&chain, 1);
+      in.target_probs = batch_view<const float>(logits.data(), nodes, V);
+      in.rng = row_view<const request_rng>(&unused, 1);
+      tree_batch_output out;
+      out.output_tokens = row_view<token_t>(out_tokens.data(), nodes);
+      out.num_accepted = row_view<std::int32_t>(&num_accepted, 1);
+      out.accepted_nodes = row_view<index_t>(out_nodes.data(), nodes);
+      verify_tree_greedy(host::seq, in, out);
+      k = num_accepted;
+      // The Jacobi update: argmaxes after the accepted prefix become the next guesses.
+      guesses.clear();
+      for (index_t j = k + 1; j < nodes; ++j)
+        guesses.push_back(
+            static_cast<token_t>(argmax_lowest(row_view<const float>(logits.data() + j * V, V))));
+    }
+    m.commit(std::span<const index_t>(out_nodes.data(), sz(k + 1)));
+    st.record_step(k);
+    bool stop = false;
+    for (index_t j = 0; j <= k && !stop; ++j) {
+      seq.push_back(out_tokens[sz(j)]);
+      ++st.tokens;
+      stop = out_tokens[sz(j)] == options.stop_token;
+    }
+    if (stop) break;
+  }
+  return {seq.begin() + prompt_len, seq.end()};
+}
+
+}  // namespace specula
