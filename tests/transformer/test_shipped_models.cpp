@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 #include <specula_example/transformer.hpp>
+#include <specula_example/vq_image.hpp>
 
 using namespace specula;
 using namespace specula::example;
@@ -89,4 +90,28 @@ TEST_CASE("the target and draft text models share a vocabulary, the draft is muc
   CHECK(draft.weights().parameters() * 8 < target.weights().parameters());
   CHECK(read_card("text-target").at("heldout_ppl").get<double>() <
         read_card("text-draft").at("heldout_ppl").get<double>());
+}
+
+TEST_CASE("the image tokenizer decodes tokens to pixels and encodes them back",
+          "[backend][models]") {
+  const auto vq = vq_codebook::load(models_dir / "image-vq.safetensors");
+  CHECK(vq.grid() * vq.patch() == vq.image_size());
+  CHECK(vq.classes().size() == 8);
+  const transformer m = transformer::load(models_dir / "image-ar.safetensors");
+  CHECK(m.vocab_size() > vq.label_token(-1));
+  // Held-out image sequences: [label] + grid*grid codes; decoding then encoding is the identity
+  // (every code is its own nearest neighbour).
+  const auto data = safetensors_file::open(models_dir / "image-ar.heldout.safetensors");
+  const auto inputs = data.read_i32("inputs");
+  const index_t T = data.at("inputs").shape[1];
+  REQUIRE(T == 1 + vq.tokens_per_image());
+  for (index_t r = 0; r < 10; ++r) {
+    const std::span<const std::int32_t> tokens(inputs.data() + r * T + 1,
+                                               static_cast<std::size_t>(vq.tokens_per_image()));
+    CHECK(vq.encode(vq.decode(tokens)) == std::vector<token_t>(tokens.begin(), tokens.end()));
+    CHECK(vq.decode_rgb8(tokens).size() ==
+          static_cast<std::size_t>(vq.image_size() * vq.image_size() * 3));
+  }
+  CHECK_THROWS_WITH(vq.decode(std::vector<token_t>(3, 0)), Catch::Contains("tokens"));
+  CHECK_THROWS_WITH(vq.label_token(99), Catch::Contains("class"));
 }
