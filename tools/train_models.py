@@ -1,0 +1,903 @@
+#!/usr/bin/env python3
+"""Train the four tiny example models shipped in examples/models/.
+
+The models follow the contract in docs/model_format.md (llama-style decoder: RMSNorm,
+rotate-half RoPE, grouped-query attention, SwiGLU MLP, no biases, untied output projection):
+
+  text-target     byte-level causal LM over the Python standard-library sources (~2.8M params)
+  text-draft      the same data and tokenizer, ~20x smaller (draft model for speculation)
+  text-diffusion  byte-level bidirectional masked-diffusion LM (LLaDA-style training)
+  image-ar        class-conditional autoregressive model over VQ tokens of procedural 32x32 images
+
+Every output is written to --out (default: examples/models/ next to this script's parent):
+
+  <name>.safetensors           weights (BF16; RMSNorm weights F32) + config metadata
+  <name>.heldout.safetensors   I32 `inputs` / `targets` [N, T] held-out set
+  <name>.card.json / <name>.md model card (held-out NLL/perplexity of the weights *as shipped*)
+  image-vq.safetensors         the VQ codebook of the image tokenizer
+  README.md                    list of the files
+
+The held-out metrics are computed after reading the written safetensors file back: every weight
+is rounded to bf16 exactly as stored, the forward runs in float32 and the NLL is accumulated in
+float64, so a conforming C++ engine should reproduce `heldout_nll` to well within 1 %.
+
+Only PyTorch and numpy are needed (Debian: python3-torch, python3-numpy); there are no downloads.
+The safetensors files are written by hand (the `safetensors` package is not required).
+
+Reproduce (30-45 minutes on one CPU thread, depending on the machine's other load):
+
+    nice -n 10 /usr/bin/python3 tools/train_models.py
+
+Smoke test of the whole pipeline (a few steps per model, into a scratch directory):
+
+    /usr/bin/python3 tools/train_models.py --steps-scale 0.005 --out /tmp/models-smoke
+"""
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import struct
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO_ROOT / "examples" / "models"
+SEED = 1234
+
+# --------------------------------------------------------------------------------------------
+# Model specifications. `steps` were chosen by timing steps on one CPU thread while a C++ build
+# shared the 2-core machine (s/step: target 1.6-2.9, draft 0.3-0.5, diffusion 1.2-2, image
+# 0.4-0.7) so that the four models together train in at most about 45 minutes; the target
+# model gets the largest share.
+# --------------------------------------------------------------------------------------------
+
+TEXT_CORPUS_ROOT = Path("/usr/lib/python3.11")
+
+MODELS = {
+    "text-target": dict(
+        kind="text",
+        config=dict(vocab_size=256, d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=640,
+                    max_seq_len=256, rope_theta=10000.0, norm_eps=1e-5, causal=True,
+                    mask_token=-1),
+        train=dict(steps=600, batch=16, seq_len=256, lr=2e-3, warmup=60, min_lr_frac=0.1,
+                   weight_decay=0.1),
+        heldout=dict(rows=48, seq_len=256),
+    ),
+    "text-draft": dict(
+        kind="text",
+        config=dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=192,
+                    max_seq_len=256, rope_theta=10000.0, norm_eps=1e-5, causal=True,
+                    mask_token=-1),
+        train=dict(steps=800, batch=16, seq_len=256, lr=4e-3, warmup=60, min_lr_frac=0.1,
+                   weight_decay=0.1),
+        heldout=dict(rows=48, seq_len=256),
+    ),
+    "text-diffusion": dict(
+        kind="diffusion",
+        config=dict(vocab_size=257, d_model=192, n_layers=4, n_heads=6, n_kv_heads=2, d_ff=512,
+                    max_seq_len=128, rope_theta=10000.0, norm_eps=1e-5, causal=False,
+                    mask_token=256),
+        train=dict(steps=500, batch=32, seq_len=128, lr=3e-3, warmup=40, min_lr_frac=0.1,
+                   weight_decay=0.1),
+        heldout=dict(rows=128, seq_len=128),
+    ),
+    "image-ar": dict(
+        kind="image",
+        config=dict(vocab_size=137, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=384,
+                    max_seq_len=65, rope_theta=10000.0, norm_eps=1e-5, causal=True,
+                    mask_token=-1),
+        train=dict(steps=1200, batch=32, seq_len=65, lr=3e-3, warmup=40, min_lr_frac=0.1,
+                   weight_decay=0.1, label_dropout=0.1),
+        heldout=dict(rows=200, seq_len=65),
+    ),
+}
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# safetensors I/O (hand-written: 8-byte LE header length, JSON header, raw LE tensor bytes).
+# --------------------------------------------------------------------------------------------
+
+def fp32_to_bf16_bits(a):
+    """Round float32 values to bf16 (round-to-nearest-even); returns the uint16 bit patterns."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def bf16_bits_to_fp32(b):
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+_DTYPES = {"F32": (np.float32, 4), "I32": (np.int32, 4), "BF16": (np.uint16, 2)}
+
+
+def write_safetensors(path, tensors, metadata):
+    """tensors: dict name -> (dtype string, numpy array). BF16 arrays are given as float32 and
+    rounded here. metadata: dict of str -> str."""
+    header = {"__metadata__": {k: str(v) for k, v in metadata.items()}}
+    blobs = []
+    offset = 0
+    for name, (dtype, arr) in tensors.items():
+        if dtype == "BF16":
+            raw = fp32_to_bf16_bits(arr).astype("<u2").tobytes()
+        elif dtype == "F32":
+            raw = np.ascontiguousarray(arr, dtype="<f4").tobytes()
+        elif dtype == "I32":
+            raw = np.ascontiguousarray(arr, dtype="<i4").tobytes()
+        else:
+            raise ValueError(dtype)
+        header[name] = {"dtype": dtype, "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    hjson = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    hjson += b" " * ((-len(hjson)) % 8)  # pad with spaces to a multiple of 8
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(hjson)))
+        f.write(hjson)
+        for raw in blobs:
+            f.write(raw)
+    os.replace(tmp, path)
+
+
+def read_safetensors(path):
+    """Returns (dict name -> float32/int32 numpy array, metadata dict)."""
+    data = Path(path).read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        np_dtype, size = _DTYPES[info["dtype"]]
+        lo, hi = info["data_offsets"]
+        shape = info["shape"]
+        assert hi - lo == size * int(np.prod(shape, dtype=np.int64)), name
+        arr = np.frombuffer(data[base + lo:base + hi], dtype=np.dtype(np_dtype).newbyteorder("<"))
+        if info["dtype"] == "BF16":
+            arr = bf16_bits_to_fp32(arr)
+        out[name] = arr.reshape(shape).copy()
+    return out, meta
+
+
+# --------------------------------------------------------------------------------------------
+# The model, written to mirror docs/model_format.md line by line.
+# --------------------------------------------------------------------------------------------
+
+class Llama(torch.nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        d, hd = cfg["d_model"], cfg["d_model"] // cfg["n_heads"]
+        assert cfg["d_model"] % cfg["n_heads"] == 0 and hd % 2 == 0
+        assert cfg["n_heads"] % cfg["n_kv_heads"] == 0
+        self.hd = hd
+        P = torch.nn.Parameter
+        # Parameters keyed by their file names ("layers.0.attention.wq.weight"); module
+        # attribute names may not contain dots, so they are registered with "__" instead.
+        self.params = {}
+        self.params["tok_embeddings.weight"] = P(torch.empty(cfg["vocab_size"], d))
+        for i in range(cfg["n_layers"]):
+            p = f"layers.{i}."
+            self.params[p + "attention_norm.weight"] = P(torch.ones(d))
+            self.params[p + "attention.wq.weight"] = P(torch.empty(cfg["n_heads"] * hd, d))
+            self.params[p + "attention.wk.weight"] = P(torch.empty(cfg["n_kv_heads"] * hd, d))
+            self.params[p + "attention.wv.weight"] = P(torch.empty(cfg["n_kv_heads"] * hd, d))
+            self.params[p + "attention.wo.weight"] = P(torch.empty(d, cfg["n_heads"] * hd))
+            self.params[p + "ffn_norm.weight"] = P(torch.ones(d))
+            self.params[p + "feed_forward.w1.weight"] = P(torch.empty(cfg["d_ff"], d))
+            self.params[p + "feed_forward.w3.weight"] = P(torch.empty(cfg["d_ff"], d))
+            self.params[p + "feed_forward.w2.weight"] = P(torch.empty(d, cfg["d_ff"]))
+        self.params["norm.weight"] = P(torch.ones(d))
+        self.params["output.weight"] = P(torch.empty(cfg["vocab_size"], d))
+        for name, w in self.params.items():
+            self.register_parameter(name.replace(".", "__"), w)
+        # Initialisation: N(0, 0.02); residual-branch output projections scaled by
+        # 1/sqrt(2 * n_layers) (GPT-2 style).
+        for name, w in self.params.items():
+            if name.endswith("norm.weight"):
+                continue
+            std = 0.02
+            if name.endswith("wo.weight") or name.endswith("w2.weight"):
+                std /= math.sqrt(2 * cfg["n_layers"])
+            torch.nn.init.normal_(w, 0.0, std)
+        # RoPE tables, "rotate-half": f_i = theta^(-2i/hd), angle = pos * f_i, pos from 0.
+        i = torch.arange(hd // 2, dtype=torch.float64)
+        freqs = cfg["rope_theta"] ** (-2.0 * i / hd)
+        ang = torch.arange(cfg["max_seq_len"], dtype=torch.float64)[:, None] * freqs[None, :]
+        self.register_buffer("rope_cos", torch.cos(ang).float(), persistent=False)
+        self.register_buffer("rope_sin", torch.sin(ang).float(), persistent=False)
+
+    def rms(self, x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg["norm_eps"]) * w
+
+    def rope(self, x):  # x: [B, H, T, hd]
+        T, h2 = x.shape[2], self.hd // 2
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        x1, x2 = x[..., :h2], x[..., h2:]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+    def forward(self, tokens):
+        """tokens: [B, T] int64 -> logits [B, T, vocab]."""
+        cfg, W = self.cfg, self.params
+        B, T = tokens.shape
+        H, KV, hd = cfg["n_heads"], cfg["n_kv_heads"], self.hd
+        group = H // KV
+        x = W["tok_embeddings.weight"][tokens]
+        causal = cfg["causal"]
+        for i in range(cfg["n_layers"]):
+            p = f"layers.{i}."
+            a = self.rms(x, W[p + "attention_norm.weight"])
+            q = (a @ W[p + "attention.wq.weight"].T).view(B, T, H, hd).transpose(1, 2)
+            k = (a @ W[p + "attention.wk.weight"].T).view(B, T, KV, hd).transpose(1, 2)
+            v = (a @ W[p + "attention.wv.weight"].T).view(B, T, KV, hd).transpose(1, 2)
+            q, k = self.rope(q), self.rope(k)
+            # query head h reads kv head h // group: repeat_interleave gives exactly that.
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+            s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)  # [B, H, T, T]
+            if causal:  # a position sees itself and every earlier position
+                m = torch.ones(T, T, dtype=torch.bool, device=s.device).triu(1)
+                s = s.masked_fill(m, float("-inf"))
+            o = torch.softmax(s, dim=-1) @ v
+            o = o.transpose(1, 2).reshape(B, T, H * hd)
+            h = x + o @ W[p + "attention.wo.weight"].T
+            f = self.rms(h, W[p + "ffn_norm.weight"])
+            g = F.silu(f @ W[p + "feed_forward.w1.weight"].T) * (f @ W[p + "feed_forward.w3.weight"].T)
+            x = h + g @ W[p + "feed_forward.w2.weight"].T
+        return self.rms(x, W["norm.weight"]) @ W["output.weight"].T
+
+    def n_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+
+def model_tensors(model):
+    """Tensors to store: RMSNorm weights in F32, everything else in BF16."""
+    out = {}
+    for name, p in model.params.items():
+        arr = p.detach().float().cpu().numpy()
+        out[name] = ("F32" if name.endswith("norm.weight") else "BF16", arr)
+    return out
+
+
+def load_model_from_file(path):
+    tensors, meta = read_safetensors(path)
+    cfg = json.loads(meta["specula.config"])
+    model = Llama(cfg)
+    with torch.no_grad():
+        for name, p in model.params.items():
+            p.copy_(torch.from_numpy(tensors[name]))
+    return model, meta
+
+
+@torch.no_grad()
+def evaluate_heldout(model, inputs, targets, batch_rows=16):
+    """Mean NLL (nats) over entries with target >= 0, accumulated in float64."""
+    model.eval()
+    total, count = 0.0, 0
+    for lo in range(0, inputs.shape[0], batch_rows):
+        x = torch.from_numpy(inputs[lo:lo + batch_rows]).long()
+        y = torch.from_numpy(targets[lo:lo + batch_rows]).long()
+        logits = model(x).float()  # fp32 forward
+        logp = torch.log_softmax(logits.double(), dim=-1)
+        keep = y >= 0
+        nll = -logp.gather(-1, y.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        total += float(nll[keep].sum())
+        count += int(keep.sum())
+    return total / count, count
+
+
+# --------------------------------------------------------------------------------------------
+# Text corpus: the Python standard library of this machine's Debian Python.
+# --------------------------------------------------------------------------------------------
+
+_EXCLUDED_DIRS = {"dist-packages", "site-packages", "test", "tests", "idlelib", "__pycache__"}
+
+
+def load_text_corpus(root=TEXT_CORPUS_ROOT, heldout_percent=2):
+    """Returns (train bytes, held-out bytes, description dict). A file goes to the held-out
+    split when sha256(relative path) mod 100 < heldout_percent (stable across machines)."""
+    files = []
+    for p in root.rglob("*.py"):
+        rel = p.relative_to(root)
+        if any(part in _EXCLUDED_DIRS for part in rel.parts[:-1]):
+            continue
+        if not p.is_file():
+            continue
+        files.append(rel.as_posix())
+    files.sort()
+    train, held = [], []
+    n_train = n_held = 0
+    for rel in files:
+        data = (root / rel).read_bytes()
+        h = int.from_bytes(hashlib.sha256(rel.encode("utf-8")).digest()[:8], "little")
+        if h % 100 < heldout_percent:
+            held.append(data)
+            n_held += 1
+        else:
+            train.append(data)
+            n_train += 1
+    train_b, held_b = b"".join(train), b"".join(held)
+    desc = dict(
+        source=f"{root}/**/*.py (Python standard-library sources)",
+        excluded_directories=sorted(_EXCLUDED_DIRS),
+        python_version=_python_version(root),
+        files=len(files), train_files=n_train, heldout_files=n_held,
+        train_bytes=len(train_b), heldout_bytes=len(held_b),
+        split="held out iff int.from_bytes(sha256(relative_path)[:8], 'little') % 100 < "
+              f"{heldout_percent}; files concatenated in sorted path order",
+        train_sha256=hashlib.sha256(train_b).hexdigest(),
+        heldout_sha256=hashlib.sha256(held_b).hexdigest(),
+    )
+    return train_b, held_b, desc
+
+
+def _python_version(root):
+    # The corpus belongs to the Python installed at `root`, not necessarily the interpreter
+    # running this script; ask the matching interpreter when it exists.
+    exe = Path("/usr/bin") / root.name
+    try:
+        import subprocess
+        out = subprocess.run([str(exe), "-c", "import sys; print(sys.version.split()[0])"],
+                             capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except Exception:
+        return root.name
+
+
+def text_heldout(held_bytes, rows, T):
+    """Causal held-out set: `rows` windows of T bytes at evenly spaced offsets of the held-out
+    stream; targets[r, t] = inputs[r, t+1], -1 in the last column."""
+    buf = np.frombuffer(held_bytes, dtype=np.uint8)
+    assert len(buf) >= rows * T, "held-out corpus too small"
+    starts = [(r * (len(buf) - T)) // max(rows - 1, 1) for r in range(rows)]
+    inputs = np.stack([buf[s:s + T] for s in starts]).astype(np.int32)
+    targets = np.full_like(inputs, -1)
+    targets[:, :-1] = inputs[:, 1:]
+    return inputs, targets
+
+
+def diffusion_heldout(held_bytes, rows, T, mask_token, seed):
+    """Masked held-out set: row r has masking ratio t_r = (r + 0.5) / rows; each position is
+    masked independently with probability t_r (at least one per row, seeded numpy RNG).
+    inputs holds the mask token where targets holds the original byte; targets is -1 elsewhere."""
+    buf = np.frombuffer(held_bytes, dtype=np.uint8)
+    # Offset the windows by T/2 relative to the causal set so the two sets differ.
+    starts = [(r * (len(buf) - 2 * T)) // max(rows - 1, 1) + T // 2 for r in range(rows)]
+    clean = np.stack([buf[s:s + T] for s in starts]).astype(np.int32)
+    rng = np.random.default_rng(seed)
+    ratios = (np.arange(rows) + 0.5) / rows
+    masked = rng.random((rows, T)) < ratios[:, None]
+    for r in range(rows):
+        if not masked[r].any():
+            masked[r, rng.integers(T)] = True
+    inputs = np.where(masked, mask_token, clean).astype(np.int32)
+    targets = np.where(masked, clean, -1).astype(np.int32)
+    return inputs, targets, ratios
+
+
+# --------------------------------------------------------------------------------------------
+# Procedural images and their VQ tokenizer.
+# --------------------------------------------------------------------------------------------
+
+IMAGE_SIZE, PATCH, GRID, CODES = 32, 4, 8, 128
+IMAGE_CLASSES = ["circle", "square", "triangle", "horizontal_gradient", "vertical_gradient",
+                 "stripes", "checkerboard", "blobs"]
+LABEL_BASE = CODES                        # label token of class c is 128 + c
+NULL_LABEL = CODES + len(IMAGE_CLASSES)   # 136: "no label" (classifier-free guidance)
+
+
+# Colours are drawn from a small palette so that flat regions map to exact codebook entries and
+# the 128 codes are left for edges and gradients (a VQ over arbitrary RGB colours is very lossy).
+PALETTE = np.array([
+    [0.00, 0.00, 0.00], [1.00, 1.00, 1.00], [0.50, 0.50, 0.50], [0.90, 0.10, 0.10],
+    [0.10, 0.70, 0.20], [0.15, 0.30, 0.90], [0.95, 0.85, 0.10], [0.95, 0.50, 0.05],
+    [0.60, 0.20, 0.75], [0.10, 0.80, 0.85], [0.95, 0.45, 0.70], [0.45, 0.28, 0.10],
+], dtype=np.float32)
+
+
+def _two_colours(rng):
+    """Two different palette colours (foreground, background)."""
+    i, j = rng.choice(len(PALETTE), size=2, replace=False)
+    return PALETTE[i], PALETTE[j]
+
+
+def make_image(cls, rng):
+    """One 32x32 RGB image of class `cls` as float32 [32, 32, 3] in [0, 1]."""
+    S = IMAGE_SIZE
+    yy, xx = np.mgrid[0:S, 0:S].astype(np.float32) + 0.5
+    fg, bg = _two_colours(rng)
+    name = IMAGE_CLASSES[cls]
+    if name == "circle":
+        r = rng.uniform(5, 12)
+        cx, cy = rng.uniform(r, S - r, size=2)
+        m = (xx - cx) ** 2 + (yy - cy) ** 2 <= r * r
+    elif name == "square":
+        side = rng.uniform(9, 22)
+        x0, y0 = rng.uniform(0, S - side, size=2)
+        m = (xx >= x0) & (xx < x0 + side) & (yy >= y0) & (yy < y0 + side)
+    elif name == "triangle":  # upright isosceles triangle
+        w = rng.uniform(12, 28)
+        h = rng.uniform(10, 26)
+        x0 = rng.uniform(0, S - w)
+        y0 = rng.uniform(0, S - h)  # apex row
+        frac = (yy - y0) / h        # 0 at the apex, 1 at the base
+        m = (frac >= 0) & (frac <= 1) & (np.abs(xx - (x0 + w / 2)) <= frac * w / 2)
+    elif name in ("horizontal_gradient", "vertical_gradient"):
+        coord = xx if name == "horizontal_gradient" else yy
+        t = (coord / S)[..., None]
+        return (bg * (1 - t) + fg * t).astype(np.float32)
+    elif name == "stripes":
+        period = rng.integers(4, 13)
+        phase = rng.uniform(0, period)
+        coord = xx if rng.random() < 0.5 else yy
+        m = ((coord + phase) % period) < period / 2
+    elif name == "checkerboard":
+        cell = int(rng.choice([4, 8]))
+        m = ((xx // cell + yy // cell) % 2) == 0
+    elif name == "blobs":  # a few soft Gaussian blobs of random colours on the background
+        img = np.broadcast_to(bg, (S, S, 3)).astype(np.float32).copy()
+        for _ in range(rng.integers(2, 5)):
+            c = PALETTE[rng.integers(len(PALETTE))]
+            cx, cy = rng.uniform(0, S, size=2)
+            s = rng.uniform(3, 8)
+            wgt = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * s * s))[..., None]
+            img = img * (1 - wgt) + c * wgt
+        return np.clip(img, 0, 1).astype(np.float32)
+    else:
+        raise ValueError(name)
+    return np.where(m[..., None], fg, bg).astype(np.float32)
+
+
+def make_images(n, seed):
+    """n images with uniformly random classes; returns (images [n,32,32,3], labels [n])."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, len(IMAGE_CLASSES), size=n)
+    imgs = np.stack([make_image(int(c), rng) for c in labels])
+    return imgs, labels
+
+
+def to_patches(imgs):
+    """[n, 32, 32, 3] -> [n, 64, 48]; patches in row-major grid order, each flattened in
+    (row, col, channel) order."""
+    n = imgs.shape[0]
+    p = imgs.reshape(n, GRID, PATCH, GRID, PATCH, 3).transpose(0, 1, 3, 2, 4, 5)
+    return p.reshape(n, GRID * GRID, PATCH * PATCH * 3)
+
+
+def kmeans(x, k, iters, seed):
+    """Plain Lloyd k-means in torch (float32). Empty clusters are re-seeded from random points."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.from_numpy(x).float()
+    c = x[torch.randperm(x.shape[0], generator=g)[:k]].clone()
+    for it in range(iters):
+        assign = nearest_code(x, c)
+        sums = torch.zeros_like(c).index_add_(0, assign, x)
+        counts = torch.bincount(assign, minlength=k).float()
+        empty = counts == 0
+        c = torch.where(empty[:, None], c, sums / counts.clamp(min=1)[:, None])
+        if empty.any():
+            c[empty] = x[torch.randint(0, x.shape[0], (int(empty.sum()),), generator=g)]
+    return c
+
+
+def nearest_code(x, c, chunk=65536):
+    out = []
+    c2 = (c * c).sum(1)
+    for lo in range(0, x.shape[0], chunk):
+        xb = x[lo:lo + chunk]
+        d = c2[None, :] - 2 * xb @ c.T  # |x|^2 is constant per row
+        out.append(d.argmin(1))
+    return torch.cat(out)
+
+
+def image_description():
+    return dict(
+        image_size=IMAGE_SIZE, channels=3, patch=PATCH, grid=GRID, codebook_size=CODES,
+        codebook_tensor="codebook F32 [128, 48] in image-vq.safetensors",
+        patch_layout="each code is a 4x4x3 patch flattened in (row, col, channel) order",
+        pixel_range=[0.0, 1.0],
+        token_order="row-major over the 8x8 grid of patches",
+        sequence="[label token] + 64 image tokens (max_seq_len 65)",
+        classes=IMAGE_CLASSES,
+        palette=PALETTE.tolist(),
+        label_tokens={name: LABEL_BASE + i for i, name in enumerate(IMAGE_CLASSES)},
+        label_token_base=LABEL_BASE, null_label_token=NULL_LABEL,
+        label_dropout=MODELS["image-ar"]["train"]["label_dropout"],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Training.
+# --------------------------------------------------------------------------------------------
+
+def lr_at(step, steps, tr):
+    """Linear warmup, then cosine decay to min_lr_frac * lr."""
+    if step < tr["warmup"]:
+        return tr["lr"] * (step + 1) / tr["warmup"]
+    t = (step - tr["warmup"]) / max(steps - tr["warmup"], 1)
+    frac = tr["min_lr_frac"] + (1 - tr["min_lr_frac"]) * 0.5 * (1 + math.cos(math.pi * t))
+    return tr["lr"] * frac
+
+
+def make_optimizer(model, tr):
+    decay = [p for n, p in model.params.items() if not n.endswith("norm.weight")]
+    no_decay = [p for n, p in model.params.items() if n.endswith("norm.weight")]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": tr["weight_decay"]},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=tr["lr"], betas=(0.9, 0.95), eps=1e-8)
+
+
+def train_loop(model, tr, steps, loss_fn, name):
+    """Runs `steps` AdamW steps; loss_fn(step) returns the scalar loss of one batch."""
+    opt = make_optimizer(model, tr)
+    model.train()
+    t0 = time.time()
+    recent = []
+    every = max(1, min(50, steps // 20))
+    for step in range(steps):
+        lr = lr_at(step, steps, tr)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss = loss_fn(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        recent.append(float(loss))
+        if (step + 1) % every == 0 or step + 1 == steps:
+            el = time.time() - t0
+            log(f"{name} step {step + 1}/{steps} loss {np.mean(recent):.4f} lr {lr:.2e} "
+                f"{el:.0f}s ({el / (step + 1):.3f}s/step)")
+            last_loss, recent = float(np.mean(recent)), []
+    return time.time() - t0, last_loss
+
+
+def text_batches(train_bytes, tr, seed):
+    """Random windows of seq_len+1 bytes from the training stream (seeded)."""
+    data = torch.from_numpy(np.frombuffer(train_bytes, dtype=np.uint8).copy())
+    g = torch.Generator().manual_seed(seed)
+    T, B = tr["seq_len"], tr["batch"]
+    ar = torch.arange(T + 1)
+
+    def batch():
+        offs = torch.randint(0, len(data) - T - 1, (B,), generator=g)
+        return data[offs[:, None] + ar].long()
+    return batch, g
+
+
+def train_text(name, spec, out, steps, seed, corpus):
+    train_b, held_b, desc = corpus
+    torch.manual_seed(seed)
+    model = Llama(spec["config"])
+    batch, _ = text_batches(train_b, spec["train"], seed + 1)
+
+    def loss_fn(step):
+        w = batch()
+        logits = model(w[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1))
+
+    wall, last = train_loop(model, spec["train"], steps, loss_fn, name)
+    ho = spec["heldout"]
+    inputs, targets = text_heldout(held_b, ho["rows"], ho["seq_len"])
+    extra = dict(corpus=desc, tokenizer="bytes (token id = byte value 0..255, no special tokens)",
+                 heldout_set=f"{ho['rows']} windows of {ho['seq_len']} bytes at evenly spaced "
+                             "offsets of the held-out stream")
+    return model, inputs, targets, wall, last, extra, "bytes"
+
+
+def train_diffusion(name, spec, out, steps, seed, corpus):
+    train_b, held_b, desc = corpus
+    cfg, tr = spec["config"], spec["train"]
+    torch.manual_seed(seed)
+    model = Llama(cfg)
+    T, B, M = tr["seq_len"], tr["batch"], cfg["mask_token"]
+    tr = dict(tr, seq_len=T - 1)  # text_batches returns seq_len+1 bytes: exactly T
+    batch, g = text_batches(train_b, tr, seed + 1)
+
+    def loss_fn(step):
+        x0 = batch()  # [B, T]
+        # LLaDA: t ~ U(0, 1] per sequence (clamped to >= 1/T), mask each position w.p. t,
+        # loss = sum over masked positions of CE / t, averaged over B*T positions.
+        t = (1.0 - torch.rand(B, generator=g)).clamp(min=1.0 / T)
+        masked = torch.rand(B, T, generator=g) < t[:, None]
+        xt = torch.where(masked, torch.full_like(x0, M), x0)
+        logits = model(xt)
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x0.reshape(-1),
+                             reduction="none").view(B, T)
+        return ((ce * masked) / t[:, None]).sum() / (B * T)
+
+    wall, last = train_loop(model, spec["train"], steps, loss_fn, name)
+    ho = spec["heldout"]
+    inputs, targets, _ = diffusion_heldout(held_b, ho["rows"], ho["seq_len"], M, seed + 7)
+    extra = dict(
+        corpus=desc,
+        tokenizer="bytes (token id = byte value 0..255) + mask token 256",
+        objective="LLaDA masked diffusion: t ~ U(0,1] per sequence (clamped to >= 1/T), each "
+                  "position masked w.p. t, loss = sum over masked positions of CE/t, / (B*T)",
+        heldout_set=f"{ho['rows']} windows of {ho['seq_len']} bytes; row r masked with ratio "
+                    f"(r+0.5)/{ho['rows']} (numpy default_rng seed {seed + 7}, at least one "
+                    "mask per row); the held-out loss is the plain mean CE over masked "
+                    "positions (no 1/t weighting)",
+    )
+    return model, inputs, targets, wall, last, extra, "bytes+mask"
+
+
+def train_image(name, spec, out, steps, seed, _corpus, n_train=24000, n_heldout=200):
+    cfg, tr = spec["config"], spec["train"]
+    t0 = time.time()
+    imgs, labels = make_images(n_train, seed)
+    patches = to_patches(imgs).reshape(-1, PATCH * PATCH * 3)
+    rng = np.random.default_rng(seed + 3)
+    sub = patches[rng.choice(len(patches), size=200000, replace=False)]
+    codebook = kmeans(sub, CODES, iters=15, seed=seed + 4)
+    codes = nearest_code(torch.from_numpy(patches), codebook).view(n_train, GRID * GRID)
+    recon = codebook[codes.reshape(-1)].numpy()
+    vq_mse = float(((recon - patches) ** 2).mean())
+    log(f"{name}: {n_train} images, k-means codebook ready, VQ mse {vq_mse:.5f} "
+        f"({time.time() - t0:.0f}s)")
+    desc = image_description()
+    write_safetensors(Path(out) / "image-vq.safetensors",
+                      {"codebook": ("F32", codebook.numpy())},
+                      {"specula.name": "image-vq", "specula.image": json.dumps(desc),
+                       "image_size": IMAGE_SIZE, "patch": PATCH, "grid": GRID,
+                       "codebook_size": CODES, "patch_layout": "row,col,channel",
+                       "classes": json.dumps(IMAGE_CLASSES), "label_token_base": LABEL_BASE,
+                       "null_label_token": NULL_LABEL})
+
+    seqs = torch.cat([torch.from_numpy(labels).long()[:, None] + LABEL_BASE, codes.long()], 1)
+    torch.manual_seed(seed)
+    model = Llama(cfg)
+    g = torch.Generator().manual_seed(seed + 1)
+    B = tr["batch"]
+
+    def loss_fn(step):
+        idx = torch.randint(0, n_train, (B,), generator=g)
+        x = seqs[idx].clone()
+        drop = torch.rand(B, generator=g) < tr["label_dropout"]
+        x[drop, 0] = NULL_LABEL
+        logits = model(x[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+
+    wall, last = train_loop(model, tr, steps, loss_fn, name)
+    # Held-out images come from a different seed; the label is always kept.
+    himgs, hlabels = make_images(n_heldout, seed + 1000)
+    hcodes = nearest_code(torch.from_numpy(to_patches(himgs).reshape(-1, 48)), codebook)
+    inputs = np.concatenate([hlabels[:, None] + LABEL_BASE,
+                             hcodes.view(n_heldout, GRID * GRID).numpy()], 1).astype(np.int32)
+    targets = np.full_like(inputs, -1)
+    targets[:, :-1] = inputs[:, 1:]
+    extra = dict(
+        data=f"{n_train} procedural 32x32 RGB images (numpy default_rng seed {seed}), "
+             f"{len(IMAGE_CLASSES)} classes drawn uniformly: {', '.join(IMAGE_CLASSES)}",
+        tokenizer=f"VQ: k-means (K={CODES}, 15 Lloyd iterations on 200000 random patches) over "
+                  "non-overlapping 4x4 RGB patches; codebook in image-vq.safetensors",
+        vq_mse_per_value=vq_mse,
+        vq_codebook_sha256=hashlib.sha256(codebook.numpy().tobytes()).hexdigest(),
+        image=desc,
+        heldout_set=f"{n_heldout} images from seed {seed + 1000}, label token kept",
+    )
+    return model, inputs, targets, wall, last, extra, "image-vq"
+
+
+TRAINERS = {"text": train_text, "diffusion": train_diffusion, "image": train_image}
+
+
+# --------------------------------------------------------------------------------------------
+# Output: weights, held-out set, card.
+# --------------------------------------------------------------------------------------------
+
+def ship(name, spec, out, model, inputs, targets, steps, wall, last_loss, extra, tokenizer,
+         seed, command):
+    out = Path(out)
+    cfg = dict(architecture="llama", **spec["config"])
+    meta = {"specula.config": json.dumps(cfg), "specula.name": name,
+            "specula.tokenizer": tokenizer}
+    if "image" in extra:
+        meta["specula.image"] = json.dumps(extra["image"])
+    wpath = out / f"{name}.safetensors"
+    write_safetensors(wpath, model_tensors(model), meta)
+    hpath = out / f"{name}.heldout.safetensors"
+    write_safetensors(hpath, {"inputs": ("I32", inputs), "targets": ("I32", targets)},
+                      {"specula.name": f"{name}.heldout"})
+
+    # Metrics of the weights as shipped: read both files back and evaluate in fp32.
+    shipped, _ = load_model_from_file(wpath)
+    ht, _ = read_safetensors(hpath)
+    t0 = time.time()
+    nll, count = evaluate_heldout(shipped, ht["inputs"], ht["targets"])
+    fp32_nll, _ = evaluate_heldout(model, ht["inputs"], ht["targets"])
+    log(f"{name}: held-out nll {nll:.5f} ppl {math.exp(nll):.4f} over {count} tokens "
+        f"(unrounded fp32 weights: nll {fp32_nll:.5f}; eval {time.time() - t0:.1f}s)")
+
+    card = dict(
+        name=name, parameters=model.n_params(), heldout_nll=nll, heldout_ppl=math.exp(nll),
+        heldout_tokens=count, heldout_rows=int(inputs.shape[0]),
+        heldout_seq_len=int(inputs.shape[1]),
+        heldout_nll_unrounded_fp32=fp32_nll, train_steps=steps, seed=seed,
+        config=cfg,
+        training=dict(spec["train"], optimizer="AdamW(betas=(0.9, 0.95), eps=1e-8), grad-norm "
+                      "clip 1.0, weight decay on matrices only", schedule="linear warmup then "
+                      "cosine decay to min_lr_frac * lr", steps=steps,
+                      final_train_loss=last_loss),
+        train_wall_seconds=round(wall, 1),
+        weights_file=wpath.name, weights_bytes=wpath.stat().st_size,
+        weights_dtype="BF16 (RMSNorm weights F32)",
+        heldout_file=hpath.name,
+        metric_definition="mean over entries with targets >= 0 of -log softmax(logits)[target], "
+                          "nats; weights read back from the bf16 file, forward in float32, sum "
+                          "in float64",
+        environment=dict(torch=torch.__version__, numpy=np.__version__,
+                         python=platform.python_version(), threads=torch.get_num_threads(),
+                         machine=platform.machine()),
+        reproduce=command,
+        **extra,
+    )
+    (out / f"{name}.card.json").write_text(json.dumps(card, indent=2) + "\n")
+    (out / f"{name}.md").write_text(markdown_card(card))
+    return card
+
+
+def markdown_card(c):
+    cfg = c["config"]
+    lines = [f"# {c['name']}", ""]
+    what = {"text-target": "Byte-level causal language model over Python source code (the "
+                           "target model of the speculative-decoding examples).",
+            "text-draft": "Byte-level causal language model over Python source code, about 20x "
+                          "smaller than text-target (its draft model).",
+            "text-diffusion": "Byte-level bidirectional masked-diffusion language model "
+                              "(LLaDA-style) over Python source code.",
+            "image-ar": "Class-conditional autoregressive model over VQ tokens of procedural "
+                        "32x32 images (classifier-free guidance via a null label)."}
+    lines += [what.get(c["name"], ""), "",
+              "Format: see `docs/model_format.md`. Trained by `tools/train_models.py`.", "",
+              "## Size", "",
+              f"- parameters: {c['parameters']:,}",
+              f"- weights: `{c['weights_file']}` ({c['weights_bytes']:,} bytes, "
+              f"{c['weights_dtype']})",
+              f"- architecture: llama, vocab {cfg['vocab_size']}, d_model {cfg['d_model']}, "
+              f"{cfg['n_layers']} layers, {cfg['n_heads']} heads / {cfg['n_kv_heads']} kv heads, "
+              f"d_ff {cfg['d_ff']}, max_seq_len {cfg['max_seq_len']}, rope_theta "
+              f"{cfg['rope_theta']}, norm_eps {cfg['norm_eps']}, causal "
+              f"{str(cfg['causal']).lower()}, mask_token {cfg['mask_token']}", "",
+              "## Data", ""]
+    if "corpus" in c:
+        d = c["corpus"]
+        lines += [f"- source: {d['source']} of Python {d['python_version']}, excluding "
+                  f"directories {', '.join(d['excluded_directories'])}",
+                  f"- {d['files']} files: {d['train_files']} train ({d['train_bytes']:,} bytes),"
+                  f" {d['heldout_files']} held out ({d['heldout_bytes']:,} bytes)",
+                  f"- split: {d['split']}",
+                  f"- tokenizer: {c['tokenizer']}"]
+        if "objective" in c:
+            lines.append(f"- objective: {c['objective']}")
+    else:
+        lines += [f"- {c['data']}", f"- tokenizer: {c['tokenizer']}",
+                  f"- VQ reconstruction MSE per value: {c['vq_mse_per_value']:.5f}",
+                  f"- sequence: {c['image']['sequence']}; label tokens "
+                  f"{c['image']['label_token_base']}..{c['image']['label_token_base'] + 7} in "
+                  f"class order ({', '.join(c['image']['classes'])}), null label "
+                  f"{c['image']['null_label_token']} (label dropout "
+                  f"{c['image']['label_dropout']:.0%} in training)",
+                  f"- image layout (also in the `specula.image` metadata): "
+                  f"{c['image']['patch_layout']}, {c['image']['token_order']}"]
+    tr = c["training"]
+    lines += ["", "## Training", "",
+              f"- {c['train_steps']} steps, batch {tr['batch']} x {tr['seq_len']} tokens, "
+              f"AdamW lr {tr['lr']} (warmup {tr['warmup']}, cosine to {tr['min_lr_frac']} x), "
+              f"weight decay {tr['weight_decay']}, grad clip 1.0",
+              f"- seed {c['seed']}; {c['train_wall_seconds']:.0f} s wall on "
+              f"{c['environment']['threads']} CPU threads (torch {c['environment']['torch']})",
+              f"- final training loss (mean of the last logging window): "
+              f"{tr['final_train_loss']:.4f}", "",
+              "## Held-out evaluation", "",
+              f"- set: `{c['heldout_file']}` — {c['heldout_set']}",
+              f"- {c['heldout_tokens']:,} target tokens ({c['heldout_rows']} rows of "
+              f"{c['heldout_seq_len']} tokens; "
+              + ("the last column has no target)" if cfg["causal"] else "masked positions only)"),
+              f"- NLL **{c['heldout_nll']:.4f}** nats/token, perplexity "
+              f"**{c['heldout_ppl']:.4f}** (weights as shipped; fp32 weights before bf16 "
+              f"rounding: NLL {c['heldout_nll_unrounded_fp32']:.4f})",
+              f"- metric: {c['metric_definition']}", "",
+              "## Reproduce", "", "```sh", c["reproduce"], "```", ""]
+    return "\n".join(lines)
+
+
+def write_readme(out):
+    out = Path(out)
+    cards = [json.loads(p.read_text()) for p in sorted(out.glob("*.card.json"))]
+    lines = ["# Example models", "",
+             "Tiny models for the example transformer backend (`examples/transformer/`), in the "
+             "format of `docs/model_format.md`, trained on CPU by `tools/train_models.py`:", "",
+             "```sh", "nice -n 10 /usr/bin/python3 tools/train_models.py   # all four models",
+             "```", "",
+             "| model | parameters | steps | held-out NLL | held-out ppl | files |",
+             "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for c in cards:
+        n = c["name"]
+        lines.append(f"| {n} | {c['parameters']:,} | {c['train_steps']} | "
+                     f"{c['heldout_nll']:.4f} | {c['heldout_ppl']:.4f} | `{n}.safetensors`, "
+                     f"`{n}.heldout.safetensors`, `{n}.card.json`, `{n}.md` |")
+    lines += ["", "Files:", "",
+              "- `<name>.safetensors`: weights (BF16, RMSNorm weights F32) and the "
+              "`specula.config` metadata",
+              "- `<name>.heldout.safetensors`: I32 `inputs`/`targets` [N, T]; the card's "
+              "`heldout_nll` is the mean NLL over entries with `targets >= 0`",
+              "- `<name>.card.json` / `<name>.md`: model cards (data, size, training, held-out "
+              "metrics, how to reproduce)"]
+    if (out / "image-vq.safetensors").exists():
+        lines.append("- `image-vq.safetensors`: the VQ codebook of `image-ar` (`codebook` F32 "
+                     "[128, 48]: 4x4 RGB patches flattened in (row, col, channel) order, "
+                     "pixels in [0, 1]); metadata `specula.image` describes the layout, "
+                     "classes and label tokens")
+    lines.append("")
+    (out / "README.md").write_text("\n".join(lines))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", action="append", choices=list(MODELS),
+                    help="train only this model (repeatable)")
+    ap.add_argument("--steps-scale", type=float, default=1.0,
+                    help="multiply every step count (e.g. 0.005 for a smoke run)")
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="output directory")
+    # One thread by default: on a 2-core machine shared with other work (e.g. a C++ build), two
+    # OpenMP threads under `nice` stall on each other and ran 4-10x slower than one.
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--seed", type=int, default=SEED)
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = args.only or list(MODELS)
+    command = "nice -n 10 /usr/bin/python3 tools/train_models.py"
+    if args.only:
+        command += "".join(f" --only {n}" for n in args.only)
+    if args.steps_scale != 1.0:
+        command += f" --steps-scale {args.steps_scale}"
+    if args.seed != SEED:
+        command += f" --seed {args.seed}"
+    if args.threads != 1:
+        command += f" --threads {args.threads}"
+    log(f"torch {torch.__version__}, numpy {np.__version__}, {args.threads} threads; "
+        f"training {', '.join(names)} into {out}")
+
+    corpus = None
+    if any(MODELS[n]["kind"] in ("text", "diffusion") for n in names):
+        corpus = load_text_corpus()
+        d = corpus[2]
+        log(f"corpus: Python {d['python_version']}, {d['files']} files, train {d['train_bytes']:,}"
+            f" bytes ({d['train_files']} files), held-out {d['heldout_bytes']:,} bytes "
+            f"({d['heldout_files']} files)")
+    t_all = time.time()
+    for i, name in enumerate(names):
+        spec = MODELS[name]
+        steps = max(1, round(spec["train"]["steps"] * args.steps_scale))
+        seed = args.seed + 100 * list(MODELS).index(name)
+        log(f"=== {name}: {steps} steps, seed {seed}")
+        model, inputs, targets, wall, last, extra, tok = TRAINERS[spec["kind"]](
+            name, spec, out, steps, seed, corpus)
+        ship(name, spec, out, model, inputs, targets, steps, wall, last, extra, tok, seed,
+             command)
+    write_readme(out)
+    log(f"all done in {time.time() - t_all:.0f}s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
