@@ -60,7 +60,6 @@ std::vector<token_t> jacobi_decode(Model& m, std::span<const token_t> prompt,
   std::vector<token_t> guesses, chain_tokens, out_tokens;
   std::vector<index_t> out_nodes;
   std::vector<float> logits;
-  std::int32_t num_accepted = 0;
   std::uint32_t draws = 0;
   const auto fill = [&](index_t want) {
     while (static_cast<index_t>(guesses.size()) < want) {
@@ -95,20 +94,8 @@ std::vector<token_t> jacobi_decode(Model& m, std::span<const token_t> prompt,
     index_t k = 0;
     {
       detail::scoped_timer timer(st.verify_seconds);
-      out_tokens.assign(sz(nodes), no_token);
-      out_nodes.assign(sz(nodes), -1);
-      const request_rng unused{};
-      tree_batch_input<float> in;
-      in.vocab_size = V;
-      in.trees = row_view<const token_tree>(&chain, 1);
-      in.target_probs = batch_view<const float>(logits.data(), nodes, V);
-      in.rng = row_view<const request_rng>(&unused, 1);
-      tree_batch_output out;
-      out.output_tokens = row_view<token_t>(out_tokens.data(), nodes);
-      out.num_accepted = row_view<std::int32_t>(&num_accepted, 1);
-      out.accepted_nodes = row_view<index_t>(out_nodes.data(), nodes);
-      verify_tree_greedy(host::seq, in, out);
-      k = num_accepted;
+      k = detail::verify_one(greedy_tree_verifier<>{}, chain, V, logits, {}, request_rng{},
+                             out_tokens, out_nodes);
       // The Jacobi update: argmaxes after the accepted prefix become the next guesses.
       guesses.clear();
       for (index_t j = k + 1; j < nodes; ++j)
@@ -116,14 +103,7 @@ std::vector<token_t> jacobi_decode(Model& m, std::span<const token_t> prompt,
             static_cast<token_t>(argmax_lowest(row_view<const float>(logits.data() + j * V, V))));
     }
     m.commit(std::span<const index_t>(out_nodes.data(), sz(k + 1)));
-    st.record_step(k);
-    bool stop = false;
-    for (index_t j = 0; j <= k && !stop; ++j) {
-      seq.push_back(out_tokens[sz(j)]);
-      ++st.tokens;
-      stop = out_tokens[sz(j)] == options.stop_token;
-    }
-    if (stop) break;
+    if (detail::emit_step(out_tokens, k, options.stop_token, seq, st)) break;
   }
   return {seq.begin() + prompt_len, seq.end()};
 }

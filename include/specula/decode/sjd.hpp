@@ -149,8 +149,6 @@ std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
   std::vector<token_t> out_tokens;
   std::vector<index_t> out_nodes, stale;
   std::vector<token_t> chosen;
-  std::int32_t num_accepted = 0;
-  std::uint32_t flags = 0;
   const exact_rule rule{};
   bool fresh = true;  // the draft below the root still has to be built from scratch
 
@@ -217,6 +215,7 @@ std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
     }
     // --- 2. Verify (exact rule, siblings without replacement) and commit.
     probs.resize(logits.size());
+    index_t k = 0;
     {
       detail::scoped_timer timer(st.verify_seconds);
       detail::rows_to_probs(options.target, logits, probs, scratch, V);
@@ -224,32 +223,11 @@ std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
       for (index_t u = 0; u < nodes; ++u)
         if (tree.num_children(u) == 0)
           std::copy_n(probs.begin() + u * V, V, draft.q.begin() + u * V);
-      out_tokens.assign(sz(nodes), no_token);
-      out_nodes.assign(sz(nodes), -1);
       const request_rng verify_rng{rng.seed, rng.request_id, step};
-      tree_batch_input<float> in;
-      in.vocab_size = V;
-      in.trees = row_view<const token_tree>(&tree, 1);
-      in.target_probs = batch_view<const float>(probs.data(), nodes, V);
-      in.draft_probs = batch_view<const float>(draft.q.data(), nodes, V);
-      in.rng = row_view<const request_rng>(&verify_rng, 1);
-      tree_batch_output out;
-      out.output_tokens = row_view<token_t>(out_tokens.data(), nodes);
-      out.num_accepted = row_view<std::int32_t>(&num_accepted, 1);
-      out.accepted_nodes = row_view<index_t>(out_nodes.data(), nodes);
-      out.flags = row_view<std::uint32_t>(&flags, 1);
-      verify(in, out);
+      k = detail::verify_one(verify, tree, V, probs, draft.q, verify_rng, out_tokens, out_nodes);
     }
-    const index_t k = num_accepted;
     m.commit(std::span<const index_t>(out_nodes.data(), sz(k + 1)));
-    st.record_step(k);
-    bool stop = false;
-    for (index_t j = 0; j <= k && !stop; ++j) {
-      seq.push_back(out_tokens[sz(j)]);
-      ++st.tokens;
-      stop = out_tokens[sz(j)] == options.stop_token;
-    }
-    if (stop) break;
+    if (detail::emit_step(out_tokens, k, options.stop_token, seq, st)) break;
 
     // --- 3. The next draft below the emitted token, from the stale rows.
     detail::scoped_timer timer(st.draft_seconds);

@@ -65,8 +65,6 @@ struct speculative_buffers {
   std::vector<float> logits, probs, scratch, target_probs, draft_probs;
   std::vector<token_t> out_tokens;
   std::vector<index_t> out_nodes;
-  std::int32_t num_accepted = 0;
-  std::uint32_t flags = 0;
 };
 
 /// logits (rows x V) -> probability rows, with `params`.
@@ -85,6 +83,48 @@ inline void rows_to_probs(const sampling_params& params, std::span<float> logits
   limits.max_nodes = std::max<index_t>(1, static_cast<index_t>(tokens.size()));
   limits.max_depth = limits.max_nodes;
   return token_tree(std::move(parents), std::vector<token_t>(tokens.begin(), tokens.end()), limits);
+}
+
+/// Appends a step's output (the accepted path's tokens, then the emitted one: out_tokens[0..k])
+/// to `seq`, counting them in `st`; returns true when `stop_token` was emitted (tokens after it
+/// are dropped).
+inline bool emit_step(std::span<const token_t> out_tokens, index_t k, token_t stop_token,
+                      std::vector<token_t>& seq, decode_stats& st) {
+  st.record_step(k);
+  for (index_t j = 0; j <= k; ++j) {
+    const token_t t = out_tokens[static_cast<std::size_t>(j)];
+    seq.push_back(t);
+    ++st.tokens;
+    if (t == stop_token) return true;
+  }
+  return false;
+}
+
+/// Verifies one request's tree with `verify`: rows are nodes x V (q may be empty for one-hot
+/// drafts); fills out_tokens / out_nodes (tree.size() each) and returns the accepted count.
+template <class Verifier>
+index_t verify_one(const Verifier& verify, const token_tree& tree, index_t vocab,
+                   std::span<const float> p_rows, std::span<const float> q_rows,
+                   const request_rng& rng, std::vector<token_t>& out_tokens,
+                   std::vector<index_t>& out_nodes) {
+  const index_t nodes = tree.size();
+  out_tokens.assign(static_cast<std::size_t>(nodes), no_token);
+  out_nodes.assign(static_cast<std::size_t>(nodes), -1);
+  std::int32_t accepted = 0;
+  std::uint32_t flags = 0;
+  tree_batch_input<float> in;
+  in.vocab_size = vocab;
+  in.trees = row_view<const token_tree>(&tree, 1);
+  in.target_probs = batch_view<const float>(p_rows.data(), nodes, vocab);
+  if (!q_rows.empty()) in.draft_probs = batch_view<const float>(q_rows.data(), nodes, vocab);
+  in.rng = row_view<const request_rng>(&rng, 1);
+  tree_batch_output out;
+  out.output_tokens = row_view<token_t>(out_tokens.data(), nodes);
+  out.num_accepted = row_view<std::int32_t>(&accepted, 1);
+  out.accepted_nodes = row_view<index_t>(out_nodes.data(), nodes);
+  out.flags = row_view<std::uint32_t>(&flags, 1);
+  verify(in, out);
+  return accepted;
 }
 
 }  // namespace detail
@@ -178,6 +218,7 @@ std::vector<token_t> speculative_decode(Target& target, Draft& draft,
     }
 
     // --- Verify.
+    index_t accepted = 0;
     {
       detail::scoped_timer timer(st.verify_seconds);
       buf.target_probs.resize(sz(nodes * V));
@@ -185,36 +226,17 @@ std::vector<token_t> speculative_decode(Target& target, Draft& draft,
       // The leaf has no children: any valid row will do for its q row.
       std::copy_n(buf.target_probs.begin() + static_cast<std::ptrdiff_t>(gamma * V), V,
                   buf.draft_probs.begin() + static_cast<std::ptrdiff_t>(gamma * V));
-      buf.out_tokens.assign(sz(nodes), no_token);
-      buf.out_nodes.assign(sz(nodes), -1);
       const request_rng verify_rng{rng.seed, rng.request_id, step};
-      tree_batch_input<float> in;
-      in.vocab_size = V;
-      in.trees = row_view<const token_tree>(&chain, 1);
-      in.target_probs = batch_view<const float>(buf.target_probs.data(), nodes, V);
-      if (sampled) in.draft_probs = batch_view<const float>(buf.draft_probs.data(), nodes, V);
-      in.rng = row_view<const request_rng>(&verify_rng, 1);
-      tree_batch_output out;
-      out.output_tokens = row_view<token_t>(buf.out_tokens.data(), nodes);
-      out.num_accepted = row_view<std::int32_t>(&buf.num_accepted, 1);
-      out.accepted_nodes = row_view<index_t>(buf.out_nodes.data(), nodes);
-      out.flags = row_view<std::uint32_t>(&buf.flags, 1);
-      verify(in, out);
+      accepted = detail::verify_one(
+          verify, chain, V, buf.target_probs,
+          sampled ? std::span<const float>(buf.draft_probs) : std::span<const float>(), verify_rng,
+          buf.out_tokens, buf.out_nodes);
     }
-    const index_t accepted = buf.num_accepted;
 
     // --- Commit: the target keeps root + accepted drafts; the draft drops rejected drafts.
     target.commit(std::span<const index_t>(buf.out_nodes.data(), sz(accepted + 1)));
     if (gamma > 0) draft.rollback(std::min(draft.context_size(), n + accepted));
-    st.record_step(accepted);
-    bool stop = false;
-    for (index_t k = 0; k <= accepted && !stop; ++k) {
-      const token_t t = buf.out_tokens[sz(k)];
-      seq.push_back(t);
-      ++st.tokens;
-      stop = t == options.stop_token;
-    }
-    if (stop) break;
+    if (detail::emit_step(buf.out_tokens, accepted, options.stop_token, seq, st)) break;
   }
   return {seq.begin() + prompt_len, seq.end()};
 }
