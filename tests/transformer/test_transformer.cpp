@@ -175,7 +175,7 @@ TEST_CASE("rollback then re-evaluation equals a fresh evaluation", "[backend]") 
   // Roll back to the first 6 committed tokens and continue with other tokens.
   s.cache().rollback(6);
   const auto cont = random_tokens(g, 7, V);
-  const token_tree chain = transformer::chain_tree(cont);
+  const token_tree chain = trees::chain(cont);
   std::vector<float> after(static_cast<std::size_t>(chain.size() * V));
   s.evaluate(chain, batch_view<float>(after.data(), chain.size(), V));
 
@@ -215,7 +215,7 @@ TEST_CASE("an explicit attention mask evaluates a Jacobi-style window", "[backen
   const node_block blk{&a, toks, pos, mask};
   std::vector<float> r1(static_cast<std::size_t>(n * V)), r2(r1.size());
   m.evaluate(std::span<const node_block>(&blk, 1), batch_view<float>(r1.data(), n, V));
-  m.evaluate_tree(b, transformer::chain_tree(toks), batch_view<float>(r2.data(), n, V));
+  m.evaluate_tree(b, trees::chain(toks), batch_view<float>(r2.data(), n, V));
   CHECK(max_abs_diff(r1.data(), r2.data(), n * V) == 0.0);
   // Committing a prefix of the window is allowed; skipping a node is not.
   const std::vector<index_t> gap{0, 2};

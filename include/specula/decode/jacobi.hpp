@@ -83,7 +83,7 @@ std::vector<token_t> jacobi_decode(Model& m, std::span<const token_t> prompt,
 
     chain_tokens.assign(1, seq.back());
     chain_tokens.insert(chain_tokens.end(), guesses.begin(), guesses.end());
-    const token_tree chain = detail::chain_of(chain_tokens);
+    const token_tree chain = trees::chain(chain_tokens);
     const index_t nodes = chain.size();
     logits.resize(sz(nodes * V));
     {

@@ -27,6 +27,7 @@
 #include "specula/decode/stats.hpp"
 #include "specula/sample/categorical.hpp"
 #include "specula/sample/transforms.hpp"
+#include "specula/tree/builders.hpp"
 
 namespace specula {
 
@@ -73,16 +74,6 @@ inline void rows_to_probs(const sampling_params& params, std::span<float> logits
   const auto V = static_cast<std::size_t>(vocab);
   for (std::size_t r = 0; r * V < logits.size(); ++r)
     logits_to_probs(params, logits.subspan(r * V, V), {}, probs.subspan(r * V, V), scratch);
-}
-
-/// A chain token tree over `tokens` (node i's parent is i - 1).
-[[nodiscard]] inline token_tree chain_of(std::span<const token_t> tokens) {
-  std::vector<index_t> parents(tokens.size());
-  for (std::size_t i = 0; i < parents.size(); ++i) parents[i] = static_cast<index_t>(i) - 1;
-  tree_limits limits;
-  limits.max_nodes = std::max<index_t>(1, static_cast<index_t>(tokens.size()));
-  limits.max_depth = limits.max_nodes;
-  return token_tree(std::move(parents), std::vector<token_t>(tokens.begin(), tokens.end()), limits);
 }
 
 /// Appends a step's output (the accepted path's tokens, then the emitted one: out_tokens[0..k])
@@ -182,7 +173,7 @@ std::vector<token_t> speculative_decode(Target& target, Draft& draft,
       pending.assign(seq.begin() + held, seq.end());  // not yet in the draft's cache
       buf.logits.resize(sz(static_cast<index_t>(pending.size()) * V));
       for (index_t i = 0; i < gamma; ++i) {
-        const token_tree chain = detail::chain_of(pending);
+        const token_tree chain = trees::chain(pending);
         buf.logits.resize(sz(chain.size() * V));
         draft.evaluate(chain, batch_view<float>(buf.logits.data(), chain.size(), V));
         ++st.draft_forwards;
@@ -208,7 +199,7 @@ std::vector<token_t> speculative_decode(Target& target, Draft& draft,
     // --- Target: root and drafts in one forward pass.
     chain_tokens.assign(1, seq.back());
     chain_tokens.insert(chain_tokens.end(), drafts.begin(), drafts.end());
-    const token_tree chain = detail::chain_of(chain_tokens);
+    const token_tree chain = trees::chain(chain_tokens);
     const index_t nodes = chain.size();
     buf.logits.resize(sz(nodes * V));
     {

@@ -7,6 +7,7 @@
 /// Conventions: the root (node 0) is the last committed token; "depth" counts candidate levels
 /// below the root; node counts include the root.
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,20 @@ inline token_tree chain(index_t length) {
   std::vector<index_t> parents(static_cast<std::size_t>(length + 1));
   for (index_t i = 0; i <= length; ++i) parents[static_cast<std::size_t>(i)] = i - 1;
   return token_tree(std::move(parents));
+}
+
+/// A chain over `tokens` (node i's parent is i - 1; node 0 is the root), with limits sized to
+/// it so that chains longer than the default depth limit are accepted. Throws invalid_input
+/// (argument "tokens") for an empty span.
+inline token_tree chain(std::span<const token_t> tokens) {
+  if (tokens.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "tokens");
+  const auto n = static_cast<index_t>(tokens.size());
+  std::vector<index_t> parents(tokens.size());
+  for (index_t i = 0; i < n; ++i) parents[static_cast<std::size_t>(i)] = i - 1;
+  tree_limits limits;
+  limits.max_nodes = n;
+  limits.max_depth = n;
+  return token_tree(std::move(parents), std::vector<token_t>(tokens.begin(), tokens.end()), limits);
 }
 
 /// Full `width`-ary tree with `depth` candidate levels: 1 + width + ... + width^depth nodes, in

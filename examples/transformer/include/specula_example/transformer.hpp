@@ -31,6 +31,7 @@
 #include "specula/core/error.hpp"
 #include "specula/core/row.hpp"
 #include "specula/core/types.hpp"
+#include "specula/tree/builders.hpp"
 #include "specula/tree/token_tree.hpp"
 #include "specula_example/kernels.hpp"
 #include "specula_example/safetensors.hpp"
@@ -424,7 +425,7 @@ class transformer {
 
   /// Appends `tokens` to `cache` as committed context (no logits).
   void prefill(kv_cache& cache, std::span<const token_t> tokens) const {
-    const token_tree chain = chain_tree(tokens);
+    const token_tree chain = trees::chain(tokens);
     evaluate_tree(cache, chain, {});
     cache.commit_all();
   }
@@ -456,18 +457,6 @@ class transformer {
           tokens.subspan(static_cast<std::size_t>(s * length), static_cast<std::size_t>(length)),
           positions, mask};
     evaluate(blocks, logits);
-  }
-
-  /// A chain tree over `tokens` (node i's parent is i - 1).
-  [[nodiscard]] static token_tree chain_tree(std::span<const token_t> tokens) {
-    std::vector<index_t> parents(tokens.size());
-    for (std::size_t i = 0; i < parents.size(); ++i) parents[i] = static_cast<index_t>(i) - 1;
-    tree_limits limits;
-    limits.max_nodes = std::max<index_t>(1, static_cast<index_t>(tokens.size()));
-    limits.max_depth = limits.max_nodes;
-    if (parents.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "tokens");
-    return token_tree(std::move(parents), std::vector<token_t>(tokens.begin(), tokens.end()),
-                      limits);
   }
 
  private:
