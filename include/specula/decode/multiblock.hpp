@@ -1,0 +1,304 @@
+#pragma once
+
+/// @file
+/// Multi-block Jacobi decoding with rejection recycling (Jacobi Forcing §3.2, Algorithm 1),
+/// greedy and lossless: the output is identical to greedy decoding.
+///
+/// The window after the last committed token (the root) is made of up to K blocks of n
+/// positions. The first is the *real-active* block (RA): its remaining positions are the guesses
+/// for the next tokens. The others are *pseudo-active*: they hold guesses for the positions after
+/// the RA block, and a prefix of each (its pseudo-accepted tokens) is frozen. Each step:
+///
+/// 1. one forward pass evaluates the root, the whole window as one chain, and — with rejection
+///    recycling — up to `pool_size` recycled n-grams as extra branches below the root (merged
+///    into a trie with the window);
+/// 2. greedy tree verification accepts the longest path whose tokens equal the argmax of their
+///    parents' rows (it may run past the RA block into pseudo-active blocks: those tokens are
+///    then verified for real) and emits one more argmax; the accepted path is committed;
+/// 3. pseudo-active blocks extend their frozen prefix by the guesses that equal the argmax of the
+///    row before them (conditioned on the noisy tokens in front: the paper's pseudo-acceptance);
+/// 4. the window is updated: frozen tokens stay; every other position takes the argmax its row
+///    predicts (the Jacobi update: rows of the first-child chain below the last accepted node,
+///    else the window chain's row at that position), else keeps its old guess, else is filled
+///    (`jacobi_init`);
+/// 5. the RA block loses the committed positions; when it is used up, the first pseudo-active
+///    block is promoted to RA (its frozen tokens become RA guesses, verified from then on); when
+///    there is none, a fresh RA block of n positions follows;
+/// 6. when some block has at least ceil(r n) accepted (RA: committed) or frozen tokens and there
+///    are fewer than K blocks, a pseudo-active block is spawned after the last one, initialised
+///    with a copy of the RA guesses padded to n (as Algorithm 1);
+/// 7. rejection recycling: the rejected tail of the RA guesses (from the first position where
+///    the window chain disagrees with the argmax) goes into the n-gram pool: for each of its
+///    tokens, the up to `ngram_length` tokens after it, keyed by that token. The pool keeps the
+///    `pool_size` most recent distinct continuations per key; the next steps propose those whose
+///    key is their root token.
+///
+/// With K = 1 and no recycling this is Jacobi decoding with fixed blocks of n (the window shrinks
+/// as tokens commit, then a new block starts); `jacobi_decode` is the running-window variant.
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "specula/core/error.hpp"
+#include "specula/core/rng.hpp"
+#include "specula/decode/jacobi.hpp"
+#include "specula/decode/speculative.hpp"
+#include "specula/verify/greedy.hpp"
+
+namespace specula {
+
+/// Options of multiblock_decode. Defaults: the Jacobi Forcing code's configuration (K = 2
+/// blocks of 64, spawn ratio 0.85, 4 recycled candidates per step).
+struct multiblock_options {
+  index_t block_size = 64;      ///< n, >= 1
+  index_t max_blocks = 2;       ///< K: real-active plus pseudo-active blocks, >= 1
+  double spawn_ratio = 0.85;    ///< r in (0, 1]: spawn when a block reaches ceil(r n) tokens
+  bool recycling = true;        ///< rejection recycling with the n-gram pool
+  index_t pool_size = 4;        ///< recycled continuations kept per key (= verified per step)
+  index_t ngram_length = 16;    ///< tokens of a recycled continuation, >= 1
+  index_t max_new_tokens = 64;  ///< >= 1
+  jacobi_init init = jacobi_init::repeat_last;
+  token_t stop_token = no_token;  ///< generation ends after emitting it (-1: never)
+};
+
+namespace detail {
+
+/// The recycled n-gram pool: per key token, the most recent distinct continuations.
+class ngram_pool {
+ public:
+  explicit ngram_pool(index_t per_key) : per_key_(per_key) {}
+
+  void add(token_t key, std::span<const token_t> continuation) {
+    if (continuation.empty() || per_key_ <= 0) return;
+    auto& list = pool_[key];
+    const auto same = std::find_if(list.begin(), list.end(), [&](const auto& c) {
+      return std::equal(c.begin(), c.end(), continuation.begin(), continuation.end());
+    });
+    if (same != list.end()) list.erase(same);
+    list.emplace_front(continuation.begin(), continuation.end());
+    if (static_cast<index_t>(list.size()) > per_key_) list.pop_back();
+  }
+  [[nodiscard]] const std::deque<std::vector<token_t>>* find(token_t key) const {
+    const auto it = pool_.find(key);
+    return it == pool_.end() ? nullptr : &it->second;
+  }
+
+ private:
+  index_t per_key_;
+  std::unordered_map<token_t, std::deque<std::vector<token_t>>> pool_;
+};
+
+/// A tree built by inserting token chains below a root, sharing common prefixes (a trie).
+struct trie_builder {
+  std::vector<index_t> parents{-1};
+  std::vector<token_t> tokens;
+  std::vector<std::vector<index_t>> children{{}};
+
+  explicit trie_builder(token_t root) : tokens{root} {}
+  /// Inserts `chain` below node `from`; returns the node of each chain token.
+  void insert(index_t from, std::span<const token_t> chain, std::vector<index_t>* nodes = nullptr) {
+    index_t u = from;
+    for (const token_t t : chain) {
+      index_t next = -1;
+      for (const index_t c : children[static_cast<std::size_t>(u)])
+        if (tokens[static_cast<std::size_t>(c)] == t) next = c;
+      if (next < 0) {
+        next = static_cast<index_t>(parents.size());
+        parents.push_back(u);
+        tokens.push_back(t);
+        children.emplace_back();
+        children[static_cast<std::size_t>(u)].push_back(next);
+      }
+      if (nodes != nullptr) nodes->push_back(next);
+      u = next;
+    }
+  }
+  [[nodiscard]] token_tree build() const {
+    tree_limits limits;
+    limits.max_nodes = static_cast<index_t>(parents.size());
+    limits.max_depth = limits.max_nodes;
+    limits.max_children = limits.max_nodes;
+    return token_tree(parents, tokens, limits);
+  }
+};
+
+}  // namespace detail
+
+/// Greedy multi-block decoding of up to `options.max_new_tokens` tokens after `prompt` (see file
+/// comment); `rng` seeds random window initialisation. The model is restarted with
+/// `prefill(prompt)`. Adds to `*stats` when given.
+template <session_model Model>
+std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt,
+                                       const multiblock_options& options, request_rng rng = {},
+                                       decode_stats* stats = nullptr) {
+  if (prompt.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "prompt");
+  require_parameter(options.block_size >= 1, "block_size", static_cast<double>(options.block_size),
+                    "must be >= 1");
+  require_parameter(options.max_blocks >= 1, "max_blocks", static_cast<double>(options.max_blocks),
+                    "must be >= 1");
+  require_parameter(options.spawn_ratio > 0.0 && options.spawn_ratio <= 1.0, "spawn_ratio",
+                    options.spawn_ratio, "must be in (0, 1]");
+  require_parameter(options.pool_size >= 0, "pool_size", static_cast<double>(options.pool_size),
+                    "must be >= 0");
+  require_parameter(options.ngram_length >= 1, "ngram_length",
+                    static_cast<double>(options.ngram_length), "must be >= 1");
+  require_parameter(options.max_new_tokens >= 1, "max_new_tokens",
+                    static_cast<double>(options.max_new_tokens), "must be >= 1");
+  const index_t V = m.vocab_size();
+  const index_t n = options.block_size;
+  const auto spawn_at =
+      static_cast<index_t>(std::ceil(options.spawn_ratio * static_cast<double>(n)));
+  decode_stats local;
+  decode_stats& st = stats != nullptr ? *stats : local;
+  const auto sz = [](index_t i) { return static_cast<std::size_t>(i); };
+
+  m.prefill(prompt);
+  std::vector<token_t> seq(prompt.begin(), prompt.end());
+  const auto prompt_len = static_cast<index_t>(prompt.size());
+  detail::ngram_pool pool(options.recycling ? options.pool_size : 0);
+
+  // Window: win[j - 1] is the guess for position j after the root (j = 1 .. W). The RA block
+  // covers positions 1 .. ra_left; pseudo-active block b covers the n positions after the
+  // blocks before it, of which the first frozen[b] are frozen.
+  std::vector<token_t> win, next_win;
+  index_t ra_left = n;
+  std::vector<index_t> frozen;
+  std::uint32_t draws = 0;
+  const auto init_token = [&](token_t previous) {
+    if (options.init == jacobi_init::random) {
+      const double u = uniform_at(rng, draw_id{draws++, 1});
+      return static_cast<token_t>(
+          std::min<index_t>(V - 1, static_cast<index_t>(u * static_cast<double>(V))));
+    }
+    return previous;
+  };
+
+  std::vector<float> logits;
+  std::vector<token_t> out_tokens;
+  std::vector<index_t> out_nodes, main_nodes, argmax;
+
+  for (std::uint32_t step = 0;; ++step) {
+    const index_t remaining =
+        options.max_new_tokens - (static_cast<index_t>(seq.size()) - prompt_len);
+    if (remaining <= 0) break;
+    while (static_cast<index_t>(win.size()) < ra_left + n * static_cast<index_t>(frozen.size()))
+      win.push_back(init_token(win.empty() ? seq.back() : win.back()));
+    const index_t eval_w = std::min<index_t>(static_cast<index_t>(win.size()), remaining - 1);
+
+    // --- 1. The step's tree: the window chain, then recycled candidates below the root.
+    detail::trie_builder trie(seq.back());
+    main_nodes.assign(1, 0);
+    {
+      detail::scoped_timer timer(st.draft_seconds);
+      trie.insert(0, std::span<const token_t>(win.data(), sz(eval_w)), &main_nodes);
+      if (const auto* cands = pool.find(seq.back()); cands != nullptr && remaining > 1)
+        for (const auto& c : *cands)
+          trie.insert(0, std::span<const token_t>(c.data(), std::min(c.size(), sz(remaining - 1))));
+    }
+    const token_tree tree = trie.build();
+    const index_t nodes = tree.size();
+    logits.resize(sz(nodes * V));
+    {
+      detail::scoped_timer timer(st.forward_seconds);
+      m.evaluate(tree, batch_view<float>(logits.data(), nodes, V));
+      ++st.target_forwards;
+    }
+
+    // --- 2. Greedy verification.
+    index_t k = 0;
+    {
+      detail::scoped_timer timer(st.verify_seconds);
+      argmax.resize(sz(nodes));
+      for (index_t u = 0; u < nodes; ++u)
+        argmax[sz(u)] = argmax_lowest(row_view<const float>(logits.data() + u * V, V));
+      k = detail::verify_one(greedy_tree_verifier<>{}, tree, V, logits, {}, request_rng{},
+                             out_tokens, out_nodes);
+    }
+    m.commit(std::span<const index_t>(out_nodes.data(), sz(k + 1)));
+    const bool stop = detail::emit_step(out_tokens, k, options.stop_token, seq, st);
+    if (stop) break;
+
+    detail::scoped_timer timer(st.draft_seconds);
+    // The argmax the window chain predicts for position j (row of position j - 1), or -1.
+    const auto g_main = [&](index_t j) -> index_t {
+      return j - 1 <= eval_w ? argmax[sz(main_nodes[sz(j - 1)])] : -1;
+    };
+    // --- 7. Recycle the rejected tail of the RA guesses.
+    if (options.recycling) {
+      index_t km = 0;  // accepted prefix of the window chain
+      while (km < eval_w && static_cast<index_t>(win[sz(km)]) == g_main(km + 1)) ++km;
+      const index_t ra_end = std::min(ra_left, static_cast<index_t>(win.size()));
+      for (index_t i = km; i + 1 < ra_end; ++i) {
+        const index_t len = std::min(options.ngram_length, ra_end - 1 - i);
+        pool.add(win[sz(i)], std::span<const token_t>(win.data() + i + 1, sz(len)));
+      }
+    }
+    // --- 3. Pseudo-acceptance: frozen prefixes grow by the guesses equal to their argmax.
+    for (std::size_t b = 0; b < frozen.size(); ++b) {
+      const index_t start = ra_left + static_cast<index_t>(b) * n;  // block's first position - 1
+      while (frozen[b] < n && start + frozen[b] + 1 <= eval_w &&
+             static_cast<index_t>(win[sz(start + frozen[b])]) == g_main(start + frozen[b] + 1))
+        ++frozen[b];
+    }
+    // --- 4. The Jacobi update of the window (old position j becomes new position j - c).
+    const index_t c = k + 1;     // committed tokens
+    std::vector<index_t> stale;  // first-child chain below the last accepted node
+    for (index_t u = tree.first_child(out_nodes[sz(k)]); u >= 0; u = tree.first_child(u))
+      stale.push_back(u);
+    const auto is_frozen = [&](index_t j) {
+      if (j <= ra_left) return false;
+      const index_t b = (j - ra_left - 1) / n;
+      return b < static_cast<index_t>(frozen.size()) && (j - ra_left - 1) % n < frozen[sz(b)];
+    };
+    // --- 5. Block bookkeeping: the RA block loses the committed positions.
+    index_t new_ra_left = ra_left - c;
+    std::vector<index_t> new_frozen = frozen;
+    while (new_ra_left <= 0) {
+      new_ra_left += n;
+      if (!new_frozen.empty()) new_frozen.erase(new_frozen.begin());
+    }
+    const index_t new_w = new_ra_left + n * static_cast<index_t>(new_frozen.size());
+    next_win.clear();
+    for (index_t i = 1; i <= new_w; ++i) {
+      const index_t j = c + i;  // old position
+      const auto old_or_fill = [&]() {
+        return j <= static_cast<index_t>(win.size())
+                   ? win[sz(j - 1)]
+                   : init_token(next_win.empty() ? seq.back() : next_win.back());
+      };
+      token_t t;
+      if (is_frozen(j)) {
+        t = win[sz(j - 1)];
+      } else if (j - c - 1 < static_cast<index_t>(stale.size())) {
+        t = static_cast<token_t>(argmax[sz(stale[sz(j - c - 1)])]);
+      } else if (j - 1 <= eval_w) {
+        t = static_cast<token_t>(g_main(j));
+      } else {
+        t = old_or_fill();
+      }
+      next_win.push_back(t);
+    }
+    win.swap(next_win);
+    ra_left = new_ra_left;
+    frozen = std::move(new_frozen);
+    // --- 6. Spawn a pseudo-active block.
+    if (1 + static_cast<index_t>(frozen.size()) < options.max_blocks) {
+      bool spawn = n - ra_left >= spawn_at;
+      for (const index_t f : frozen) spawn = spawn || f >= spawn_at;
+      if (spawn) {
+        for (index_t i = 0; i < n; ++i) {
+          const token_t t = i < ra_left ? win[sz(i)] : (win.empty() ? seq.back() : win.back());
+          win.push_back(t);
+        }
+        frozen.push_back(0);
+      }
+    }
+  }
+  return {seq.begin() + prompt_len, seq.end()};
+}
+
+}  // namespace specula
