@@ -77,18 +77,22 @@ inline void rows_to_probs(const sampling_params& params, std::span<float> logits
 }
 
 /// Appends a step's output (the accepted path's tokens, then the emitted one: out_tokens[0..k])
-/// to `seq`, counting them in `st`; returns true when `stop_token` was emitted (tokens after it
-/// are dropped).
+/// to `seq`, counting them in `st` (and in `st.step_tokens`); returns true when `stop_token` was
+/// emitted (tokens after it are dropped).
 inline bool emit_step(std::span<const token_t> out_tokens, index_t k, token_t stop_token,
                       std::vector<token_t>& seq, decode_stats& st) {
   st.record_step(k);
-  for (index_t j = 0; j <= k; ++j) {
+  index_t emitted = 0;
+  bool stopped = false;
+  for (index_t j = 0; j <= k && !stopped; ++j) {
     const token_t t = out_tokens[static_cast<std::size_t>(j)];
     seq.push_back(t);
     ++st.tokens;
-    if (t == stop_token) return true;
+    ++emitted;
+    stopped = t == stop_token;
   }
-  return false;
+  st.step_tokens.push_back(emitted);
+  return stopped;
 }
 
 /// Verifies one request's tree with `verify`: rows are nodes x V (q may be empty for one-hot

@@ -24,6 +24,9 @@ struct decode_stats {
   /// accepted_histogram[k]: steps that accepted k drafted tokens (each step also emits one
   /// corrected or bonus token, so it produced k + 1 tokens).
   std::vector<index_t> accepted_histogram;
+  /// step_tokens[s]: tokens emitted by step s, in order (accepted drafts + 1, fewer when a stop
+  /// token ends the step); merge() appends, so the entries of merged requests follow each other.
+  std::vector<index_t> step_tokens;
 
   /// Tokens per target forward pass: the papers' step compression (1 for plain decoding).
   [[nodiscard]] double step_compression() const noexcept {
@@ -60,6 +63,7 @@ struct decode_stats {
       accepted_histogram.resize(o.accepted_histogram.size(), 0);
     for (std::size_t k = 0; k < o.accepted_histogram.size(); ++k)
       accepted_histogram[k] += o.accepted_histogram[k];
+    step_tokens.insert(step_tokens.end(), o.step_tokens.begin(), o.step_tokens.end());
   }
 };
 

@@ -250,4 +250,44 @@ class toy_model_session {
   std::vector<index_t> pending_parent_;
 };
 
+/// A toy masked (diffusion) model for testing decoders of masked models (`masked_model`): token
+/// ids 0 .. vocab - 2 plus the mask token vocab - 1. The logit row at position i is a
+/// pseudo-random function of (seed, i, the tokens at i - 1 and i + 1), so unmasking one
+/// position changes only its neighbours' rows — drafts taken from stale rows are often, not
+/// always, still right, as with real diffusion models.
+class toy_masked_model {
+ public:
+  toy_masked_model(index_t vocab, std::uint64_t seed) : vocab_(vocab), seed_(seed) {
+    if (vocab < 2) throw std::invalid_argument("specula::testing: vocab must be >= 2");
+  }
+  [[nodiscard]] index_t vocab_size() const noexcept { return vocab_; }
+  [[nodiscard]] token_t mask_token() const noexcept { return static_cast<token_t>(vocab_ - 1); }
+
+  void evaluate_sequences(std::span<const token_t> tokens, index_t length,
+                          batch_view<float> logits) const {
+    if (length <= 0 || tokens.size() % static_cast<std::size_t>(length) != 0 ||
+        logits.rows != static_cast<index_t>(tokens.size()) || logits.cols != vocab_)
+      throw std::invalid_argument("specula::testing: toy_masked_model shapes");
+    for (index_t r = 0; r < logits.rows; ++r) {
+      const index_t i = r % length;
+      const auto at = [&](index_t j) -> std::uint32_t {
+        return j < 0 || j >= length
+                   ? 0xFFFFu
+                   : static_cast<std::uint32_t>(tokens[static_cast<std::size_t>(r - i + j)]);
+      };
+      const request_rng rng{seed_, static_cast<std::uint32_t>(i), (at(i - 1) << 16) | at(i + 1)};
+      auto row = logits.row(r);
+      for (index_t y = 0; y < vocab_; ++y)
+        row[y] = y == vocab_ - 1
+                     ? -INFINITY
+                     : static_cast<float>(
+                           4.0 * uniform_at(rng, draw_id{static_cast<std::uint32_t>(y), 0}));
+    }
+  }
+
+ private:
+  index_t vocab_;
+  std::uint64_t seed_;
+};
+
 }  // namespace specula::testing
