@@ -7,7 +7,7 @@ SPECULA_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export SPECULA_ROOT
 
 # Debian packages needed to configure, build and test specula.
-SPECULA_DEPS=(cmake g++ make catch2 libboost-math-dev libbenchmark-dev nlohmann-json3-dev)
+SPECULA_DEPS=(cmake g++ make catch2 libboost-math-dev libbenchmark-dev nlohmann-json3-dev libpng-dev)
 
 JOBS="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
 export JOBS

@@ -1,0 +1,1240 @@
+// specula_demo: every decoding method of specula on the shipped tiny models, with statistics.
+//
+//   specula_demo --task text|image|diffusion --method ar|sd|sjd|sjd-pac|cool-sd|jacobi|
+//                multiblock|ssd [options]        (specula_demo --help lists the options)
+//
+// Text: byte-level Python continuation of --prompt by text-target (draft: text-draft).
+// Image: 64 VQ tokens (8x8 grid) after a class label token, by image-ar; each sample is decoded
+// with the VQ codebook (image-vq) to <out-dir>/<method>_<i>.png, and its acceptance heat map
+// (tokens emitted by the step that produced each cell) to <out-dir>/<method>_<i>_heat.png.
+// Diffusion: text-diffusion (masked diffusion) with SSD and a stepwise baseline (hooks below).
+//
+// Exit codes: 0 success, 1 runtime error (models, files), 2 bad arguments, 3 the method is not
+// available yet for the task.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "specula/decode/jacobi.hpp"
+#include "specula/decode/multiblock.hpp"
+#include "specula/decode/sjd.hpp"
+#include "specula/decode/speculative.hpp"
+#include "specula/decode/ssd.hpp"
+#include "specula/decode/stats.hpp"
+#include "specula/rules/relaxed.hpp"
+#include "specula/sample/categorical.hpp"
+#include "specula/sample/transforms.hpp"
+#include "specula/tree/builders.hpp"
+#include "specula_example/sessions.hpp"
+#include "specula_example/transformer.hpp"
+#include "specula_example/vq_image.hpp"
+
+#include "heatmap.hpp"
+#include "png_writer.hpp"
+
+namespace {
+
+namespace ex = specula::example;
+using json = nlohmann::ordered_json;
+using specula::decode_stats;
+using specula::index_t;
+using specula::token_t;
+
+constexpr int exit_runtime_error = 1;
+constexpr int exit_bad_arguments = 2;
+constexpr int exit_not_available = 3;
+
+/// A bad command line (exit code 2); the message names the argument.
+class usage_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A method that is not wired in yet for the task (exit code 3).
+class not_available : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Command line
+// ---------------------------------------------------------------------------------------------
+
+enum class task_kind : unsigned { text = 1u, image = 2u, diffusion = 4u };
+
+constexpr unsigned mask_of(task_kind t) { return static_cast<unsigned>(t); }
+
+const char* task_name(task_kind t) {
+  switch (t) {
+    case task_kind::text:
+      return "text";
+    case task_kind::image:
+      return "image";
+    case task_kind::diffusion:
+      return "diffusion";
+  }
+  return "?";
+}
+
+constexpr const char* default_prompt =
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+    "        ";
+/// Shorter, so that prompt + 64 tokens fit text-diffusion's 128 positions.
+constexpr const char* default_diffusion_prompt =
+    "class Stack:\n    def push(self, item):\n        ";
+
+struct demo_options {
+  task_kind task = task_kind::text;
+  std::string method;
+  // sampling (target rows; the draft uses the same transform)
+  double temperature = 1.0;
+  index_t top_k = 0;
+  double top_p = 1.0;
+  bool greedy = false;
+  bool draft_greedy = false;
+  std::uint64_t seed = 1;
+  index_t max_new_tokens = -1;  // -1: the task's default
+  std::string prompt = default_prompt;
+  std::string label = "0";  // image class: index, name, or -1 (null label)
+  index_t num_samples = 1;
+  std::filesystem::path models_dir = SPECULA_MODELS_DIR;
+  std::filesystem::path out_dir = "specula_demo_out";
+  index_t scale = 8;
+  bool json_output = false;
+  bool quiet = false;
+  // sd / cool-sd
+  index_t draft_length = 4;
+  std::string cool_schedule = "uniform";
+  double delta = 2.0;
+  double nu = 0.7;
+  double ell = 8.0;
+  std::string resampling = "optimal";
+  // sjd / sjd-pac / jacobi
+  index_t window = -1;  // -1: the method's default
+  std::string init;     // empty: the method's default
+  index_t pd_width = 3;
+  index_t pd_depth = 1;
+  bool no_ac = false;
+  bool no_pd = false;
+  // multiblock / ssd / diffusion ar
+  index_t block_size = -1;  // -1: the method's default (multiblock 64, diffusion 32)
+  index_t blocks = 2;
+  double spawn_ratio = 0.85;
+  bool no_recycling = false;
+  index_t pool_size = 4;
+  index_t ngram = 16;
+  bool mix_order = false;
+
+  std::vector<std::string> given;  // flags present on the command line, in order
+  [[nodiscard]] bool has(std::string_view flag) const {
+    return std::find(given.begin(), given.end(), flag) != given.end();
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Progress line
+// ---------------------------------------------------------------------------------------------
+
+/// `\r[specula_demo] 37/64 tokens, 12 steps` on stderr, updated at most every 50 ms, when
+/// enabled (stderr a tty and no --quiet). The destructor ends the line.
+class progress_line {
+ public:
+  explicit progress_line(bool enabled) : enabled_(enabled) {}
+  progress_line(const progress_line&) = delete;
+  progress_line& operator=(const progress_line&) = delete;
+  ~progress_line() { finish(); }
+
+  void begin(index_t sample, index_t samples, index_t total) {
+    sample_ = sample;
+    samples_ = samples;
+    total_ = total;
+    tokens_ = 0;
+    steps_ = 0;
+    show(true);
+  }
+  /// One decoding step that committed `tokens` tokens.
+  void advance(index_t tokens) {
+    tokens_ += tokens;
+    ++steps_;
+    show(tokens_ >= total_);
+  }
+  void finish() {
+    if (enabled_ && shown_) std::fputc('\n', stderr);
+    shown_ = false;
+  }
+
+ private:
+  void show(bool force) {
+    if (!enabled_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (!force && shown_ && now - last_ < std::chrono::milliseconds(50)) return;
+    last_ = now;
+    shown_ = true;
+    if (samples_ > 1)
+      std::fprintf(stderr, "\r\033[K[specula_demo] sample %lld/%lld: %lld/%lld tokens, %lld steps",
+                   static_cast<long long>(sample_ + 1), static_cast<long long>(samples_),
+                   static_cast<long long>(tokens_), static_cast<long long>(total_),
+                   static_cast<long long>(steps_));
+    else
+      std::fprintf(stderr, "\r\033[K[specula_demo] %lld/%lld tokens, %lld steps",
+                   static_cast<long long>(tokens_), static_cast<long long>(total_),
+                   static_cast<long long>(steps_));
+    std::fflush(stderr);
+  }
+
+  bool enabled_;
+  bool shown_ = false;
+  index_t sample_ = 0, samples_ = 1, total_ = 0, tokens_ = 0, steps_ = 0;
+  std::chrono::steady_clock::time_point last_{};
+};
+
+/// What one decoding run needs.
+struct run_input {
+  const demo_options& opt;
+  const ex::transformer& model;     // the task's (target) model
+  const ex::transformer* draft;     // text-draft, for sd and cool-sd
+  std::span<const token_t> prompt;  // for image: the label token
+  index_t vocab_limit;              // tokens >= this are masked out of every row
+  specula::request_rng rng;         // {seed, sample index, 0}
+  progress_line* progress;
+};
+
+using run_fn = std::vector<token_t> (*)(const run_input&, decode_stats&);
+using params_fn = json (*)(const demo_options&);
+
+/// One method of the dispatch table.
+struct method_entry {
+  std::string_view name;
+  unsigned tasks;                       // tasks the method runs on (mask_of)
+  unsigned pending;                     // tasks where it is announced but not available yet
+  std::vector<std::string_view> flags;  // method-specific flags it accepts
+  run_fn run;
+  params_fn params;
+  std::string_view help;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The model as the loops see it
+// ---------------------------------------------------------------------------------------------
+
+/// transformer_session with two additions: the logits of tokens >= `vocab_limit` are set to
+/// -inf (the image model's label tokens are never sampled as image tokens; the target law is
+/// the model's restricted to image tokens), and each commit — one per decoding step, the
+/// accepted path — advances the progress line.
+class demo_session {
+ public:
+  demo_session(const ex::transformer& model, index_t vocab_limit, progress_line* progress)
+      : session_(model), vocab_limit_(vocab_limit), progress_(progress) {}
+
+  [[nodiscard]] index_t vocab_size() const noexcept { return session_.vocab_size(); }
+  void prefill(std::span<const token_t> prompt) { session_.prefill(prompt); }
+  [[nodiscard]] index_t context_size() const noexcept { return session_.context_size(); }
+  void rollback(index_t n) { session_.rollback(n); }
+
+  void evaluate(const specula::token_tree& nodes, specula::batch_view<float> logits) {
+    session_.evaluate(nodes, logits);
+    const index_t V = vocab_size();
+    if (vocab_limit_ >= V) return;
+    for (index_t i = 0; i < nodes.size(); ++i)
+      for (index_t v = vocab_limit_; v < V; ++v)
+        logits[i][v] = -std::numeric_limits<float>::infinity();
+  }
+
+  void commit(std::span<const index_t> path) {
+    session_.commit(path);
+    if (progress_ != nullptr) progress_->advance(static_cast<index_t>(path.size()));
+  }
+
+ private:
+  ex::transformer_session session_;
+  index_t vocab_limit_;
+  progress_line* progress_;
+};
+
+static_assert(specula::session_model<demo_session>);
+
+specula::sampling_params sampling_of(const demo_options& o) {
+  specula::sampling_params s;
+  s.temperature = static_cast<float>(o.temperature);
+  s.top_k = o.top_k;
+  s.top_p = static_cast<float>(o.top_p);
+  return s;
+}
+
+json sampling_json(const demo_options& o) {
+  return {{"temperature", o.temperature}, {"top_k", o.top_k}, {"top_p", o.top_p}};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Methods
+// ---------------------------------------------------------------------------------------------
+
+/// Plain autoregressive decoding: one forward pass (a one-node tree: the last token) per token,
+/// then a sample from the transformed row with the stream {seed, request_id, step} (or the
+/// argmax with greedy); statistics as the loops keep them.
+template <specula::session_model Model>
+std::vector<token_t> ar_decode(Model& m, std::span<const token_t> prompt, index_t max_new_tokens,
+                               const specula::sampling_params& params, bool greedy,
+                               specula::request_rng rng, decode_stats& st) {
+  if (prompt.empty())
+    specula::throw_if_failed({specula::status::empty_input, -1, -1, 0.0}, "prompt");
+  specula::validate_sampling_params(params);
+  const index_t V = m.vocab_size();
+  const auto V_sz = static_cast<std::size_t>(V);
+  m.prefill(prompt);
+  std::vector<token_t> out;
+  std::vector<float> logits(V_sz), probs(V_sz), scratch(V_sz);
+  token_t last = prompt.back();
+  for (index_t step = 0; step < max_new_tokens; ++step) {
+    const specula::token_tree root = specula::trees::chain(std::span<const token_t>(&last, 1));
+    {
+      specula::detail::scoped_timer timer(st.forward_seconds);
+      m.evaluate(root, specula::batch_view<float>(logits.data(), 1, V));
+      ++st.target_forwards;
+    }
+    {
+      specula::detail::scoped_timer timer(st.verify_seconds);
+      if (greedy) {
+        last = static_cast<token_t>(
+            specula::argmax_lowest(specula::row_view<const float>(logits.data(), V)));
+      } else {
+        specula::logits_to_probs(params, logits, {}, probs, scratch);
+        const auto w = [&](index_t y) {
+          return static_cast<double>(probs[static_cast<std::size_t>(y)]);
+        };
+        const specula::request_rng step_rng{rng.seed, rng.request_id,
+                                            static_cast<std::uint32_t>(step)};
+        const double u = specula::uniform_at(step_rng, specula::draw_id{0, 0});
+        last = static_cast<token_t>(
+            specula::sample_inverse_cdf(V, w, specula::positive_mass(V, w), u));
+      }
+    }
+    const index_t node = 0;
+    m.commit(std::span<const index_t>(&node, 1));
+    st.record_step(0);
+    st.step_tokens.push_back(1);
+    ++st.tokens;
+    out.push_back(last);
+  }
+  return out;
+}
+
+specula::ssd_options ssd_options_of(const demo_options& o) {
+  specula::ssd_options so;
+  so.gen_length = o.max_new_tokens;
+  so.block_size = o.block_size;
+  so.draft_length = std::max<index_t>(1, o.draft_length);
+  so.tree = o.mix_order ? specula::ssd_tree::mix_order : specula::ssd_tree::chain;
+  return so;
+}
+
+/// The diffusion task's baseline: stepwise low-confidence remasking, one position per forward
+/// pass of text-diffusion.
+std::vector<token_t> run_diffusion_stepwise(const run_input& in, decode_stats& st) {
+  return specula::diffusion_stepwise_decode(in.model, in.prompt, ssd_options_of(in.opt), &st);
+}
+
+std::vector<token_t> run_ar(const run_input& in, decode_stats& st) {
+  if (in.opt.task == task_kind::diffusion) return run_diffusion_stepwise(in, st);
+  demo_session m(in.model, in.vocab_limit, in.progress);
+  return ar_decode(m, in.prompt, in.opt.max_new_tokens, sampling_of(in.opt), in.opt.greedy, in.rng,
+                   st);
+}
+
+json params_ar(const demo_options& o) {
+  if (o.task == task_kind::diffusion)
+    return {
+        {"stepwise", "low-confidence remasking"}, {"block_size", o.block_size}, {"greedy", true}};
+  json p = {{"greedy", o.greedy}};
+  if (!o.greedy) p.update(sampling_json(o));
+  return p;
+}
+
+specula::scheduled_relaxed_rule cool_rule(const demo_options& o) {
+  specula::scheduled_relaxed_rule rule;
+  const index_t length = std::max<index_t>(1, o.draft_length);
+  if (o.cool_schedule == "uniform")
+    rule.schedule = specula::relaxation_schedule::make_uniform(o.delta);
+  else if (o.cool_schedule == "exponential")
+    rule.schedule = specula::relaxation_schedule::make_exponential(o.delta, o.nu, length);
+  else
+    rule.schedule = specula::relaxation_schedule::make_linear(o.delta, o.ell, length);
+  rule.resample =
+      o.resampling == "vanilla" ? specula::resampling::vanilla : specula::resampling::optimal;
+  return rule;
+}
+
+std::vector<token_t> speculative(const run_input& in, decode_stats& st, bool relaxed) {
+  const demo_options& o = in.opt;
+  specula::speculative_options so;
+  so.draft_length = o.draft_length;
+  so.max_new_tokens = o.max_new_tokens;
+  so.target = sampling_of(o);
+  so.draft = sampling_of(o);
+  so.mode = o.greedy || o.draft_greedy ? specula::draft_mode::greedy : specula::draft_mode::sample;
+  demo_session target(in.model, in.vocab_limit, in.progress);
+  demo_session draft(*in.draft, in.vocab_limit, nullptr);
+  if (o.greedy)
+    return specula::speculative_decode(target, draft, in.prompt, so, in.rng,
+                                       specula::greedy_tree_verifier<>{}, &st);
+  if (!relaxed)
+    return specula::speculative_decode(target, draft, in.prompt, so, in.rng,
+                                       specula::tree_verifier<>{}, &st);
+  specula::tree_verifier<specula::host::sequential_policy, specula::scheduled_relaxed_rule> v;
+  v.rule = cool_rule(o);
+  return specula::speculative_decode(target, draft, in.prompt, so, in.rng, v, &st);
+}
+
+std::vector<token_t> run_sd(const run_input& in, decode_stats& st) {
+  return speculative(in, st, false);
+}
+std::vector<token_t> run_cool_sd(const run_input& in, decode_stats& st) {
+  return speculative(in, st, true);
+}
+
+json params_sd(const demo_options& o) {
+  json p = {{"draft_model", "text-draft"},
+            {"draft_length", o.draft_length},
+            {"greedy", o.greedy},
+            {"draft", o.greedy || o.draft_greedy ? "greedy" : "sampled"}};
+  if (!o.greedy) p.update(sampling_json(o));
+  return p;
+}
+
+json params_cool_sd(const demo_options& o) {
+  json p = params_sd(o);
+  p["schedule"] = o.cool_schedule;
+  p["delta"] = o.delta;
+  if (o.cool_schedule == "exponential") p["nu"] = o.nu;
+  if (o.cool_schedule == "linear") p["ell"] = o.ell;
+  p["resampling"] = o.resampling;
+  const auto rule = cool_rule(o);
+  json omega = json::array();
+  for (index_t i = 1; i <= std::max<index_t>(1, o.draft_length); ++i)
+    omega.push_back(rule.schedule.omega(i));
+  p["omega"] = omega;
+  return p;
+}
+
+specula::sjd_options sjd_options_of(const demo_options& o, bool pac) {
+  specula::sjd_options so;
+  if (pac) so = specula::sjd_options::sjd_pac(o.window, o.pd_width, o.pd_depth);
+  so.window = o.window;
+  if (pac) {
+    so.adaptive_continuation = !o.no_ac;
+    so.proactive_drafting = !o.no_pd;
+  }
+  so.init = o.init == "one-hot" ? specula::sjd_init::one_hot_q : specula::sjd_init::uniform_q;
+  so.max_new_tokens = o.max_new_tokens;
+  so.target = sampling_of(o);
+  return so;
+}
+
+std::vector<token_t> run_sjd(const run_input& in, decode_stats& st) {
+  demo_session m(in.model, in.vocab_limit, in.progress);
+  return specula::sjd_decode(m, in.prompt, sjd_options_of(in.opt, false), in.rng, &st);
+}
+std::vector<token_t> run_sjd_pac(const run_input& in, decode_stats& st) {
+  demo_session m(in.model, in.vocab_limit, in.progress);
+  return specula::sjd_decode(m, in.prompt, sjd_options_of(in.opt, true), in.rng, &st);
+}
+
+json params_sjd(const demo_options& o) {
+  json p = {{"window", o.window}, {"init", o.init}};
+  p.update(sampling_json(o));
+  return p;
+}
+json params_sjd_pac(const demo_options& o) {
+  json p = params_sjd(o);
+  p["adaptive_continuation"] = !o.no_ac;
+  p["proactive_drafting"] = !o.no_pd;
+  if (!o.no_pd) {
+    p["pd_width"] = o.pd_width;
+    p["pd_depth"] = o.pd_depth;
+  }
+  return p;
+}
+
+std::vector<token_t> run_jacobi(const run_input& in, decode_stats& st) {
+  specula::jacobi_options jo;
+  jo.window = in.opt.window;
+  jo.max_new_tokens = in.opt.max_new_tokens;
+  jo.init =
+      in.opt.init == "random" ? specula::jacobi_init::random : specula::jacobi_init::repeat_last;
+  demo_session m(in.model, in.vocab_limit, in.progress);
+  return specula::jacobi_decode(m, in.prompt, jo, in.rng, &st);
+}
+json params_jacobi(const demo_options& o) {
+  return {{"window", o.window}, {"init", o.init}, {"greedy", true}};
+}
+
+std::vector<token_t> run_multiblock(const run_input& in, decode_stats& st) {
+  specula::multiblock_options mo;
+  mo.block_size = in.opt.block_size;
+  mo.max_blocks = in.opt.blocks;
+  mo.spawn_ratio = in.opt.spawn_ratio;
+  mo.recycling = !in.opt.no_recycling;
+  mo.pool_size = in.opt.pool_size;
+  mo.ngram_length = in.opt.ngram;
+  mo.max_new_tokens = in.opt.max_new_tokens;
+  mo.init =
+      in.opt.init == "random" ? specula::jacobi_init::random : specula::jacobi_init::repeat_last;
+  demo_session m(in.model, in.vocab_limit, in.progress);
+  return specula::multiblock_decode(m, in.prompt, mo, in.rng, &st);
+}
+json params_multiblock(const demo_options& o) {
+  json p = {{"block_size", o.block_size},   {"blocks", o.blocks}, {"spawn_ratio", o.spawn_ratio},
+            {"recycling", !o.no_recycling}, {"init", o.init},     {"greedy", true}};
+  if (!o.no_recycling) {
+    p["pool_size"] = o.pool_size;
+    p["ngram"] = o.ngram;
+  }
+  return p;
+}
+
+/// Self-speculative decoding of the masked diffusion model (text-diffusion).
+std::vector<token_t> run_ssd(const run_input& in, decode_stats& st) {
+  return specula::ssd_decode(in.model, in.prompt, ssd_options_of(in.opt), &st);
+}
+json params_ssd(const demo_options& o) {
+  return {{"draft_length", std::max<index_t>(1, o.draft_length)},
+          {"block_size", o.block_size},
+          {"tree", o.mix_order ? "mix-order" : "chain"},
+          {"greedy", true}};
+}
+
+constexpr unsigned text_bit = mask_of(task_kind::text);
+constexpr unsigned image_bit = mask_of(task_kind::image);
+constexpr unsigned diffusion_bit = mask_of(task_kind::diffusion);
+
+/// The dispatch table: method name -> tasks, flags, function.
+const std::vector<method_entry>& methods() {
+  static const std::vector<method_entry> table = {
+      {"ar",
+       text_bit | image_bit | diffusion_bit,
+       0,
+       {"--greedy", "--block-size"},
+       run_ar,
+       params_ar,
+       "autoregressive sampling with the target model, one forward pass per token"},
+      {"sd",
+       text_bit,
+       0,
+       {"--draft-length", "--greedy", "--draft-greedy"},
+       run_sd,
+       params_sd,
+       "draft-model speculative decoding (text-draft drafts, exact verification)"},
+      {"sjd",
+       text_bit | image_bit,
+       0,
+       {"--window", "--init"},
+       run_sjd,
+       params_sjd,
+       "speculative Jacobi decoding"},
+      {"sjd-pac",
+       text_bit | image_bit,
+       0,
+       {"--window", "--init", "--pd-width", "--pd-depth", "--no-ac", "--no-pd"},
+       run_sjd_pac,
+       params_sjd_pac,
+       "SJD with Adaptive Continuation and Proactive Drafting"},
+      {"cool-sd",
+       text_bit,
+       0,
+       {"--draft-length", "--draft-greedy", "--cool-schedule", "--delta", "--nu", "--ell",
+        "--resampling"},
+       run_cool_sd,
+       params_cool_sd,
+       "speculative decoding with Cool-SD's relaxed (lossy) acceptance"},
+      {"jacobi",
+       text_bit | image_bit,
+       0,
+       {"--window", "--init"},
+       run_jacobi,
+       params_jacobi,
+       "greedy Jacobi decoding (output equals greedy decoding)"},
+      {"multiblock",
+       text_bit | image_bit,
+       0,
+       {"--block-size", "--blocks", "--spawn-ratio", "--no-recycling", "--pool-size", "--ngram",
+        "--init"},
+       run_multiblock,
+       params_multiblock,
+       "multi-block Jacobi decoding with rejection recycling (greedy)"},
+      {"ssd",
+       diffusion_bit,
+       0,
+       {"--draft-length", "--block-size", "--mix-order"},
+       run_ssd,
+       params_ssd,
+       "self-speculative decoding of the masked diffusion model (greedy, = stepwise)"},
+  };
+  return table;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Argument parsing
+// ---------------------------------------------------------------------------------------------
+
+void print_help() {
+  std::printf(
+      "usage: specula_demo --task text|image|diffusion --method METHOD [options]\n"
+      "\n"
+      "methods:\n");
+  for (const auto& m : methods()) {
+    std::string tasks;
+    for (const task_kind t : {task_kind::text, task_kind::image, task_kind::diffusion})
+      if ((m.tasks & mask_of(t)) != 0)
+        tasks += std::string(tasks.empty() ? "" : ",") + task_name(t);
+    std::printf("  %-11s %s [%s]\n", std::string(m.name).c_str(), std::string(m.help).c_str(),
+                tasks.c_str());
+  }
+  std::printf(
+      "\n"
+      "common options:\n"
+      "  --temperature T      sampling temperature (> 0, default 1)\n"
+      "  --top-k K            keep the K most likely tokens (0: off, default)\n"
+      "  --top-p P            nucleus mass in (0, 1] (1: off, default)\n"
+      "  --seed S             random seed (default 1); sample i uses request id i\n"
+      "  --max-new-tokens N   tokens to generate (text: default 128; image: 64, the whole grid)\n"
+      "  --num-samples N      requests to decode, one after the other (alias --batch; default 1)\n"
+      "  --prompt TEXT        text prompt (bytes; default: the start of a Python class)\n"
+      "  --label C            image class: 0..7, a class name, or -1 (null label); default 0\n"
+      "  --models-dir DIR     the shipped models (default " SPECULA_MODELS_DIR
+      ")\n"
+      "  --out-dir DIR        image output (default specula_demo_out)\n"
+      "  --scale F            image upscaling factor, nearest neighbour (default 8)\n"
+      "  --json               print one JSON object with the statistics and outputs\n"
+      "  --quiet              no progress line on stderr\n"
+      "\n"
+      "method options:\n"
+      "  --greedy             ar: argmax decoding; sd: greedy drafts and greedy verification\n"
+      "  --draft-greedy       sd, cool-sd: greedy drafts, stochastic verification\n"
+      "  --draft-length N     sd, cool-sd: drafted tokens per step (default 4)\n"
+      "  --window N           sjd (default 16), sjd-pac (32), jacobi (16): draft window\n"
+      "  --init MODE          sjd, sjd-pac: uniform (default) | one-hot; jacobi: repeat (default) "
+      "| random\n"
+      "  --pd-width K         sjd-pac: Proactive Drafting candidates per node (default 3)\n"
+      "  --pd-depth D         sjd-pac: Proactive Drafting depth (default 1)\n"
+      "  --no-ac, --no-pd     sjd-pac: disable Adaptive Continuation / Proactive Drafting\n"
+      "  --cool-schedule S    cool-sd: uniform (default) | exponential | linear\n"
+      "  --delta D            cool-sd: relaxation budget (> 0, default 2; 1 = exact rule)\n"
+      "  --nu NU              cool-sd exponential: decay (>= 0, default 0.7)\n"
+      "  --ell L              cool-sd linear: slope parameter (>= 2, default 8)\n"
+      "  --resampling R       cool-sd: optimal (default) | vanilla\n"
+      "  --block-size N       multiblock: block size (default 64); ssd, diffusion ar: semi-AR\n"
+      "                       block size (default 32)\n"
+      "  --blocks K           multiblock: blocks kept (default 2)\n"
+      "  --spawn-ratio R      multiblock: spawn a block at ceil(R n) accepted tokens (0.85)\n"
+      "  --no-recycling       multiblock: no n-gram pool\n"
+      "  --pool-size N        multiblock: recycled candidates per step (default 4)\n"
+      "  --ngram N            multiblock: tokens per recycled candidate (default 16)\n"
+      "  --mix-order          ssd: the mix-order verification tree (2N nodes)\n"
+      "\n"
+      "exit codes: 0 success, 1 runtime error, 2 bad arguments, 3 method not available yet\n");
+}
+
+index_t parse_int(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &used, 10);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size())
+    throw usage_error(flag + ": expected an integer, got '" + text + "'");
+  return static_cast<index_t>(v);
+}
+
+double parse_double(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  double v = 0.0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !std::isfinite(v))
+    throw usage_error(flag + ": expected a finite number, got '" + text + "'");
+  return v;
+}
+
+void require(bool ok, const std::string& flag, const std::string& what) {
+  if (!ok) throw usage_error(flag + ": " + what);
+}
+
+demo_options parse_args(int argc, char** argv) {
+  demo_options o;
+  bool have_task = false, have_method = false;
+  std::string task;
+  const std::vector<std::string_view> switches = {"--greedy",       "--draft-greedy", "--no-ac",
+                                                  "--no-pd",        "--json",         "--quiet",
+                                                  "--no-recycling", "--mix-order"};
+  const std::vector<std::string_view> valued = {"--task",
+                                                "--method",
+                                                "--temperature",
+                                                "--top-k",
+                                                "--top-p",
+                                                "--seed",
+                                                "--max-new-tokens",
+                                                "--prompt",
+                                                "--label",
+                                                "--num-samples",
+                                                "--batch",
+                                                "--models-dir",
+                                                "--out-dir",
+                                                "--scale",
+                                                "--draft-length",
+                                                "--window",
+                                                "--init",
+                                                "--pd-width",
+                                                "--pd-depth",
+                                                "--cool-schedule",
+                                                "--delta",
+                                                "--nu",
+                                                "--ell",
+                                                "--resampling",
+                                                "--block-size",
+                                                "--blocks",
+                                                "--spawn-ratio",
+                                                "--pool-size",
+                                                "--ngram"};
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      print_help();
+      std::exit(0);
+    }
+    std::string value;
+    bool has_value = false;
+    if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_value = true;
+    }
+    const bool is_switch = std::find(switches.begin(), switches.end(), arg) != switches.end();
+    const bool is_valued = std::find(valued.begin(), valued.end(), arg) != valued.end();
+    if (!is_switch && !is_valued) throw usage_error("unknown argument '" + arg + "'");
+    if (is_switch && has_value) throw usage_error(arg + ": takes no value");
+    if (is_valued && !has_value) {
+      if (i + 1 >= argc) throw usage_error(arg + ": missing value");
+      value = argv[++i];
+    }
+    const std::string flag = arg == "--batch" ? "--num-samples" : arg;
+    if (o.has(flag)) throw usage_error(flag + ": given more than once");
+    o.given.push_back(flag);
+
+    if (flag == "--task") {
+      task = value;
+      have_task = true;
+    } else if (flag == "--method") {
+      o.method = value;
+      have_method = true;
+    } else if (flag == "--temperature") {
+      o.temperature = parse_double(flag, value);
+    } else if (flag == "--top-k") {
+      o.top_k = parse_int(flag, value);
+    } else if (flag == "--top-p") {
+      o.top_p = parse_double(flag, value);
+    } else if (flag == "--seed") {
+      const index_t s = parse_int(flag, value);
+      require(s >= 0, flag, "must be >= 0");
+      o.seed = static_cast<std::uint64_t>(s);
+    } else if (flag == "--max-new-tokens") {
+      o.max_new_tokens = parse_int(flag, value);
+    } else if (flag == "--prompt") {
+      o.prompt = value;
+    } else if (flag == "--label") {
+      o.label = value;
+    } else if (flag == "--num-samples") {
+      o.num_samples = parse_int(flag, value);
+    } else if (flag == "--models-dir") {
+      o.models_dir = value;
+    } else if (flag == "--out-dir") {
+      o.out_dir = value;
+    } else if (flag == "--scale") {
+      o.scale = parse_int(flag, value);
+    } else if (flag == "--draft-length") {
+      o.draft_length = parse_int(flag, value);
+    } else if (flag == "--window") {
+      o.window = parse_int(flag, value);
+    } else if (flag == "--init") {
+      o.init = value;
+    } else if (flag == "--pd-width") {
+      o.pd_width = parse_int(flag, value);
+    } else if (flag == "--pd-depth") {
+      o.pd_depth = parse_int(flag, value);
+    } else if (flag == "--cool-schedule") {
+      o.cool_schedule = value;
+    } else if (flag == "--delta") {
+      o.delta = parse_double(flag, value);
+    } else if (flag == "--nu") {
+      o.nu = parse_double(flag, value);
+    } else if (flag == "--ell") {
+      o.ell = parse_double(flag, value);
+    } else if (flag == "--resampling") {
+      o.resampling = value;
+    } else if (flag == "--block-size") {
+      o.block_size = parse_int(flag, value);
+    } else if (flag == "--blocks") {
+      o.blocks = parse_int(flag, value);
+    } else if (flag == "--spawn-ratio") {
+      o.spawn_ratio = parse_double(flag, value);
+    } else if (flag == "--pool-size") {
+      o.pool_size = parse_int(flag, value);
+    } else if (flag == "--ngram") {
+      o.ngram = parse_int(flag, value);
+    } else if (flag == "--no-recycling") {
+      o.no_recycling = true;
+    } else if (flag == "--mix-order") {
+      o.mix_order = true;
+    } else if (flag == "--greedy") {
+      o.greedy = true;
+    } else if (flag == "--draft-greedy") {
+      o.draft_greedy = true;
+    } else if (flag == "--no-ac") {
+      o.no_ac = true;
+    } else if (flag == "--no-pd") {
+      o.no_pd = true;
+    } else if (flag == "--json") {
+      o.json_output = true;
+    } else if (flag == "--quiet") {
+      o.quiet = true;
+    }
+  }
+
+  if (!have_task) throw usage_error("--task: missing (text, image or diffusion)");
+  if (!have_method) throw usage_error("--method: missing (see --help for the methods)");
+  if (task == "text")
+    o.task = task_kind::text;
+  else if (task == "image")
+    o.task = task_kind::image;
+  else if (task == "diffusion")
+    o.task = task_kind::diffusion;
+  else
+    throw usage_error("--task: unknown task '" + task + "' (text, image or diffusion)");
+  return o;
+}
+
+const method_entry& find_method(const demo_options& o) {
+  const auto& table = methods();
+  const auto it = std::find_if(table.begin(), table.end(),
+                               [&](const method_entry& m) { return m.name == o.method; });
+  if (it == table.end()) {
+    std::string names;
+    for (const auto& m : table)
+      names += std::string(names.empty() ? "" : ", ") + std::string(m.name);
+    throw usage_error("--method: unknown method '" + o.method + "' (" + names + ")");
+  }
+  if ((it->tasks & mask_of(o.task)) == 0) {
+    std::string tasks;
+    for (const task_kind t : {task_kind::text, task_kind::image, task_kind::diffusion})
+      if ((it->tasks & mask_of(t)) != 0)
+        tasks += std::string(tasks.empty() ? "" : ", ") + task_name(t);
+    throw usage_error("--method: method '" + o.method + "' is not valid for task '" +
+                      task_name(o.task) + "' (it runs on: " + tasks + ")");
+  }
+  return *it;
+}
+
+/// Checks the flags against the method, fills in method and task defaults, checks ranges.
+void resolve(demo_options& o, const method_entry& m) {
+  const std::vector<std::string_view> method_flags = {
+      "--greedy",   "--draft-greedy", "--draft-length", "--window",     "--init",
+      "--pd-width", "--pd-depth",     "--no-ac",        "--no-pd",      "--cool-schedule",
+      "--delta",    "--nu",           "--ell",          "--resampling", "--block-size",
+      "--blocks",   "--spawn-ratio",  "--no-recycling", "--pool-size",  "--ngram",
+      "--mix-order"};
+  for (const auto& f : o.given)
+    if (std::find(method_flags.begin(), method_flags.end(), f) != method_flags.end() &&
+        std::find(m.flags.begin(), m.flags.end(), f) == m.flags.end())
+      throw usage_error(f + ": not used by method '" + o.method + "'");
+  if (o.has("--prompt") && o.task == task_kind::image)
+    throw usage_error("--prompt: not used by task image (use --label)");
+  if (o.has("--label") && o.task != task_kind::image)
+    throw usage_error("--label: only used by task image");
+  if ((o.has("--out-dir") || o.has("--scale")) && o.task != task_kind::image)
+    throw usage_error(std::string(o.has("--out-dir") ? "--out-dir" : "--scale") +
+                      ": only used by task image");
+
+  // Sampling parameters.
+  require(o.temperature > 0.0, "--temperature", "must be > 0 (use --greedy for argmax decoding)");
+  require(o.top_k >= 0, "--top-k", "must be >= 0");
+  require(o.top_p > 0.0 && o.top_p <= 1.0, "--top-p", "must be in (0, 1]");
+  const bool sampling_ignored = o.method == "jacobi" || o.greedy;
+  for (const char* f : {"--temperature", "--top-k", "--top-p"})
+    if (o.has(f) && sampling_ignored && !o.quiet)
+      std::fprintf(stderr, "specula_demo: warning: %s is ignored (%s decoding is greedy)\n", f,
+                   o.method.c_str());
+
+  require(o.num_samples >= 1 && o.num_samples <= 4096, "--num-samples", "must be in [1, 4096]");
+  require(o.scale >= 1 && o.scale <= 64, "--scale", "must be in [1, 64]");
+  require(o.draft_length >= 0 && o.draft_length <= 64, "--draft-length", "must be in [0, 64]");
+  if (o.greedy && o.draft_greedy) throw usage_error("--draft-greedy: implied by --greedy");
+
+  // Windows and initialisation.
+  if (o.window < 0) o.window = o.method == "sjd-pac" ? 32 : 16;
+  require(o.window >= 1 && o.window <= 256, "--window", "must be in [1, 256]");
+  if (o.method == "sjd" || o.method == "sjd-pac") {
+    if (o.init.empty()) o.init = "uniform";
+    require(o.init == "uniform" || o.init == "one-hot", "--init",
+            "must be uniform or one-hot for method " + o.method + ", got '" + o.init + "'");
+  } else if (o.method == "jacobi") {
+    if (o.init.empty()) o.init = "repeat";
+    require(o.init == "repeat" || o.init == "random", "--init",
+            "must be repeat or random for method jacobi, got '" + o.init + "'");
+  }
+  if (o.method == "multiblock") {
+    if (o.init.empty()) o.init = "repeat";
+    require(o.init == "repeat" || o.init == "random", "--init",
+            "must be repeat or random for method multiblock, got '" + o.init + "'");
+  }
+  if (o.block_size < 0) o.block_size = o.method == "multiblock" ? 64 : 32;
+  require(o.block_size >= 1 && o.block_size <= 256, "--block-size", "must be in [1, 256]");
+  require(o.blocks >= 1 && o.blocks <= 16, "--blocks", "must be in [1, 16]");
+  require(o.spawn_ratio > 0.0 && o.spawn_ratio <= 1.0, "--spawn-ratio", "must be in (0, 1]");
+  require(o.pool_size >= 0 && o.pool_size <= 64, "--pool-size", "must be in [0, 64]");
+  require(o.ngram >= 1 && o.ngram <= 256, "--ngram", "must be in [1, 256]");
+  if (o.method == "ssd") require(o.draft_length >= 1, "--draft-length", "must be >= 1 for ssd");
+  require(o.pd_width >= 1 && o.pd_width <= 60, "--pd-width", "must be in [1, 60]");
+  require(o.pd_depth >= 1, "--pd-depth", "must be >= 1");
+  if (o.no_pd && (o.has("--pd-width") || o.has("--pd-depth")))
+    throw usage_error(std::string(o.has("--pd-width") ? "--pd-width" : "--pd-depth") +
+                      ": not used with --no-pd");
+
+  // Cool-SD.
+  require(o.cool_schedule == "uniform" || o.cool_schedule == "exponential" ||
+              o.cool_schedule == "linear",
+          "--cool-schedule",
+          "must be uniform, exponential or linear, got '" + o.cool_schedule + "'");
+  require(o.delta > 0.0, "--delta", "must be > 0");
+  require(o.nu >= 0.0, "--nu", "must be >= 0");
+  require(o.ell >= 2.0, "--ell", "must be >= 2");
+  if (o.has("--nu") && o.cool_schedule != "exponential")
+    throw usage_error("--nu: only used with --cool-schedule exponential");
+  if (o.has("--ell") && o.cool_schedule != "linear")
+    throw usage_error("--ell: only used with --cool-schedule linear");
+  require(o.resampling == "optimal" || o.resampling == "vanilla", "--resampling",
+          "must be optimal or vanilla, got '" + o.resampling + "'");
+
+  if (o.task == task_kind::text) {
+    require(!o.prompt.empty(), "--prompt", "must not be empty");
+    if (o.max_new_tokens < 0) o.max_new_tokens = 128;
+  } else if (o.task == task_kind::image) {
+    if (o.max_new_tokens < 0) o.max_new_tokens = 64;
+    require(o.max_new_tokens == 64, "--max-new-tokens",
+            "the image task generates exactly 64 tokens (the 8x8 grid), got " +
+                std::to_string(o.max_new_tokens));
+  } else {
+    if (!o.has("--prompt")) o.prompt = default_diffusion_prompt;
+    require(!o.prompt.empty(), "--prompt", "must not be empty");
+    if (o.max_new_tokens < 0) o.max_new_tokens = 64;
+  }
+  require(o.max_new_tokens >= 1, "--max-new-tokens", "must be >= 1");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running
+// ---------------------------------------------------------------------------------------------
+
+ex::transformer load_model(const std::filesystem::path& dir, const std::string& name) {
+  const auto path = dir / (name + ".safetensors");
+  if (!std::filesystem::exists(path))
+    throw std::runtime_error("model file " + path.string() +
+                             " not found (--models-dir: the directory of the shipped models)");
+  return ex::transformer::load(path);
+}
+
+/// The image class of --label: an index, a class name, or -1 (the null label).
+index_t resolve_label(const std::string& label, const ex::vq_codebook& vq) {
+  const auto& classes = vq.classes();
+  for (std::size_t c = 0; c < classes.size(); ++c)
+    if (classes[c] == label) return static_cast<index_t>(c);
+  std::string names;
+  for (std::size_t c = 0; c < classes.size(); ++c)
+    names += (c == 0 ? "" : ", ") + std::to_string(c) + " " + classes[c];
+  index_t c = 0;
+  try {
+    c = parse_int("--label", label);
+  } catch (const usage_error&) {
+    throw usage_error("--label: unknown class '" + label + "' (" + names + ", or -1 for none)");
+  }
+  require(
+      c >= -1 && c < static_cast<index_t>(classes.size()), "--label",
+      "must be in [-1, " + std::to_string(classes.size() - 1) + "] (" + names + "), got " + label);
+  return c;
+}
+
+struct sample_result {
+  std::vector<token_t> tokens;
+  decode_stats stats;
+  double wall_seconds = 0.0;
+  std::string image_path, heat_path;
+};
+
+std::string as_text(std::span<const token_t> tokens) {
+  std::string s;
+  for (const token_t t : tokens) s.push_back(static_cast<char>(static_cast<unsigned char>(t)));
+  return s;
+}
+
+json stats_json(const decode_stats& st, double wall_seconds) {
+  return {{"tokens", st.tokens},
+          {"steps", st.steps},
+          {"target_forwards", st.target_forwards},
+          {"draft_forwards", st.draft_forwards},
+          {"forward_seconds", st.forward_seconds},
+          {"verify_seconds", st.verify_seconds},
+          {"draft_seconds", st.draft_seconds},
+          {"wall_seconds", wall_seconds},
+          {"accepted_histogram", st.accepted_histogram},
+          {"mean_accepted", st.mean_accepted()},
+          {"step_compression", st.step_compression()}};
+}
+
+int run(int argc, char** argv) {
+  demo_options o = parse_args(argc, argv);
+  const method_entry& method = find_method(o);
+  resolve(o, method);
+  if ((method.pending & mask_of(o.task)) != 0)
+    throw not_available("method " + o.method + " is not available yet for task " +
+                        task_name(o.task));
+
+  // Models.
+  const auto t_load = std::chrono::steady_clock::now();
+  std::optional<ex::transformer> model, draft;
+  std::optional<ex::vq_codebook> vq;
+  std::vector<token_t> prompt;
+  index_t vocab_limit = 0;
+  index_t label = -2;
+  if (o.task == task_kind::text) {
+    model.emplace(load_model(o.models_dir, "text-target"));
+    if (o.method == "sd" || o.method == "cool-sd")
+      draft.emplace(load_model(o.models_dir, "text-draft"));
+    for (const char c : o.prompt)
+      prompt.push_back(static_cast<token_t>(static_cast<unsigned char>(c)));
+    const auto limit = model->config().max_seq_len;
+    require(static_cast<index_t>(prompt.size()) + o.max_new_tokens <= limit, "--max-new-tokens",
+            "prompt (" + std::to_string(prompt.size()) +
+                " bytes) + new tokens must fit the model's " + std::to_string(limit) +
+                " positions");
+    vocab_limit = model->vocab_size();
+  } else if (o.task == task_kind::image) {
+    model.emplace(load_model(o.models_dir, "image-ar"));
+    const auto vq_path = o.models_dir / "image-vq.safetensors";
+    if (!std::filesystem::exists(vq_path))
+      throw std::runtime_error("codebook " + vq_path.string() + " not found (--models-dir)");
+    vq.emplace(ex::vq_codebook::load(vq_path));
+    label = resolve_label(o.label, *vq);
+    prompt.push_back(vq->label_token(label));
+    vocab_limit = vq->codes();
+    require(o.max_new_tokens == vq->tokens_per_image(), "--max-new-tokens",
+            "must be " + std::to_string(vq->tokens_per_image()) + " for the image task");
+  } else {
+    model.emplace(load_model(o.models_dir, "text-diffusion"));
+    for (const char c : o.prompt)
+      prompt.push_back(static_cast<token_t>(static_cast<unsigned char>(c)));
+    const auto limit = model->config().max_seq_len;
+    require(static_cast<index_t>(prompt.size()) + o.max_new_tokens <= limit, "--max-new-tokens",
+            "prompt (" + std::to_string(prompt.size()) +
+                " bytes) + new tokens must fit the model's " + std::to_string(limit) +
+                " positions");
+    vocab_limit = model->vocab_size();
+  }
+  const double load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+
+  // Decode.
+  progress_line progress(!o.quiet && isatty(STDERR_FILENO) != 0);
+  std::vector<sample_result> results(static_cast<std::size_t>(o.num_samples));
+  decode_stats total;
+  double wall = 0.0;
+  for (index_t i = 0; i < o.num_samples; ++i) {
+    sample_result& r = results[static_cast<std::size_t>(i)];
+    progress.begin(i, o.num_samples, o.max_new_tokens);
+    const run_input in{
+        o,        *model,      draft ? &*draft : nullptr,
+        prompt,   vocab_limit, specula::request_rng{o.seed, static_cast<std::uint32_t>(i), 0},
+        &progress};
+    const auto t0 = std::chrono::steady_clock::now();
+    r.tokens = method.run(in, r.stats);
+    r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    wall += r.wall_seconds;
+    total.merge(r.stats);
+  }
+  progress.finish();
+
+  // Images and heat maps.
+  index_t heat_max = 2;
+  for (const index_t k : total.step_tokens) heat_max = std::max(heat_max, k);
+  if (o.task == task_kind::image) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.out_dir, ec);
+    if (ec)
+      throw std::runtime_error("--out-dir: cannot create " + o.out_dir.string() + ": " +
+                               ec.message());
+    const index_t n = vq->image_size();
+    const index_t cell = n / vq->grid() * o.scale;
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      sample_result& r = results[i];
+      if (static_cast<index_t>(r.tokens.size()) != vq->tokens_per_image())
+        throw std::runtime_error("sample " + std::to_string(i) + ": " +
+                                 std::to_string(r.tokens.size()) + " tokens, not a whole image");
+      specula_demo::rgb8_image img(n, n);
+      img.pixels = vq->decode_rgb8(r.tokens);
+      const auto stem = o.out_dir / (o.method + "_" + std::to_string(i));
+      r.image_path = stem.string() + ".png";
+      r.heat_path = stem.string() + "_heat.png";
+      specula_demo::write_png(r.image_path, specula_demo::upscale_nearest(img, o.scale));
+      const auto sizes =
+          specula_demo::per_token_step_sizes(r.stats.step_tokens, vq->tokens_per_image());
+      specula_demo::write_png(r.heat_path,
+                              specula_demo::acceptance_heatmap(sizes, vq->grid(), cell, heat_max));
+    }
+  }
+
+  // Report.
+  json params = method.params(o);
+  params["seed"] = o.seed;
+  params["max_new_tokens"] = o.max_new_tokens;
+  params["num_samples"] = o.num_samples;
+  if (o.task == task_kind::image) {
+    params["label"] = label;
+    params["class"] = label >= 0 ? vq->classes()[static_cast<std::size_t>(label)] : "none";
+    params["scale"] = o.scale;
+  }
+
+  if (o.json_output) {
+    json j = {{"task", task_name(o.task)}, {"method", o.method}, {"parameters", params}};
+    j.update(stats_json(total, wall));
+    j["load_seconds"] = load_seconds;
+    j["tokens_per_second"] = wall > 0.0 ? static_cast<double>(total.tokens) / wall : 0.0;
+    json samples = json::array();
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const sample_result& r = results[i];
+      json s = {{"index", i}};
+      s.update(stats_json(r.stats, r.wall_seconds));
+      s["step_tokens"] = r.stats.step_tokens;
+      if (o.task == task_kind::image) {
+        s["image"] = r.image_path;
+        s["heatmap"] = r.heat_path;
+        s["image_tokens"] = r.tokens;
+      } else {
+        s["text"] = as_text(r.tokens);
+      }
+      samples.push_back(std::move(s));
+    }
+    if (o.task != task_kind::image) {
+      j["prompt"] = o.prompt;
+      j["text"] = as_text(results.front().tokens);
+    }
+    j["samples"] = std::move(samples);
+    std::printf("%s\n", j.dump(2, ' ', false, json::error_handler_t::replace).c_str());
+    return 0;
+  }
+
+  std::printf("task %s, method %s: %lld sample(s), %lld new tokens each, seed %llu\n",
+              task_name(o.task), o.method.c_str(), static_cast<long long>(o.num_samples),
+              static_cast<long long>(o.max_new_tokens), static_cast<unsigned long long>(o.seed));
+  std::string plist;
+  const json method_params = method.params(o);
+  for (const auto& [key, value] : method_params.items())
+    plist += (plist.empty() ? "" : ", ") + key + " " +
+             (value.is_string() ? value.get<std::string>() : value.dump());
+  if (!plist.empty()) std::printf("parameters: %s\n", plist.c_str());
+  std::printf("tokens %lld, steps %lld, target forwards %lld, draft forwards %lld\n",
+              static_cast<long long>(total.tokens), static_cast<long long>(total.steps),
+              static_cast<long long>(total.target_forwards),
+              static_cast<long long>(total.draft_forwards));
+  std::printf("step compression %.3f tokens per step (mean accepted drafts %.3f)\n",
+              total.step_compression(), total.mean_accepted());
+  std::printf(
+      "time: decode %.1f ms (forward %.1f, verify %.1f, draft %.1f), %.0f tokens/s; "
+      "model load %.1f ms\n",
+      1e3 * wall, 1e3 * total.forward_seconds, 1e3 * total.verify_seconds,
+      1e3 * total.draft_seconds, wall > 0.0 ? static_cast<double>(total.tokens) / wall : 0.0,
+      1e3 * load_seconds);
+  std::printf("accepted drafts per step (k: steps):");
+  for (std::size_t k = 0; k < total.accepted_histogram.size(); ++k)
+    if (total.accepted_histogram[k] > 0)
+      std::printf(" %zu: %lld", k, static_cast<long long>(total.accepted_histogram[k]));
+  std::printf("\n");
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const sample_result& r = results[i];
+    std::printf("\n--- sample %zu: %lld tokens, %lld steps, step compression %.3f ---\n", i,
+                static_cast<long long>(r.stats.tokens), static_cast<long long>(r.stats.steps),
+                r.stats.step_compression());
+    if (o.task == task_kind::image) {
+      std::printf("class %s; image %s; heat map %s\n", params["class"].get<std::string>().c_str(),
+                  r.image_path.c_str(), r.heat_path.c_str());
+      std::printf("tokens emitted by the step of each cell:\n");
+      const auto sizes =
+          specula_demo::per_token_step_sizes(r.stats.step_tokens, vq->tokens_per_image());
+      for (index_t y = 0; y < vq->grid(); ++y) {
+        std::printf(" ");
+        for (index_t x = 0; x < vq->grid(); ++x)
+          std::printf(" %2lld",
+                      static_cast<long long>(sizes[static_cast<std::size_t>(y * vq->grid() + x)]));
+        std::printf("\n");
+      }
+    } else {
+      std::printf("%s%s\n", o.prompt.c_str(), as_text(r.tokens).c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "specula_demo: %s\n(specula_demo --help lists the arguments)\n", e.what());
+    return exit_bad_arguments;
+  } catch (const not_available& e) {
+    std::fprintf(stderr, "specula_demo: %s\n", e.what());
+    return exit_not_available;
+  } catch (const specula::invalid_input& e) {
+    // A parameter the library refused: name the command-line flag it came from.
+    static const std::map<std::string, std::string> flags = {{"pd_depth", "--pd-depth"},
+                                                             {"pd_width", "--pd-width"},
+                                                             {"window", "--window"},
+                                                             {"draft_length", "--draft-length"},
+                                                             {"max_new_tokens", "--max-new-tokens"},
+                                                             {"temperature", "--temperature"},
+                                                             {"top_k", "--top-k"},
+                                                             {"top_p", "--top-p"},
+                                                             {"delta", "--delta"},
+                                                             {"nu", "--nu"},
+                                                             {"ell", "--ell"},
+                                                             {"class", "--label"}};
+    const auto it = flags.find(e.argument());
+    std::fprintf(stderr, "specula_demo: %s%s%s\n", it != flags.end() ? it->second.c_str() : "",
+                 it != flags.end() ? ": " : "invalid parameter: ", e.what());
+    return exit_bad_arguments;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "specula_demo: error: %s\n", e.what());
+    return exit_runtime_error;
+  }
+}
