@@ -17,6 +17,7 @@
 /// G^{k,λ}), the rejection term of Eq. 8 is the mixture Σ_x̃ Q(x̃)(1 − f(x̃))·G_x̃, which reduces
 /// to the paper's r·G when G does not depend on x̃.
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <span>
@@ -139,6 +140,63 @@ relaxation_report relaxation_accounting(const toy_ar_model& target, const toy_ar
     tv += std::abs(r.relaxed_law[k] - r.target_law[k]);
   r.tv_exact = 0.5 * tv;
   return r;
+}
+
+/// Exact law of the whole draft-model speculative decoding loop (`speculative_decode` with
+/// sampled drafts and a `tree_verifier` using `rule`) over the target's `horizon` tokens after
+/// the BOS prompt: rounds of min(draft_length, remaining - 1) drafts, each verified left to
+/// right with the rule at its draft position (the schedule restarts every round), ending with
+/// the residual sample at the first rejection or the target's bonus token. Indexed like
+/// toy_ar_model::sequence_index. With the exact rule this is the target's law.
+template <class Rule>
+std::vector<double> speculative_loop_law(const toy_ar_model& target, const toy_ar_model& draft,
+                                         index_t draft_length, const Rule& rule,
+                                         double residual_floor = default_residual_floor) {
+  if (target.vocab_size() != draft.vocab_size() || draft.horizon() < target.horizon() ||
+      draft_length < 0)
+    throw std::invalid_argument(
+        "specula::testing::speculative_loop_law: models need equal vocabularies, the draft a "
+        "horizon >= the target's, and draft_length >= 0");
+  const index_t v = target.vocab_size();
+  const index_t horizon = target.horizon();
+  std::vector<double> law(static_cast<std::size_t>(target.num_sequences()), 0.0);
+  std::vector<token_t> prefix;
+  std::function<void(double, index_t)> round;
+  // walk: inside a round whose first `i` drafts were all accepted (mass a).
+  std::function<void(index_t, index_t, double, index_t)> walk = [&](index_t i, index_t gamma,
+                                                                    double a, index_t code) {
+    const auto p = target.row(prefix);
+    if (i == gamma) {  // every draft accepted: the bonus token from the target row
+      for (index_t y = 0; y < v; ++y) {
+        prefix.push_back(static_cast<token_t>(y));
+        round(a * p[static_cast<std::size_t>(y)], code * v + y);
+        prefix.pop_back();
+      }
+      return;
+    }
+    const auto q = draft.row(prefix);
+    const auto t = detail::terms_at(rule, i, p, q, residual_floor);
+    for (index_t y = 0; y < v; ++y) {
+      const auto sy = static_cast<std::size_t>(y);
+      prefix.push_back(static_cast<token_t>(y));
+      if (const double acc = a * q[sy] * t.accept[sy]; acc > 0.0)
+        walk(i + 1, gamma, acc, code * v + y);  // y drafted and accepted
+      if (const double rej = a * t.reject[sy]; rej > 0.0)
+        round(rej, code * v + y);  // a rejection, then y from the residual
+      prefix.pop_back();
+    }
+  };
+  round = [&](double mass, index_t code) {
+    if (!(mass > 0.0)) return;
+    const auto remaining = horizon - static_cast<index_t>(prefix.size());
+    if (remaining == 0) {
+      law[static_cast<std::size_t>(code)] += mass;
+      return;
+    }
+    walk(0, std::min(draft_length, remaining - 1), mass, code);
+  };
+  round(1.0, 0);
+  return law;
 }
 
 }  // namespace specula::testing
