@@ -443,7 +443,10 @@ specula::sjd_options sjd_options_of(const demo_options& o, bool pac) {
     so.adaptive_continuation = !o.no_ac;
     so.proactive_drafting = !o.no_pd;
   }
-  so.init = o.init == "one-hot" ? specula::sjd_init::one_hot_q : specula::sjd_init::uniform_q;
+  so.init = o.init == "one-hot"             ? specula::sjd_init::one_hot_q
+            : o.init == "horizontal-repeat" ? specula::sjd_init::horizontal_repeat
+            : o.init == "horizontal-sample" ? specula::sjd_init::horizontal_sample
+                                            : specula::sjd_init::uniform_q;
   so.max_new_tokens = o.max_new_tokens;
   so.target = sampling_of(o);
   return so;
@@ -631,8 +634,9 @@ void print_help() {
       "  --draft-greedy       sd, cool-sd: greedy drafts, stochastic verification\n"
       "  --draft-length N     sd, cool-sd: drafted tokens per step (default 4)\n"
       "  --window N           sjd (default 16), sjd-pac (32), jacobi (16): draft window\n"
-      "  --init MODE          sjd, sjd-pac: uniform (default) | one-hot; jacobi: repeat (default) "
-      "| random\n"
+      "  --init MODE          sjd, sjd-pac: uniform (default) | one-hot | horizontal-repeat |\n"
+      "                       horizontal-sample (spatial priors for images); jacobi, multiblock:\n"
+      "                       repeat (default) | random\n"
       "  --pd-width K         sjd-pac: Proactive Drafting candidates per node (default 3)\n"
       "  --pd-depth D         sjd-pac: Proactive Drafting depth (default 1)\n"
       "  --no-ac, --no-pd     sjd-pac: disable Adaptive Continuation / Proactive Drafting\n"
@@ -897,8 +901,11 @@ void resolve(demo_options& o, const method_entry& m) {
   require(o.window >= 1 && o.window <= 256, "--window", "must be in [1, 256]");
   if (o.method == "sjd" || o.method == "sjd-pac") {
     if (o.init.empty()) o.init = "uniform";
-    require(o.init == "uniform" || o.init == "one-hot", "--init",
-            "must be uniform or one-hot for method " + o.method + ", got '" + o.init + "'");
+    require(o.init == "uniform" || o.init == "one-hot" || o.init == "horizontal-repeat" ||
+                o.init == "horizontal-sample",
+            "--init",
+            "must be uniform, one-hot, horizontal-repeat or horizontal-sample for method " +
+                o.method + ", got '" + o.init + "'");
   } else if (o.method == "jacobi") {
     if (o.init.empty()) o.init = "repeat";
     require(o.init == "repeat" || o.init == "random", "--init",

@@ -61,10 +61,13 @@ TEST_CASE("SJD and SJD-PAC sample the target's sequence law (G-tests)", "[decode
     bool ac, pd;
     sjd_init init;
   };
-  for (const variant v : {variant{"SJD", false, false, sjd_init::one_hot_q},
-                          variant{"SJD+PD", false, true, sjd_init::uniform_q},
-                          variant{"SJD+AC", true, false, sjd_init::uniform_q},
-                          variant{"SJD+PD+AC", true, true, sjd_init::one_hot_q}}) {
+  for (const variant v :
+       {variant{"SJD", false, false, sjd_init::one_hot_q},
+        variant{"SJD+PD", false, true, sjd_init::uniform_q},
+        variant{"SJD+AC", true, false, sjd_init::uniform_q},
+        variant{"SJD+PD+AC", true, true, sjd_init::one_hot_q},
+        variant{"SJD+AC, horizontal repeat", true, false, sjd_init::horizontal_repeat},
+        variant{"SJD+PD, horizontal sample", false, true, sjd_init::horizontal_sample}}) {
     sjd_options opt;
     opt.window = 3;
     opt.max_new_tokens = 5;

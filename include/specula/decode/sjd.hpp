@@ -26,7 +26,9 @@
 ///      a bias (docs/decoding.md) that is not explained yet;
 ///    - positions without a stale row are initialised with uniform random tokens, proposed by
 ///      the uniform row (`sjd_init::uniform_q`, as SJD-PAC) or by the one-hot row at the token
-///      (`sjd_init::one_hot_q`, as SJD's code).
+///      (`sjd_init::one_hot_q`, as SJD's code), or with a spatial prior for images: the previous
+///      window token repeated (`horizontal_repeat`, one-hot row) or a sample from the row the
+///      previous token was drawn from (`horizontal_sample`, that row).
 ///
 /// Every draft token is verified against fresh target rows with q the distribution it was
 /// actually drawn from, so the output law is the target's whatever the switches (tested by
@@ -52,6 +54,12 @@ namespace specula {
 enum class sjd_init {
   uniform_q,  ///< uniform random token, proposal row uniform (SJD-PAC's code)
   one_hot_q,  ///< uniform random token, proposal row one-hot at it (SJD's code)
+  /// Spatial prior (SJD, Table 10): repeat the previous token of the window (in raster order,
+  /// the left neighbour); proposal row one-hot at it.
+  horizontal_repeat,
+  /// Spatial prior: a sample from the row the previous window token was drawn from (uniform
+  /// after the root); proposal row that row.
+  horizontal_sample,
 };
 
 /// Options of sjd_decode. Defaults are vanilla SJD with the official window L = 16.
@@ -113,6 +121,47 @@ struct sjd_draft {
 inline constexpr std::uint32_t sjd_init_slot = 0xFFFFFFF0u;
 inline constexpr std::uint32_t sjd_first_window_slot = 0xFFFFFFF1u;
 
+/// The token of a new child of `parent` at a position without a stale row, drawn with the
+/// uniform `u` as `init` says; writes the parent's q row (what the child is drawn from).
+inline token_t sjd_init_child(sjd_draft& draft, index_t parent, sjd_init init, index_t vocab,
+                              double u) {
+  auto qrow = draft.q_row(parent, vocab);
+  const auto uniform_token = [&] {
+    return static_cast<token_t>(
+        std::min<index_t>(vocab - 1, static_cast<index_t>(u * static_cast<double>(vocab))));
+  };
+  switch (init) {
+    case sjd_init::uniform_q:
+      std::fill(qrow.begin(), qrow.end(), 1.0f / static_cast<float>(vocab));
+      return uniform_token();
+    case sjd_init::one_hot_q: {
+      const token_t x = uniform_token();
+      std::fill(qrow.begin(), qrow.end(), 0.0f);
+      qrow[static_cast<std::size_t>(x)] = 1.0f;
+      return x;
+    }
+    case sjd_init::horizontal_repeat: {
+      const token_t x = draft.tokens[static_cast<std::size_t>(parent)];
+      std::fill(qrow.begin(), qrow.end(), 0.0f);
+      qrow[static_cast<std::size_t>(x)] = 1.0f;
+      return x;
+    }
+    case sjd_init::horizontal_sample:
+      break;
+  }
+  // horizontal_sample: the row the parent was drawn from (its parent's q row), uniform below
+  // the root.
+  const index_t grand = draft.parents[static_cast<std::size_t>(parent)];
+  if (grand < 0) {
+    std::fill(qrow.begin(), qrow.end(), 1.0f / static_cast<float>(vocab));
+    return uniform_token();
+  }
+  const auto src = draft.q_row(grand, vocab);
+  std::copy(src.begin(), src.end(), qrow.begin());
+  const auto w = [&](index_t y) { return static_cast<double>(qrow[static_cast<std::size_t>(y)]); };
+  return static_cast<token_t>(sample_inverse_cdf(vocab, w, positive_mass(vocab, w), u));
+}
+
 }  // namespace detail
 
 /// SJD / SJD-PAC decoding of up to `options.max_new_tokens` tokens after `prompt` (see file
@@ -167,16 +216,10 @@ std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
       draft.reset(seq.back(), V);
       index_t u = 0;
       for (index_t d = 1; d <= max_depth; ++d) {
-        const auto x = static_cast<token_t>(std::min<index_t>(
-            V - 1,
-            static_cast<index_t>(uniform_at(draw_rng, draw_id{static_cast<std::uint32_t>(d),
-                                                              detail::sjd_first_window_slot}) *
-                                 static_cast<double>(V))));
-        auto qrow = draft.q_row(u, V);
-        if (options.init == sjd_init::uniform_q)
-          std::fill(qrow.begin(), qrow.end(), 1.0f / static_cast<float>(V));
-        else
-          qrow[sz(x)] = 1.0f;
+        const token_t x = detail::sjd_init_child(
+            draft, u, options.init, V,
+            uniform_at(draw_rng,
+                       draw_id{static_cast<std::uint32_t>(d), detail::sjd_first_window_slot}));
         u = draft.add(u, x, V);
       }
       fresh = false;
@@ -251,17 +294,11 @@ std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
         const index_t parent = level[li];
         const bool first_path = li == 0;
         auto qrow = next.q_row(parent, V);
-        if (!have_row) {  // uniform random initialisation
+        if (!have_row) {  // initialisation (random or spatial prior)
           if (!first_path) continue;
-          const auto x = static_cast<token_t>(std::min<index_t>(
-              V - 1,
-              static_cast<index_t>(uniform_at(draw_rng, draw_id{static_cast<std::uint32_t>(d),
-                                                                detail::sjd_init_slot}) *
-                                   static_cast<double>(V))));
-          if (options.init == sjd_init::uniform_q)
-            std::fill(qrow.begin(), qrow.end(), 1.0f / static_cast<float>(V));
-          else
-            qrow[sz(x)] = 1.0f;
+          const token_t x = detail::sjd_init_child(
+              next, parent, options.init, V,
+              uniform_at(draw_rng, draw_id{static_cast<std::uint32_t>(d), detail::sjd_init_slot}));
           below.push_back(next.add(parent, x, V));
           continue;
         }
