@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <specula/decode/speculative.hpp>
+#include <specula/verify/tree.hpp>
 
 namespace specula::decode_testing {
 
@@ -29,6 +30,22 @@ std::vector<token_t> greedy_reference(Model& m, std::span<const token_t> prompt,
   }
   return out;
 }
+
+/// Accepts every child on the first path and emits the leaf's argmax: biased.
+struct first_path_verifier {
+  void operator()(const tree_batch_input<float>& in, const tree_batch_output& out) const {
+    const token_tree& t = in.trees[0];
+    index_t u = 0, k = 0;
+    out.accepted_nodes[0] = 0;
+    while (t.first_child(u) >= 0) {
+      u = t.first_child(u);
+      out.output_tokens[k] = t.token(u);
+      out.accepted_nodes[++k] = u;
+    }
+    out.output_tokens[k] = static_cast<token_t>(argmax_lowest(in.target_probs.row(u)));
+    out.num_accepted[0] = static_cast<std::int32_t>(k);
+  }
+};
 
 /// Code-like prompts for the shipped byte-level text models.
 inline const std::vector<std::string>& text_prompts() {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <specula/decode/multiblock.hpp>
+#include <specula/testing/goodness_of_fit.hpp>
 #include <specula/testing/toy_models.hpp>
 #include <specula_example/sessions.hpp>
 
@@ -74,6 +75,62 @@ TEST_CASE("Multi-block decoding equals greedy decoding on the shipped text model
   CHECK(recycled.step_compression() >= 1.0);
 }
 
+namespace {
+
+template <class Verifier = tree_verifier<>>
+std::vector<std::uint64_t> stochastic_counts(const testing::toy_ar_model& model,
+                                             const multiblock_options& opt, std::uint32_t runs,
+                                             std::uint64_t seed, decode_stats* stats,
+                                             const Verifier& v = {}) {
+  testing::toy_model_session s(model);
+  const std::vector<token_t> prompt{0};
+  std::vector<std::uint64_t> counts(static_cast<std::size_t>(model.num_sequences()), 0);
+  for (std::uint32_t r = 0; r < runs; ++r) {
+    const auto out = multiblock_decode(s, prompt, opt, request_rng{seed, r, 0}, stats, v);
+    ++counts[static_cast<std::size_t>(model.sequence_index(out))];
+  }
+  return counts;
+}
+
+multiblock_options stochastic_mb(index_t block, index_t blocks, double r, jacobi_init init) {
+  auto o = mb(block, blocks, r, false, 5);
+  o.stochastic = true;
+  o.init = init;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("Stochastic multi-block decoding samples the target's sequence law (G-test)",
+          "[decode][stats]") {
+  // V = 4, 5 positions (1024 sequences), sparse rows; blocks shorter than the sequence so
+  // that blocks are spawned, promoted and refilled from stale rows.
+  const testing::toy_ar_model model(4, 5, 77, 0.3);
+  const auto law = model.sequence_law();
+  struct variant {
+    const char* name;
+    multiblock_options opt;
+  };
+  for (const auto& v :
+       {variant{"block 2, K = 2, random fill", stochastic_mb(2, 2, 0.5, jacobi_init::random)},
+        variant{"block 3, K = 3, repeat fill",
+                stochastic_mb(3, 3, 0.34, jacobi_init::repeat_last)}}) {
+    decode_stats st;
+    const auto counts = stochastic_counts(model, v.opt, 1'000'000, 41, &st);
+    const auto g = specula::testing::g_test(counts, law);
+    INFO(v.name << ": " << g << ", step compression " << st.step_compression());
+    CHECK(g.impossible_observations == 0);
+    CHECK(g.p_value > 1e-4);
+    CHECK(st.tokens == 5'000'000);
+    CHECK(st.step_compression() > 1.0);
+  }
+  // Negative control: a verifier that accepts the whole first path fails the same test.
+  const auto biased =
+      stochastic_counts(model, stochastic_mb(2, 2, 0.5, jacobi_init::random), 200'000, 42, nullptr,
+                        decode_testing::first_path_verifier{});
+  CHECK(specula::testing::g_test(biased, law).p_value < 1e-6);
+}
+
 TEST_CASE("A stop token ends multi-block decoding", "[decode]") {
   const testing::toy_ar_model model(3, 8, 5, 0.0);
   testing::toy_model_session s(model);
@@ -106,6 +163,14 @@ TEST_CASE("Multi-block decoding rejects bad input", "[decode]") {
   check([](multiblock_options& o) { o.pool_size = -1; }, "pool_size");
   check([](multiblock_options& o) { o.ngram_length = 0; }, "ngram_length");
   check([](multiblock_options& o) { o.max_new_tokens = 0; }, "max_new_tokens");
+  check([](multiblock_options& o) { o.stochastic = true; }, "recycling");
+  check(
+      [](multiblock_options& o) {
+        o.stochastic = true;
+        o.recycling = false;
+        o.target.temperature = -1.0f;
+      },
+      "temperature");
   CHECK_THROWS_WITH(multiblock_decode(s, std::vector<token_t>{}, mb(4, 2, 0.5, true, 4)),
                     Catch::Contains("prompt"));
 }

@@ -11,27 +11,13 @@
 #include <specula/testing/goodness_of_fit.hpp>
 #include <specula/testing/toy_models.hpp>
 
+#include "decode_test_util.hpp"
+
 using namespace specula;
 using specula::testing::toy_ar_model;
 using specula::testing::toy_model_session;
 
 namespace {
-
-/// Accepts every child on the first path and emits the leaf's argmax: biased.
-struct first_path_verifier {
-  void operator()(const tree_batch_input<float>& in, const tree_batch_output& out) const {
-    const token_tree& t = in.trees[0];
-    index_t u = 0, k = 0;
-    out.accepted_nodes[0] = 0;
-    while (t.first_child(u) >= 0) {
-      u = t.first_child(u);
-      out.output_tokens[k] = t.token(u);
-      out.accepted_nodes[++k] = u;
-    }
-    out.output_tokens[k] = static_cast<token_t>(argmax_lowest(in.target_probs.row(u)));
-    out.num_accepted[0] = static_cast<std::int32_t>(k);
-  }
-};
 
 template <class Verifier = tree_verifier<>>
 std::vector<std::uint64_t> sjd_counts(const toy_ar_model& model, const sjd_options& opt,
@@ -91,7 +77,8 @@ TEST_CASE("a biased verifier fails the SJD G-test", "[decode][stats]") {
   const toy_ar_model model(4, 5, 77, 0.3);
   sjd_options opt = sjd_options::sjd_pac(3, 2, 1);
   opt.max_new_tokens = 5;
-  const auto counts = sjd_counts(model, opt, 200'000, 32, nullptr, first_path_verifier{});
+  const auto counts =
+      sjd_counts(model, opt, 200'000, 32, nullptr, decode_testing::first_path_verifier{});
   CHECK(specula::testing::g_test(counts, model.sequence_law()).p_value < 1e-6);
 }
 

@@ -35,6 +35,19 @@
 ///
 /// With K = 1 and no recycling this is Jacobi decoding with fixed blocks of n (the window shrinks
 /// as tokens commit, then a new block starts); `jacobi_decode` is the running-window variant.
+///
+/// **Stochastic variant** (`stochastic = true`, our extension; lossless for the sampled target
+/// law): every window token carries the row it was drawn from (q), the window is verified with
+/// the exact rule (`tree_verifier<>`) against the target rows transformed by `target`, and the
+/// update is SJD's with Adaptive Continuation: a position with a stale row R keeps its old token
+/// with probability min(1, R/q_old), else takes a sample of max(R − q_old, 0) — its law is R, so
+/// q = R — and a position first reached by a stale row is sampled from R. Pseudo-acceptance
+/// is therefore implicit (no frozen tokens; every token is re-tested against its newest row);
+/// spawned blocks copy the RA guesses with one-hot rows (a copy is determined by the earlier
+/// drafts), fills are one-hot (`repeat_last`) or uniform (`random`). Rejection recycling is
+/// greedy only (a recycled n-gram is no draw from a row), so `recycling` must be off. Draws:
+/// step s verifies with `{seed, request_id, s}`, updates with `{fold_in(seed, 1), request_id,
+/// s}`, fills from `{fold_in(seed, 2), request_id, 0}`.
 
 #include <algorithm>
 #include <cmath>
@@ -46,6 +59,7 @@
 #include "specula/core/error.hpp"
 #include "specula/core/rng.hpp"
 #include "specula/decode/jacobi.hpp"
+#include "specula/decode/sjd.hpp"
 #include "specula/decode/speculative.hpp"
 #include "specula/verify/greedy.hpp"
 
@@ -63,6 +77,8 @@ struct multiblock_options {
   index_t max_new_tokens = 64;  ///< >= 1
   jacobi_init init = jacobi_init::repeat_last;
   token_t stop_token = no_token;  ///< generation ends after emitting it (-1: never)
+  bool stochastic = false;        ///< the lossless sampling variant (needs recycling = false)
+  sampling_params target{};       ///< target logits -> p (stochastic variant)
 };
 
 namespace detail {
@@ -91,6 +107,12 @@ class ngram_pool {
   index_t per_key_;
   std::unordered_map<token_t, std::deque<std::vector<token_t>>> pool_;
 };
+
+inline void append_one_hot(std::vector<float>& rows, token_t t, index_t vocab) {
+  const std::size_t at = rows.size();
+  rows.resize(at + static_cast<std::size_t>(vocab), 0.0f);
+  rows[at + static_cast<std::size_t>(t)] = 1.0f;
+}
 
 /// A tree built by inserting token chains below a root, sharing common prefixes (a trie).
 struct trie_builder {
@@ -128,13 +150,14 @@ struct trie_builder {
 
 }  // namespace detail
 
-/// Greedy multi-block decoding of up to `options.max_new_tokens` tokens after `prompt` (see file
-/// comment); `rng` seeds random window initialisation. The model is restarted with
-/// `prefill(prompt)`. Adds to `*stats` when given.
-template <session_model Model>
+/// Multi-block decoding of up to `options.max_new_tokens` tokens after `prompt` (see file
+/// comment); `rng` seeds the random draws. The model is restarted with `prefill(prompt)`. Adds
+/// to `*stats` when given. `verify` is the stochastic variant's exact tree verifier unless a test
+/// substitutes another (the greedy variant always verifies greedily).
+template <session_model Model, verifier Verifier = tree_verifier<>>
 std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt,
                                        const multiblock_options& options, request_rng rng = {},
-                                       decode_stats* stats = nullptr) {
+                                       decode_stats* stats = nullptr, const Verifier& verify = {}) {
   if (prompt.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "prompt");
   require_parameter(options.block_size >= 1, "block_size", static_cast<double>(options.block_size),
                     "must be >= 1");
@@ -148,6 +171,11 @@ std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt
                     static_cast<double>(options.ngram_length), "must be >= 1");
   require_parameter(options.max_new_tokens >= 1, "max_new_tokens",
                     static_cast<double>(options.max_new_tokens), "must be >= 1");
+  require_parameter(!(options.stochastic && options.recycling), "recycling", 1.0,
+                    "must be false with stochastic = true (recycled n-grams are verified "
+                    "greedily only)");
+  if (options.stochastic) validate_sampling_params(options.target);
+  const bool stochastic = options.stochastic;
   const index_t V = m.vocab_size();
   const index_t n = options.block_size;
   const auto spawn_at =
@@ -164,20 +192,30 @@ std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt
   // Window: win[j - 1] is the guess for position j after the root (j = 1 .. W). The RA block
   // covers positions 1 .. ra_left; pseudo-active block b covers the n positions after the
   // blocks before it, of which the first frozen[b] are frozen.
+  // Stochastic variant: qwin[(j - 1) V .. j V) is the row win[j - 1] was drawn from.
   std::vector<token_t> win, next_win;
+  std::vector<float> qwin, next_qwin;
   index_t ra_left = n;
   std::vector<index_t> frozen;
   std::uint32_t draws = 0;
-  const auto init_token = [&](token_t previous) {
+  const request_rng fill_rng{fold_in(rng.seed, 2), rng.request_id, 0};
+  // Appends a filled position after `previous` to (tokens, q rows).
+  const auto fill = [&](std::vector<token_t>& w, std::vector<float>& qw, token_t previous) {
+    token_t t = previous;
     if (options.init == jacobi_init::random) {
-      const double u = uniform_at(rng, draw_id{draws++, 1});
-      return static_cast<token_t>(
+      const double u = uniform_at(stochastic ? fill_rng : rng, draw_id{draws++, 1});
+      t = static_cast<token_t>(
           std::min<index_t>(V - 1, static_cast<index_t>(u * static_cast<double>(V))));
     }
-    return previous;
+    w.push_back(t);
+    if (!stochastic) return;
+    if (options.init == jacobi_init::random)
+      qw.insert(qw.end(), sz(V), 1.0f / static_cast<float>(V));
+    else
+      detail::append_one_hot(qw, t, V);
   };
 
-  std::vector<float> logits;
+  std::vector<float> logits, probs, q_rows, scratch(stochastic ? sz(V) : 0);
   std::vector<token_t> out_tokens;
   std::vector<index_t> out_nodes, main_nodes, argmax;
 
@@ -186,7 +224,7 @@ std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt
         options.max_new_tokens - (static_cast<index_t>(seq.size()) - prompt_len);
     if (remaining <= 0) break;
     while (static_cast<index_t>(win.size()) < ra_left + n * static_cast<index_t>(frozen.size()))
-      win.push_back(init_token(win.empty() ? seq.back() : win.back()));
+      fill(win, qwin, win.empty() ? seq.back() : win.back());
     const index_t eval_w = std::min<index_t>(static_cast<index_t>(win.size()), remaining - 1);
 
     // --- 1. The step's tree: the window chain, then recycled candidates below the root.
@@ -195,7 +233,8 @@ std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt
     {
       detail::scoped_timer timer(st.draft_seconds);
       trie.insert(0, std::span<const token_t>(win.data(), sz(eval_w)), &main_nodes);
-      if (const auto* cands = pool.find(seq.back()); cands != nullptr && remaining > 1)
+      if (const auto* cands = pool.find(seq.back());
+          !stochastic && cands != nullptr && remaining > 1)
         for (const auto& c : *cands)
           trie.insert(0, std::span<const token_t>(c.data(), std::min(c.size(), sz(remaining - 1))));
     }
@@ -208,15 +247,25 @@ std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt
       ++st.target_forwards;
     }
 
-    // --- 2. Greedy verification.
+    // --- 2. Verification: greedy, or exact against the window's q rows (stochastic).
     index_t k = 0;
     {
       detail::scoped_timer timer(st.verify_seconds);
-      argmax.resize(sz(nodes));
-      for (index_t u = 0; u < nodes; ++u)
-        argmax[sz(u)] = argmax_lowest(row_view<const float>(logits.data() + u * V, V));
-      k = detail::verify_one(greedy_tree_verifier<>{}, tree, V, logits, {}, request_rng{},
-                             out_tokens, out_nodes);
+      if (stochastic) {
+        probs.resize(logits.size());
+        detail::rows_to_probs(options.target, logits, probs, scratch, V);
+        // Node j's children were drawn from qwin row j (the leaf's row is never used).
+        q_rows.assign(qwin.begin(), qwin.begin() + static_cast<std::ptrdiff_t>(sz(eval_w) * sz(V)));
+        q_rows.insert(q_rows.end(), probs.end() - V, probs.end());
+        k = detail::verify_one(verify, tree, V, probs, q_rows,
+                               request_rng{rng.seed, rng.request_id, step}, out_tokens, out_nodes);
+      } else {
+        argmax.resize(sz(nodes));
+        for (index_t u = 0; u < nodes; ++u)
+          argmax[sz(u)] = argmax_lowest(row_view<const float>(logits.data() + u * V, V));
+        k = detail::verify_one(greedy_tree_verifier<>{}, tree, V, logits, {}, request_rng{},
+                               out_tokens, out_nodes);
+      }
     }
     m.commit(std::span<const index_t>(out_nodes.data(), sz(k + 1)));
     const bool stop = detail::emit_step(out_tokens, k, options.stop_token, seq, st);
@@ -225,7 +274,7 @@ std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt
     detail::scoped_timer timer(st.draft_seconds);
     // The argmax the window chain predicts for position j (row of position j - 1), or -1.
     const auto g_main = [&](index_t j) -> index_t {
-      return j - 1 <= eval_w ? argmax[sz(main_nodes[sz(j - 1)])] : -1;
+      return !stochastic && j - 1 <= eval_w ? argmax[sz(main_nodes[sz(j - 1)])] : -1;
     };
     // --- 7. Recycle the rejected tail of the RA guesses.
     if (options.recycling) {
@@ -238,7 +287,7 @@ std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt
       }
     }
     // --- 3. Pseudo-acceptance: frozen prefixes grow by the guesses equal to their argmax.
-    for (std::size_t b = 0; b < frozen.size(); ++b) {
+    for (std::size_t b = 0; b < frozen.size() && !stochastic; ++b) {
       const index_t start = ra_left + static_cast<index_t>(b) * n;  // block's first position - 1
       while (frozen[b] < n && start + frozen[b] + 1 <= eval_w &&
              static_cast<index_t>(win[sz(start + frozen[b])]) == g_main(start + frozen[b] + 1))
@@ -263,26 +312,43 @@ std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt
     }
     const index_t new_w = new_ra_left + n * static_cast<index_t>(new_frozen.size());
     next_win.clear();
+    next_qwin.clear();
+    const request_rng draw_rng{fold_in(rng.seed, 1), rng.request_id, step};
     for (index_t i = 1; i <= new_w; ++i) {
       const index_t j = c + i;  // old position
-      const auto old_or_fill = [&]() {
-        return j <= static_cast<index_t>(win.size())
-                   ? win[sz(j - 1)]
-                   : init_token(next_win.empty() ? seq.back() : next_win.back());
-      };
-      token_t t;
-      if (is_frozen(j)) {
-        t = win[sz(j - 1)];
-      } else if (j - c - 1 < static_cast<index_t>(stale.size())) {
-        t = static_cast<token_t>(argmax[sz(stale[sz(j - c - 1)])]);
+      const bool have_old = j <= static_cast<index_t>(win.size());
+      const bool have_stale = j - c - 1 < static_cast<index_t>(stale.size());
+      if (stochastic && have_stale) {
+        // SJD + Adaptive Continuation from the stale row R (law R, so q = R).
+        const auto R = std::span<const float>(probs.data() + stale[sz(j - c - 1)] * V, sz(V));
+        const auto i32 = static_cast<std::uint32_t>(i);
+        next_win.push_back(have_old
+                               ? detail::adaptive_continuation_draw(
+                                     R, std::span<const float>(qwin.data() + (j - 1) * V, sz(V)),
+                                     win[sz(j - 1)], draw_rng, draw_id{i32, 0}, draw_id{i32, 1})
+                               : detail::sample_row(R, uniform_at(draw_rng, draw_id{i32, 2})));
+        next_qwin.insert(next_qwin.end(), R.begin(), R.end());
+      } else if (stochastic) {
+        if (have_old) {  // never examined: keeps its token and row
+          next_win.push_back(win[sz(j - 1)]);
+          next_qwin.insert(next_qwin.end(), qwin.begin() + (j - 1) * V, qwin.begin() + j * V);
+        } else {
+          fill(next_win, next_qwin, next_win.empty() ? seq.back() : next_win.back());
+        }
+      } else if (is_frozen(j)) {
+        next_win.push_back(win[sz(j - 1)]);
+      } else if (have_stale) {
+        next_win.push_back(static_cast<token_t>(argmax[sz(stale[sz(j - c - 1)])]));
       } else if (j - 1 <= eval_w) {
-        t = static_cast<token_t>(g_main(j));
+        next_win.push_back(static_cast<token_t>(g_main(j)));
+      } else if (have_old) {
+        next_win.push_back(win[sz(j - 1)]);
       } else {
-        t = old_or_fill();
+        fill(next_win, next_qwin, next_win.empty() ? seq.back() : next_win.back());
       }
-      next_win.push_back(t);
     }
     win.swap(next_win);
+    qwin.swap(next_qwin);
     ra_left = new_ra_left;
     frozen = std::move(new_frozen);
     // --- 6. Spawn a pseudo-active block.
@@ -293,6 +359,7 @@ std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt
         for (index_t i = 0; i < n; ++i) {
           const token_t t = i < ra_left ? win[sz(i)] : (win.empty() ? seq.back() : win.back());
           win.push_back(t);
+          if (stochastic) detail::append_one_hot(qwin, t, V);  // a copy: one-hot row
         }
         frozen.push_back(0);
       }

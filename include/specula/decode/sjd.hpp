@@ -121,6 +121,31 @@ struct sjd_draft {
 inline constexpr std::uint32_t sjd_init_slot = 0xFFFFFFF0u;
 inline constexpr std::uint32_t sjd_first_window_slot = 0xFFFFFFF1u;
 
+/// A sample from the probability row R with the uniform u.
+inline token_t sample_row(std::span<const float> R, double u) {
+  const auto w = [&](index_t y) { return static_cast<double>(R[static_cast<std::size_t>(y)]); };
+  const auto v = static_cast<index_t>(R.size());
+  return static_cast<token_t>(sample_inverse_cdf(v, w, positive_mass(v, w), u));
+}
+
+/// Adaptive Continuation's draw (SJD-PAC §4.2): keeps `old`, drawn from q_old, with probability
+/// min(1, R/q_old), else samples max(R − q_old, 0) (R itself when that has no mass); by the
+/// rejection lemma the result has law R. Draws: `keep_at` (Bernoulli), `resample_at`.
+inline token_t adaptive_continuation_draw(std::span<const float> R, std::span<const float> q_old,
+                                          token_t old, const request_rng& rng, draw_id keep_at,
+                                          draw_id resample_at) {
+  const exact_rule rule{};
+  const auto so = static_cast<std::size_t>(old);
+  if (philox_source{rng}.bernoulli(rule.accept_probability(R[so], q_old[so]), keep_at)) return old;
+  const auto v = static_cast<index_t>(R.size());
+  auto w = [&](index_t y) {
+    return rule.residual_weight(R[static_cast<std::size_t>(y)], q_old[static_cast<std::size_t>(y)]);
+  };
+  const double mass = positive_mass(v, w);
+  const double u = uniform_at(rng, resample_at);
+  return mass > 0.0 ? static_cast<token_t>(sample_inverse_cdf(v, w, mass, u)) : sample_row(R, u);
+}
+
 /// The token of a new child of `parent` at a position without a stale row, drawn with the
 /// uniform `u` as `init` says; writes the parent's q row (what the child is drawn from).
 inline token_t sjd_init_child(sjd_draft& draft, index_t parent, sjd_init init, index_t vocab,
@@ -198,7 +223,6 @@ std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
   std::vector<token_t> out_tokens;
   std::vector<index_t> out_nodes, stale;
   std::vector<token_t> chosen;
-  const exact_rule rule{};
   bool fresh = true;  // the draft below the root still has to be built from scratch
 
   for (std::uint32_t step = 0;; ++step) {
@@ -207,7 +231,6 @@ std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
     if (remaining <= 0) break;
     const index_t max_depth = std::min(options.window, remaining - 1);
     const request_rng draw_rng{fold_in(rng.seed, 1), rng.request_id, step};
-    const philox_source src{draw_rng};
 
     // --- Initial window: L uniform random tokens (only before the first iteration; later
     // windows are built from stale rows below).
@@ -312,26 +335,10 @@ std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
           if (c == 0 && first_path && options.adaptive_continuation && d < stale_rows) {
             // AC: keep the old draft at this position with min(1, R/q_old), else resample
             // from max(R - q_old, 0): the kept-or-resampled token has law R.
-            const index_t old_node = stale[sz(d)];
-            const token_t old = tree.token(old_node);
-            const auto q_old = std::span<const float>(draft.q.data() + stale[sz(d - 1)] * V, sz(V));
-            const double a = rule.accept_probability(R[sz(old)], q_old[sz(old)]);
-            if (src.bernoulli(a, draw_id{static_cast<std::uint32_t>(d), slot})) {
-              x = old;
-            } else {
-              auto w = [&](index_t y) { return rule.residual_weight(R[sz(y)], q_old[sz(y)]); };
-              const double mass = positive_mass(V, w);
-              auto wr = [&](index_t y) { return static_cast<double>(R[sz(y)]); };
-              x = static_cast<token_t>(
-                  mass > 0.0
-                      ? sample_inverse_cdf(
-                            V, w, mass,
-                            uniform_at(draw_rng, draw_id{static_cast<std::uint32_t>(d), slot + 1}))
-                      : sample_inverse_cdf(
-                            V, wr, positive_mass(V, wr),
-                            uniform_at(draw_rng,
-                                       draw_id{static_cast<std::uint32_t>(d), slot + 1})));
-            }
+            x = detail::adaptive_continuation_draw(
+                R, std::span<const float>(draft.q.data() + stale[sz(d - 1)] * V, sz(V)),
+                tree.token(stale[sz(d)]), draw_rng, draw_id{static_cast<std::uint32_t>(d), slot},
+                draw_id{static_cast<std::uint32_t>(d), slot + 1});
           } else {
             // A draw from R without the tokens already chosen (without replacement).
             auto w = [&](index_t y) {
