@@ -6,7 +6,10 @@
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
 #include <specula/decode/speculative.hpp>
+#include <specula/testing/goodness_of_fit.hpp>
 #include <specula/verify/tree.hpp>
 
 namespace specula::decode_testing {
@@ -46,6 +49,19 @@ struct first_path_verifier {
     out.num_accepted[0] = static_cast<std::int32_t>(k);
   }
 };
+
+/// The G-test of a lossless loop's generations against the sequence law (p > 1e-4, nothing
+/// impossible), with its accounting: `tokens` generated and drafts accepted (compression > 1).
+inline void check_sequence_law(const std::vector<std::uint64_t>& counts,
+                               const std::vector<double>& law, const decode_stats& st,
+                               index_t tokens) {
+  const auto g = specula::testing::g_test(counts, law);
+  INFO(g << ", step compression " << st.step_compression());
+  CHECK(g.impossible_observations == 0);
+  CHECK(g.p_value > 1e-4);
+  CHECK(st.tokens == tokens);
+  CHECK(st.step_compression() > 1.0);
+}
 
 /// Code-like prompts for the shipped byte-level text models.
 inline const std::vector<std::string>& text_prompts() {
