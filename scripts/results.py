@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Regenerate the tables of docs/RESULTS.md by running specula_demo on the shipped models.
+
+    python3 scripts/results.py [--build-dir build] [--tables sjd,k,cool,jacobi,ssd] [--quick]
+
+Every table aggregates over the prompts (text, diffusion) or labels (image) listed below:
+tokens and target forward passes are summed, step compression is their ratio, and wall time
+is the decoding time summed over the runs (one thread; it varies with the machine's load).
+Prints markdown to stdout.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+TEXT_PROMPTS = [
+    "import os\n",
+    "def __init__(self",
+    "class ",
+    "for i in range(",
+    "# Copyright ",
+    "if __name__ == ",
+]
+DIFFUSION_PROMPTS = [
+    "import os\n",
+    "def __init__(self",
+    "class Stack:\n",
+    "for i in range(",
+    "# Copyright ",
+    "if __name__ == ",
+]
+
+
+def run(demo, args):
+    cmd = [demo, "--json", "--quiet"] + args
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+class Totals:
+    def __init__(self):
+        self.tokens = 0
+        self.forwards = 0
+        self.draft_forwards = 0
+        self.wall = 0.0
+        self.hist = []
+
+    def add(self, d):
+        self.tokens += d["tokens"]
+        self.forwards += d["target_forwards"]
+        self.draft_forwards += d["draft_forwards"]
+        self.wall += d["wall_seconds"]
+        h = d["accepted_histogram"]
+        if len(self.hist) < len(h):
+            self.hist += [0] * (len(h) - len(self.hist))
+        for k, v in enumerate(h):
+            self.hist[k] += v
+
+    def row(self, name):
+        comp = self.tokens / self.forwards if self.forwards else 0.0
+        fwd = str(self.forwards)
+        if self.draft_forwards:
+            fwd += f" (+{self.draft_forwards} draft)"
+        return f"| {name} | {self.tokens} | {fwd} | {comp:.3f} | {self.wall * 1e3:.0f} |"
+
+
+HEADER = ("| configuration | tokens | target forwards | step compression | wall ms |\n"
+          "| --- | ---: | ---: | ---: | ---: |")
+
+
+def text_runs(demo, method, extra, tokens, samples=1):
+    t = Totals()
+    for p in TEXT_PROMPTS:
+        t.add(run(demo, ["--task", "text", "--method", method, "--prompt", p,
+                         "--max-new-tokens", str(tokens), "--num-samples", str(samples)]
+                  + extra))
+    return t
+
+
+def image_runs(demo, method, extra, samples):
+    t = Totals()
+    for label in range(8):
+        t.add(run(demo, ["--task", "image", "--method", method, "--label", str(label),
+                         "--num-samples", str(samples), "--out-dir", "/tmp/specula_results"]
+                  + extra))
+    return t
+
+
+def diffusion_runs(demo, method, extra, tokens):
+    t = Totals()
+    for p in DIFFUSION_PROMPTS:
+        t.add(run(demo, ["--task", "diffusion", "--method", method, "--prompt", p,
+                         "--max-new-tokens", str(tokens)] + extra))
+    return t
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build-dir", default="build")
+    ap.add_argument("--tables", default="sjd,k,cool,jacobi,ssd")
+    ap.add_argument("--quick", action="store_true", help="fewer tokens and samples")
+    a = ap.parse_args()
+    demo = os.path.join(a.build_dir, "examples", "demo", "specula_demo")
+    if not os.path.exists(demo):
+        sys.exit(f"{demo} not found: build it first (cmake --build {a.build_dir} "
+                 "--target specula_demo)")
+    tables = a.tables.split(",")
+    text_tokens = 32 if a.quick else 128
+    image_samples = 1 if a.quick else 4
+
+    if "sjd" in tables:
+        print("### SJD-PAC ablation (SJD-PAC Table 2 pattern)\n")
+        rows = [
+            ("SJD, L = 32", "sjd", ["--window", "32"]),
+            ("+ PD (K = 3, D = 1), L = 32", "sjd-pac", ["--window", "32", "--no-ac"]),
+            ("+ AC, L = 32", "sjd-pac", ["--window", "32", "--no-pd"]),
+            ("+ PD + AC (SJD-PAC), L = 32", "sjd-pac", ["--window", "32"]),
+            ("SJD-PAC, L = 64", "sjd-pac", ["--window", "64"]),
+        ]
+        print(f"image-ar, 8 labels x {image_samples} samples x 64 tokens, T = 1:\n")
+        print(HEADER)
+        for name, m, extra in rows:
+            print(image_runs(demo, m, extra, image_samples).row(name))
+        print(f"\ntext-target, {len(TEXT_PROMPTS)} prompts x {text_tokens} tokens, T = 1:\n")
+        print(HEADER)
+        for name, m, extra in rows:
+            print(text_runs(demo, m, extra, text_tokens).row(name))
+        print()
+
+    if "k" in tables:
+        print("### Proactive Drafting width K (SJD-PAC Table 3 pattern; D = 1, L = 32)\n")
+        print(f"image-ar, 8 labels x {image_samples} samples; text-target, "
+              f"{len(TEXT_PROMPTS)} prompts x {text_tokens} tokens:\n")
+        print("| K | image step compression | text step compression |")
+        print("| ---: | ---: | ---: |")
+        for k in [1, 2, 3, 4, 6]:
+            extra = ["--window", "32", "--pd-width", str(k)]
+            img = image_runs(demo, "sjd-pac", extra, image_samples)
+            txt = text_runs(demo, "sjd-pac", extra, text_tokens)
+            print(f"| {k} | {img.tokens / img.forwards:.3f} | {txt.tokens / txt.forwards:.3f} |")
+        print()
+
+    if "cool" in tables:
+        print("### Cool-SD on the text models (draft length 4, T = 1, G* resampling)\n")
+        print(f"text-target with text-draft, {len(TEXT_PROMPTS)} prompts x {text_tokens} "
+              "tokens; mean accepted drafts per step:\n")
+        print("| schedule | delta | step compression | mean accepted |")
+        print("| --- | ---: | ---: | ---: |")
+        for sched, extra in [("uniform", []), ("exponential", ["--nu", "0.7"]),
+                             ("linear", ["--ell", "8"])]:
+            for delta in ["1", "1.5", "2", "4"]:
+                t = text_runs(demo, "cool-sd", ["--cool-schedule", sched, "--delta", delta]
+                              + extra, text_tokens)
+                steps = sum(t.hist)
+                mean_acc = sum(k * v for k, v in enumerate(t.hist)) / steps
+                print(f"| {sched} | {delta} | {t.tokens / t.forwards:.3f} | {mean_acc:.3f} |")
+        print()
+
+    if "jacobi" in tables:
+        print("### Jacobi vs multi-block vs multi-block + rejection recycling (greedy)\n")
+        rows = [
+            ("Jacobi, running window 64", "jacobi", ["--window", "64"]),
+            ("Jacobi, fixed blocks of 64 (multi-block K = 1)", "multiblock",
+             ["--blocks", "1", "--no-recycling"]),
+            ("multi-block K = 2, r = 0.85", "multiblock", ["--no-recycling"]),
+            ("multi-block K = 2, r = 0.5", "multiblock", ["--no-recycling", "--spawn-ratio",
+                                                          "0.5"]),
+            ("recycling only (K = 1)", "multiblock", ["--blocks", "1"]),
+            ("multi-block K = 2, r = 0.85 + recycling", "multiblock", []),
+        ]
+        print(f"text-target, {len(TEXT_PROMPTS)} prompts x {text_tokens} tokens (block 64, "
+              "pool 4, n-grams of 16):\n")
+        print(HEADER)
+        for name, m, extra in rows:
+            print(text_runs(demo, m, extra, text_tokens).row(name))
+        print(f"\nimage-ar, 8 labels x 1 sample x 64 tokens (greedy):\n")
+        print(HEADER)
+        for name, m, extra in rows:
+            print(image_runs(demo, m, extra, 1).row(name))
+        print()
+
+    if "ssd" in tables:
+        tokens = 32 if a.quick else 64
+        print("### SSD on text-diffusion (semi-AR blocks of 32, greedy)\n")
+        print(f"{len(DIFFUSION_PROMPTS)} prompts x {tokens} tokens; step reduction = 1 - "
+              "forwards / stepwise forwards:\n")
+        print("| configuration | verification nodes | target forwards | step compression | "
+              "step reduction | wall ms |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        base = diffusion_runs(demo, "ar", [], tokens)
+        print(f"| stepwise (one token per forward) | 1 | {base.forwards} | 1.000 | 0.0% | "
+              f"{base.wall * 1e3:.0f} |")
+        for n in [3, 4, 5]:
+            for mix in [False, True]:
+                extra = ["--draft-length", str(n)] + (["--mix-order"] if mix else [])
+                t = diffusion_runs(demo, "ssd", extra, tokens)
+                nodes = 2 * n if mix else n + 1
+                name = f"SSD N = {n}, {'mix-order tree' if mix else 'greedy chain'}"
+                print(f"| {name} | {nodes} | {t.forwards} | {t.tokens / t.forwards:.3f} | "
+                      f"{100 * (1 - t.forwards / base.forwards):.1f}% | {t.wall * 1e3:.0f} |")
+        print()
+
+
+if __name__ == "__main__":
+    main()
