@@ -39,13 +39,18 @@ std::vector<std::uint64_t> sjd_counts(const toy_ar_model& model, const sjd_optio
 TEST_CASE("SJD and SJD-PAC sample the target's sequence law (G-tests)", "[decode][stats]") {
   // V = 4 and 5 positions (1024 sequences) with a window of 3 (shorter than the sequence, so
   // windows are refilled from stale rows); the toy rows are sparse, so residuals and
-  // without-replacement exclusions are exercised. PD uses K = 2 candidates at depth 1.
+  // without-replacement exclusions are exercised. PD uses K = 2 candidates at depth 1, or at
+  // depths 1..D for D = 2, 3: then siblings are also drawn from the stale row
+  // row(1, 2, 2) = (1 - 1.4e-7, 0, 1.4e-7, 0), nearly one-hot in float (reachable only as a
+  // depth-2 stale row), which the tree verifier once renormalised by 1 - removed mass:
+  // these variants failed with p ~ 1e-14.
   const toy_ar_model model(4, 5, 77, 0.3);
   const auto law = model.sequence_law();
   struct variant {
     const char* name;
     bool ac, pd;
     sjd_init init;
+    index_t depth = 1;
   };
   for (const variant v :
        {variant{"SJD", false, false, sjd_init::one_hot_q},
@@ -53,14 +58,18 @@ TEST_CASE("SJD and SJD-PAC sample the target's sequence law (G-tests)", "[decode
         variant{"SJD+AC", true, false, sjd_init::uniform_q},
         variant{"SJD+PD+AC", true, true, sjd_init::one_hot_q},
         variant{"SJD+AC, horizontal repeat", true, false, sjd_init::horizontal_repeat},
-        variant{"SJD+PD, horizontal sample", false, true, sjd_init::horizontal_sample}}) {
+        variant{"SJD+PD, horizontal sample", false, true, sjd_init::horizontal_sample},
+        variant{"SJD+PD, D = 2", false, true, sjd_init::one_hot_q, 2},
+        variant{"SJD+PD+AC, D = 2", true, true, sjd_init::uniform_q, 2},
+        variant{"SJD+PD, D = 3", false, true, sjd_init::uniform_q, 3},
+        variant{"SJD+PD+AC, D = 3", true, true, sjd_init::one_hot_q, 3}}) {
     sjd_options opt;
     opt.window = 3;
     opt.max_new_tokens = 5;
     opt.adaptive_continuation = v.ac;
     opt.proactive_drafting = v.pd;
     opt.pd_width = 2;
-    opt.pd_depth = 1;
+    opt.pd_depth = v.depth;
     opt.init = v.init;
     decode_stats st;
     INFO(v.name);
@@ -105,8 +114,6 @@ TEST_CASE("SJD rejects bad input", "[decode]") {
   fails_with(o, "pd_width");
   o = {};
   o.pd_depth = 0;
-  fails_with(o, "pd_depth");
-  o.pd_depth = 2;  // refused until the measured bias of deeper trees is explained
   fails_with(o, "pd_depth");
   CHECK_THROWS_WITH(sjd_decode(s, std::vector<token_t>{}, sjd_options{}, request_rng{}),
                     Catch::Contains("prompt"));

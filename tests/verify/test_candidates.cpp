@@ -100,6 +100,46 @@ TEST_CASE("deterministic candidates (one-hot proposals): exact law equals p for 
   }
 }
 
+TEST_CASE("without replacement: exact when earlier candidates hold nearly all of a float q",
+          "[verify][tree][law]") {
+  // Float rows as a softmax leaves them: entries that do not sum to exactly 1, the first
+  // holding all but ~1e-7 of the mass (toy_ar_model(4, 5, 77)'s row(1, 2, 2) is the first).
+  // 1 - q(c_1) cancels to 1.19e-7 where the remaining mass is 1.39e-7: renormalising by it
+  // made q^(2)(c_2) = 1.16 and the output law off by 0.018 (SJD-PAC trees with D >= 2).
+  const std::vector<std::vector<float>> qs = {{0.99999988f, 0.0f, 1.3855572e-07f, 0.0f},
+                                              {0.99999988f, 3.1e-08f, 1.1e-07f, 0.0f},
+                                              {2.9e-08f, 0.99999994f, 0.0f, 4.4e-08f}};
+  for (std::uint64_t seed = 1; seed <= 5; ++seed)
+    for (const auto& qf : qs)
+      for (index_t k = 2; k <= 3; ++k) {
+        const index_t vocab = 4;
+        const auto pd = testing::random_probability_row(vocab, seed, 3, 0.2);
+        std::vector<float> pf(pd.begin(), pd.end());
+        double sum = 0.0;
+        for (const float x : pf) sum += x;
+        std::vector<double> target;
+        for (const float x : pf) target.push_back(static_cast<double>(x) / sum);
+        INFO("seed " << seed << " K " << k << " q(1) " << qf[1]);
+        SPECULA_REQUIRE_LOSSLESS_TOL(
+            target,
+            [&](auto& src) -> index_t {
+              std::vector<token_t> cand(static_cast<std::size_t>(k));
+              auto qw = [&](index_t y) {
+                return static_cast<double>(qf[static_cast<std::size_t>(y)]);
+              };
+              const index_t got =
+                  sample_without_replacement_sequential(src, vocab, qw, k, 77, 0, cand.data());
+              std::vector<double> ws(static_cast<std::size_t>(candidates_workspace_size(k)));
+              const auto r = verify_candidates(
+                  exact_rule{}, src, row_view<const float>(pf.data(), vocab),
+                  without_replacement<float>{row_view<const float>(qf.data(), vocab)}, cand.data(),
+                  got, 0.0, 0, ws.data());
+              return r.token;
+            },
+            1e-6);
+      }
+}
+
 TEST_CASE("negative controls: wrong proposals for the candidates are biased",
           "[verify][tree][law]") {
   const auto pr = make_pair(pair_kind::dense, 5, 4242);

@@ -22,8 +22,10 @@
 ///    - PD (after a rejection): the first D positions become a K-ary tree — every node at depth
 ///      d < D gets K children drawn without replacement from R_{d+1} (the first-path child is
 ///      the SJD/AC token, the others exclude the tokens already drawn) — and the first path
-///      continues as a chain. Only D = 1 is accepted for now: with D >= 2 the G-tests measure
-///      a bias (docs/decoding.md) that is not explained yet;
+///      continues as a chain. Every node at depth d - 1 proposes from the same stale row R_d,
+///      which can be nearly one-hot in float (all but ~1e-7 of the mass on the first
+///      candidate): the tree verifier renormalises the later candidates' proposal by the
+///      summed remaining mass, not 1 - removed mass, so that stays exact (docs/decoding.md);
 ///    - positions without a stale row are initialised with uniform random tokens, proposed by
 ///      the uniform row (`sjd_init::uniform_q`, as SJD-PAC) or by the one-hot row at the token
 ///      (`sjd_init::one_hot_q`, as SJD's code), or with a spatial prior for images: the previous
@@ -69,7 +71,7 @@ struct sjd_options {
   bool adaptive_continuation = false;  ///< AC (SJD-PAC §4.2)
   bool proactive_drafting = false;     ///< PD (SJD-PAC §4.1)
   index_t pd_width = 3;                ///< K: candidates per tree node, >= 1
-  index_t pd_depth = 1;                ///< D: candidate levels below the emitted token (1)
+  index_t pd_depth = 1;                ///< D: candidate levels below the emitted token, >= 1
   sjd_init init = sjd_init::uniform_q;
   sampling_params target{};       ///< target logits -> p
   token_t stop_token = no_token;  ///< generation ends after emitting it (-1: never)
@@ -203,11 +205,8 @@ std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
                     static_cast<double>(options.max_new_tokens), "must be >= 1");
   require_parameter(options.pd_width >= 1 && options.pd_width <= 60, "pd_width",
                     static_cast<double>(options.pd_width), "must be in [1, 60]");
-  // pd_depth > 1 is refused: G-tests of trees with candidate levels below depth 1 built from
-  // stale rows at every level show a bias we have not explained yet (docs/decoding.md).
-  require_parameter(options.pd_depth == 1, "pd_depth", static_cast<double>(options.pd_depth),
-                    "must be 1 (deeper Proactive Drafting trees are disabled until a measured "
-                    "bias is explained; see docs/decoding.md)");
+  require_parameter(options.pd_depth >= 1, "pd_depth", static_cast<double>(options.pd_depth),
+                    "must be >= 1");
   validate_sampling_params(options.target);
   const index_t V = m.vocab_size();
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };

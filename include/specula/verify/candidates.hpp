@@ -20,7 +20,9 @@
 /// among the earlier candidates, and the normalisers Z_1..Z_{k-1} kept in a caller-provided
 /// workspace. Each rejected candidate costs one pass over the row (its normaliser Z_k); the final
 /// residual sample reuses Z_K and the tile sums of that pass (weight_summary) and reads one
-/// tile. Nothing is allocated.
+/// tile. Without replacement, the first rejection costs one more pass: the proposal row's own
+/// total, from which the mass q^(k) renormalises by is derived (see without_replacement).
+/// Nothing is allocated.
 
 #include <cstdint>
 
@@ -34,13 +36,19 @@
 
 namespace specula {
 
-/// Candidates drawn from q without replacement: q^(k)(x) = q(x) / (1 - removed_k) for x not
-/// among c_1..c_{k-1}, 0 otherwise, where removed_k = q(c_1) + ... + q(c_{k-1}). The core passes
-/// `renorm` = 1 / (1 - removed_k) (0 once nothing is left), computed once per step.
+/// Candidates drawn from q without replacement: q^(k)(x) = q(x) / rest_k for x not among
+/// c_1..c_{k-1}, 0 otherwise, where rest_k is the sum of q over the tokens not among
+/// c_1..c_{k-1} (1 for k = 1). The core passes `renorm` = 1 / rest_k (0 once nothing is left),
+/// computed once per step as the row's summed total minus the removed entries in double (or,
+/// when that leaves less than 1e-9 of the total, by summing the remaining entries as the
+/// drafter does), never as 1 - q(c_1) - ... - q(c_{k-1}): float rows do not sum to exactly 1,
+/// and when the earlier candidates hold nearly all of q's mass that difference cancels
+/// catastrophically (q = (1 - 1.39e-7, 1.39e-7) rounds to 0.99999988f, so 1 - q(c_1) = 1.19e-7
+/// and q^(2)(c_2) = 1.16 instead of 1), and the verification is no longer exact.
 template <class T>
 struct without_replacement {
   row_view<const T> q;
-  /// q^(k)(x). `earlier`: x is one of c_1..c_{k-1}; `current`: c_k; `renorm`: 1/(1 - removed_k).
+  /// q^(k)(x). `earlier`: x is one of c_1..c_{k-1}; `current`: c_k; `renorm`: 1 / rest_k.
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr double prob(index_t x, bool earlier,
                                                           token_t /*current*/,
                                                           double renorm) const noexcept {
@@ -102,7 +110,7 @@ struct candidate_recursion {
   const Proposal& proposal;
   const token_t* cand;
   const double* inv_z;   // inv_z[j]: 1 / Z_{j+1}, the normaliser of step j+1 (j < steps done)
-  const double* renorm;  // renorm[j]: 1 / (1 - removed mass before step j+1)
+  const double* renorm;  // renorm[j]: 1 / (q's mass left before step j+1)
 
   /// 1-based index of the first candidate equal to x, or limit + 1 if none among c_1..c_limit.
   /// Branch-free (a select per candidate), since it runs for every element of a pass.
@@ -204,10 +212,26 @@ SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source
   double* renorm = workspace + k;
   const detail::candidate_recursion<Rule, T, Proposal> rec{rule, p, proposal, cand, inv_z, renorm};
   const index_t n = p.size;
-  double removed_mass = 0.0;
-  weight_summary summary;  // reused by every step: the normaliser pass records tile sums
+  bool removed = false;       // an earlier candidate removed mass from the proposal
+  double total = -1.0;        // the proposal row's summed mass (one pass, at the first removal)
+  double removed_mass = 0.0;  // q(c_1) + ... over the distinct earlier candidates
+  weight_summary summary;     // reused by every step: the normaliser pass records tile sums
   for (index_t j = 1; j <= k; ++j) {
-    renorm[j - 1] = removed_mass < 1.0 ? 1.0 / (1.0 - removed_mass) : 0.0;
+    if (!removed) {
+      renorm[j - 1] = 1.0;
+    } else {
+      // The mass left for q^(j): the row's own total minus the removed entries, in double (not
+      // 1 - removed mass: float rows do not sum to 1, and when the earlier candidates hold
+      // nearly all of q that difference cancels catastrophically). Where even this leaves
+      // little (1e-9 of the total), the remaining entries are summed directly.
+      if (total < 0.0) total = positive_mass(n, [&](index_t x) { return proposal.mass(x); });
+      double rest = total - removed_mass;
+      if (!(rest > 1e-9 * total))
+        rest = positive_mass(n, [&](index_t x) {
+          return rec.first_index(x, j - 1) <= j - 1 ? 0.0 : proposal.mass(x);
+        });
+      renorm[j - 1] = rest > 0.0 ? 1.0 / rest : 0.0;
+    }
     const index_t c = cand[j - 1];
     const index_t first = rec.first_index(c, j - 1);
     const double pk = rec.p_at(j, c, first);
@@ -258,7 +282,10 @@ SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source
       done = finish_step(detail::candidate_residual<Rule, T, Proposal>{rec, j});
     }
     if (done) return result;
-    if (first > j - 1) removed_mass += proposal.mass(c);  // a repeated candidate removes nothing
+    if (first > j - 1 && proposal.mass(c) > 0.0) {  // a repeated candidate removes nothing
+      removed = true;
+      removed_mass += proposal.mass(c);
+    }
   }
   // k == 0: no candidates; sample from p.
   const detail::row_weights<T> target{p};
