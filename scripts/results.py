@@ -130,16 +130,17 @@ def main():
         print()
 
     if "k" in tables:
-        print("### Proactive Drafting width K (SJD-PAC Table 3 pattern; D = 1, L = 32)\n")
+        print("### Proactive Drafting width K and depth D (SJD-PAC Table 3 pattern; L = 32)\n")
         print(f"image-ar, 8 labels x {image_samples} samples; text-target, "
               f"{len(TEXT_PROMPTS)} prompts x {text_tokens} tokens:\n")
-        print("| K | image step compression | text step compression |")
-        print("| ---: | ---: | ---: |")
-        for k in [1, 2, 3, 4, 6]:
-            extra = ["--window", "32", "--pd-width", str(k)]
+        print("| K | D | image step compression | text step compression |")
+        print("| ---: | ---: | ---: | ---: |")
+        for k, d in [(1, 1), (2, 1), (3, 1), (4, 1), (6, 1), (2, 2), (3, 2), (2, 3), (3, 3)]:
+            extra = ["--window", "32", "--pd-width", str(k), "--pd-depth", str(d)]
             img = image_runs(demo, "sjd-pac", extra, image_samples)
             txt = text_runs(demo, "sjd-pac", extra, text_tokens)
-            print(f"| {k} | {img.tokens / img.forwards:.3f} | {txt.tokens / txt.forwards:.3f} |")
+            print(f"| {k} | {d} | {img.tokens / img.forwards:.3f} | "
+                  f"{txt.tokens / txt.forwards:.3f} |")
         print()
 
     if "cool" in tables:
