@@ -115,6 +115,8 @@ TEST_CASE("SJD rejects bad input", "[decode]") {
   o = {};
   o.pd_depth = 0;
   fails_with(o, "pd_depth");
+  o = sjd_options::sjd_pac(4, 60, 3);  // 60 + 3600 + 216000 candidate nodes
+  fails_with(o, "pd_depth");
   CHECK_THROWS_WITH(sjd_decode(s, std::vector<token_t>{}, sjd_options{}, request_rng{}),
                     Catch::Contains("prompt"));
 }

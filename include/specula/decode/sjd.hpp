@@ -207,6 +207,15 @@ std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
                     static_cast<double>(options.pd_width), "must be in [1, 60]");
   require_parameter(options.pd_depth >= 1, "pd_depth", static_cast<double>(options.pd_depth),
                     "must be >= 1");
+  {
+    // The candidate levels hold pd_width + pd_width^2 + ... + pd_width^pd_depth nodes.
+    double level = 1.0, tree_nodes = 0.0;
+    for (index_t d = 0; d < options.pd_depth && tree_nodes <= 65536.0; ++d)
+      tree_nodes += (level *= static_cast<double>(options.pd_width));
+    require_parameter(!options.proactive_drafting || tree_nodes <= 65536.0, "pd_depth",
+                      static_cast<double>(options.pd_depth),
+                      "gives a Proactive Drafting tree of more than 65536 nodes at this pd_width");
+  }
   validate_sampling_params(options.target);
   const index_t V = m.vocab_size();
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
