@@ -85,12 +85,7 @@ std::vector<token_t> jacobi_decode(Model& m, std::span<const token_t> prompt,
     chain_tokens.insert(chain_tokens.end(), guesses.begin(), guesses.end());
     const token_tree chain = trees::chain(chain_tokens);
     const index_t nodes = chain.size();
-    logits.resize(sz(nodes * V));
-    {
-      detail::scoped_timer timer(st.forward_seconds);
-      m.evaluate(chain, batch_view<float>(logits.data(), nodes, V));
-      ++st.target_forwards;
-    }
+    detail::target_forward(m, chain, logits, st);
     index_t k = 0;
     {
       detail::scoped_timer timer(st.verify_seconds);

@@ -240,12 +240,7 @@ std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt
     }
     const token_tree tree = trie.build();
     const index_t nodes = tree.size();
-    logits.resize(sz(nodes * V));
-    {
-      detail::scoped_timer timer(st.forward_seconds);
-      m.evaluate(tree, batch_view<float>(logits.data(), nodes, V));
-      ++st.target_forwards;
-    }
+    detail::target_forward(m, tree, logits, st);
 
     // --- 2. Verification: greedy, or exact against the window's q rows (stochastic).
     index_t k = 0;

@@ -281,12 +281,7 @@ std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
     const index_t nodes = tree.size();
 
     // --- 1. One forward pass over the draft tree.
-    logits.resize(sz(nodes * V));
-    {
-      detail::scoped_timer timer(st.forward_seconds);
-      m.evaluate(tree, batch_view<float>(logits.data(), nodes, V));
-      ++st.target_forwards;
-    }
+    detail::target_forward(m, tree, logits, st);
     // --- 2. Verify (exact rule, siblings without replacement) and commit.
     probs.resize(logits.size());
     index_t k = 0;

@@ -95,6 +95,18 @@ inline bool emit_step(std::span<const token_t> out_tokens, index_t k, token_t st
   return stopped;
 }
 
+/// One target forward pass over `tree`: logits sized nodes x V, timed as model forward time and
+/// counted in `st.target_forwards`.
+template <class Model>
+void target_forward(Model& m, const token_tree& tree, std::vector<float>& logits,
+                    decode_stats& st) {
+  const index_t V = m.vocab_size();
+  logits.resize(static_cast<std::size_t>(tree.size() * V));
+  scoped_timer timer(st.forward_seconds);
+  m.evaluate(tree, batch_view<float>(logits.data(), tree.size(), V));
+  ++st.target_forwards;
+}
+
 /// Verifies one request's tree with `verify`: rows are nodes x V (q may be empty for one-hot
 /// drafts); fills out_tokens / out_nodes (tree.size() each) and returns the accepted count.
 template <class Verifier>
@@ -205,12 +217,7 @@ std::vector<token_t> speculative_decode(Target& target, Draft& draft,
     chain_tokens.insert(chain_tokens.end(), drafts.begin(), drafts.end());
     const token_tree chain = trees::chain(chain_tokens);
     const index_t nodes = chain.size();
-    buf.logits.resize(sz(nodes * V));
-    {
-      detail::scoped_timer timer(st.forward_seconds);
-      target.evaluate(chain, batch_view<float>(buf.logits.data(), nodes, V));
-      ++st.target_forwards;
-    }
+    detail::target_forward(target, chain, buf.logits, st);
 
     // --- Verify.
     index_t accepted = 0;

@@ -130,6 +130,33 @@ inline void check_diffusion_input(std::span<const token_t> prompt, const ssd_opt
           "prompt", "token outside [0, vocab_size) or the mask token");
 }
 
+/// A request's start: input checked, layout, and the prompt followed by the masks.
+struct diffusion_start {
+  diffusion_layout lay;
+  std::vector<token_t> seq;
+};
+template <class Model>
+diffusion_start start_diffusion(const Model& m, std::span<const token_t> prompt,
+                                const ssd_options& o) {
+  check_diffusion_input(prompt, o, m.vocab_size(), m.mask_token());
+  diffusion_start s{{static_cast<index_t>(prompt.size()),
+                     static_cast<index_t>(prompt.size()) + o.gen_length, o.block_size},
+                    std::vector<token_t>(prompt.begin(), prompt.end())};
+  s.seq.resize(static_cast<std::size_t>(s.lay.length), m.mask_token());
+  return s;
+}
+
+/// One forward pass over whole sequences of `length` tokens, timed and counted in `st`.
+template <class Model>
+void sequences_forward(const Model& m, std::span<const token_t> tokens, index_t length,
+                       std::vector<float>& logits, decode_stats& st) {
+  const auto rows = static_cast<index_t>(tokens.size());
+  logits.resize(static_cast<std::size_t>(rows * m.vocab_size()));
+  scoped_timer timer(st.forward_seconds);
+  m.evaluate_sequences(tokens, length, batch_view<float>(logits.data(), rows, m.vocab_size()));
+  ++st.target_forwards;
+}
+
 }  // namespace detail
 
 /// Stepwise semi-autoregressive decoding with low-confidence remasking: one position per forward
@@ -138,23 +165,14 @@ template <masked_model Model>
 std::vector<token_t> diffusion_stepwise_decode(const Model& m, std::span<const token_t> prompt,
                                                const ssd_options& options,
                                                decode_stats* stats = nullptr) {
+  auto [lay, seq] = detail::start_diffusion(m, prompt, options);
   const index_t V = m.vocab_size();
   const token_t mask = m.mask_token();
-  detail::check_diffusion_input(prompt, options, V, mask);
   decode_stats local;
   decode_stats& st = stats != nullptr ? *stats : local;
-  const detail::diffusion_layout lay{static_cast<index_t>(prompt.size()),
-                                     static_cast<index_t>(prompt.size()) + options.gen_length,
-                                     options.block_size};
-  std::vector<token_t> seq(prompt.begin(), prompt.end());
-  seq.resize(static_cast<std::size_t>(lay.length), mask);
-  std::vector<float> logits(static_cast<std::size_t>(lay.length * V));
+  std::vector<float> logits;
   for (index_t i = 0; i < options.gen_length; ++i) {
-    {
-      detail::scoped_timer timer(st.forward_seconds);
-      m.evaluate_sequences(seq, lay.length, batch_view<float>(logits.data(), lay.length, V));
-      ++st.target_forwards;
-    }
+    detail::sequences_forward(m, seq, lay.length, logits, st);
     detail::scoped_timer timer(st.verify_seconds);
     const auto pick = detail::stepwise_choice(seq, logits, V, mask, lay);
     seq[static_cast<std::size_t>(pick.position)] = pick.token;
@@ -170,18 +188,13 @@ std::vector<token_t> diffusion_stepwise_decode(const Model& m, std::span<const t
 template <masked_model Model>
 std::vector<token_t> ssd_decode(const Model& m, std::span<const token_t> prompt,
                                 const ssd_options& options, decode_stats* stats = nullptr) {
+  auto [lay, seq] = detail::start_diffusion(m, prompt, options);
   const index_t V = m.vocab_size();
   const token_t mask = m.mask_token();
-  detail::check_diffusion_input(prompt, options, V, mask);
   decode_stats local;
   decode_stats& st = stats != nullptr ? *stats : local;
-  const detail::diffusion_layout lay{static_cast<index_t>(prompt.size()),
-                                     static_cast<index_t>(prompt.size()) + options.gen_length,
-                                     options.block_size};
   const auto L = static_cast<std::size_t>(lay.length);
   const auto sz = [](index_t i) { return static_cast<std::size_t>(i); };
-  std::vector<token_t> seq(prompt.begin(), prompt.end());
-  seq.resize(L, mask);
 
   std::vector<detail::row_top> drafts;  // per position, from the last accepted node's rows
   std::vector<index_t> order;
@@ -228,14 +241,7 @@ std::vector<token_t> ssd_decode(const Model& m, std::span<const token_t> prompt,
       }
     }
     // --- 2. One forward pass over every node's sequence.
-    const index_t nodes = tree.size();
-    logits.resize(sz(nodes) * L * sz(V));
-    {
-      detail::scoped_timer timer(st.forward_seconds);
-      m.evaluate_sequences(batch, lay.length,
-                           batch_view<float>(logits.data(), nodes * lay.length, V));
-      ++st.target_forwards;
-    }
+    detail::sequences_forward(m, batch, lay.length, logits, st);
     // --- 3. Verification against the stepwise rule, from the root.
     detail::scoped_timer timer(st.verify_seconds);
     const auto rows_of = [&](index_t u) {
