@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <specula/decode/speculative.hpp>
+#include <specula/tree/builders.hpp>
 #include <specula/testing/goodness_of_fit.hpp>
 #include <specula/testing/toy_models.hpp>
 #include <specula_example/sessions.hpp>
@@ -36,12 +37,11 @@ struct accept_all_verifier {
 
 template <class Verifier>
 std::vector<std::uint64_t> sd_sequence_counts(const toy_ar_model& target_model,
-                                              const toy_ar_model& draft_model, index_t gamma,
-                                              std::uint32_t runs, std::uint64_t seed,
-                                              const Verifier& v, decode_stats* stats) {
+                                              const toy_ar_model& draft_model,
+                                              speculative_options opt, std::uint32_t runs,
+                                              std::uint64_t seed, const Verifier& v,
+                                              decode_stats* stats) {
   toy_model_session target(target_model), draft(draft_model);
-  speculative_options opt;
-  opt.draft_length = gamma;
   opt.max_new_tokens = target_model.horizon();
   const std::vector<token_t> prompt{0};  // BOS
   std::vector<std::uint64_t> counts(static_cast<std::size_t>(target_model.num_sequences()), 0);
@@ -63,7 +63,9 @@ TEST_CASE("speculative decoding samples the target's sequence law (G-test)", "[d
   const toy_ar_model draft = toy_ar_model::perturbed(target, 0.5, 202);
   const auto law = target.sequence_law();
   decode_stats st;
-  const auto counts = sd_sequence_counts(target, draft, 3, 1'000'000, 7, tree_verifier<>{}, &st);
+  speculative_options opt;
+  opt.draft_length = 3;
+  const auto counts = sd_sequence_counts(target, draft, opt, 1'000'000, 7, tree_verifier<>{}, &st);
   const auto g = specula::testing::g_test(counts, law);
   INFO(g);
   CHECK(g.impossible_observations == 0);
@@ -76,8 +78,63 @@ TEST_CASE("speculative decoding samples the target's sequence law (G-test)", "[d
 
   // Negative control: accepting every draft samples a different law and must fail.
   const auto biased =
-      sd_sequence_counts(target, draft, 3, 200'000, 8, accept_all_verifier{}, nullptr);
+      sd_sequence_counts(target, draft, opt, 200'000, 8, accept_all_verifier{}, nullptr);
   CHECK(specula::testing::g_test(biased, law).p_value < 1e-6);
+}
+
+TEST_CASE("speculative decoding with tree drafts samples the target's sequence law (G-tests)",
+          "[decode][stats]") {
+  // Full binary draft trees of depth 2 (7 nodes): siblings drawn without replacement (10^6
+  // generations) and with replacement, each verified with the matching tree rule.
+  const toy_ar_model target(4, 4, 101);
+  const toy_ar_model draft = toy_ar_model::perturbed(target, 0.5, 202);
+  const auto law = target.sequence_law();
+  speculative_options opt;
+  opt.draft_tree = trees::full(2, 2);
+  {
+    decode_stats st;
+    const auto counts =
+        sd_sequence_counts(target, draft, opt, 1'000'000, 17, tree_verifier<>{}, &st);
+    decode_testing::check_sequence_law(counts, law, st, 4'000'000);
+    CHECK(st.draft_forwards <= 2 * st.steps);  // one draft pass per level
+  }
+  {
+    opt.draft_sampling = sibling_sampling::with_replacement;
+    tree_verifier<> v;
+    v.options.sampling = sibling_sampling::with_replacement;
+    decode_stats st;
+    const auto counts = sd_sequence_counts(target, draft, opt, 1'000'000, 18, v, &st);
+    decode_testing::check_sequence_law(counts, law, st, 4'000'000);
+  }
+  // Negative control: accepting the first path whatever the target says must fail.
+  opt.draft_sampling = sibling_sampling::without_replacement;
+  const auto biased = sd_sequence_counts(target, draft, opt, 200'000, 19,
+                                         decode_testing::first_path_verifier{}, nullptr);
+  CHECK(specula::testing::g_test(biased, law).p_value < 1e-6);
+}
+
+TEST_CASE("chain-shaped draft trees reproduce chain drafts exactly", "[decode]") {
+  // The tree drafter (one uncommitted draft pass per level) and the chain drafter (the draft's
+  // cache extended token by token) draw from the same rows with the same draws.
+  const toy_ar_model target(4, 5, 111);
+  const toy_ar_model draft_model = toy_ar_model::perturbed(target, 0.4, 112);
+  toy_model_session t(target), d(draft_model);
+  for (const draft_mode mode : {draft_mode::sample, draft_mode::greedy}) {
+    speculative_options chain, tree;
+    chain.draft_length = 3;
+    chain.max_new_tokens = tree.max_new_tokens = 5;
+    chain.mode = tree.mode = mode;
+    tree.draft_tree = trees::chain(3);
+    for (std::uint32_t r = 0; r < 300; ++r) {
+      decode_stats a, b;
+      const auto x = speculative_decode(t, d, std::vector<token_t>{0}, chain, request_rng{4, r, 0},
+                                        tree_verifier<>{}, &a);
+      const auto y = speculative_decode(t, d, std::vector<token_t>{0}, tree, request_rng{4, r, 0},
+                                        tree_verifier<>{}, &b);
+      REQUIRE(x == y);
+      REQUIRE(a.accepted_histogram == b.accepted_histogram);
+    }
+  }
 }
 
 TEST_CASE("speculative decoding with greedy drafts and one-hot verification is lossless",
@@ -124,8 +181,11 @@ TEST_CASE("greedy speculative decoding equals greedy decoding of the target mode
   speculative_options opt;
   opt.max_new_tokens = 40;
   opt.mode = draft_mode::greedy;
-  for (const index_t gamma : {1, 4, 7}) {
-    opt.draft_length = gamma;
+  for (const index_t gamma : {1, 4, 7, -1, -2}) {
+    // gamma -1, -2: greedy draft trees (top-2 children at two levels; the SJD-PAC shape).
+    opt.draft_length = std::max<index_t>(gamma, 0);
+    if (gamma == -1) opt.draft_tree = trees::full(2, 2);
+    if (gamma == -2) opt.draft_tree = trees::sjd_pac(3, 1, 8);
     decode_stats st;
     for (const auto& text : decode_testing::text_prompts()) {
       const auto prompt = decode_testing::bytes(text);
@@ -169,4 +229,10 @@ TEST_CASE("speculative decoding rejects bad input", "[decode]") {
   opt.target.temperature = 0.0f;
   CHECK_THAT(msg([&] { (void)speculative_decode(t, d4, prompt, opt, request_rng{}); }),
              Catch::Contains("temperature"));
+  opt.target.temperature = 1.0f;
+  // Tree drafts drawn with replacement cannot be verified by the without-replacement rule.
+  opt.draft_tree = trees::full(2, 1);
+  opt.draft_sampling = sibling_sampling::with_replacement;
+  CHECK_THAT(msg([&] { (void)speculative_decode(t, d4, prompt, opt, request_rng{}); }),
+             Catch::Contains("draft_sampling"));
 }

@@ -44,17 +44,42 @@ concept model = requires(M& m, const token_tree& nodes, batch_view<float> logits
   m.commit(path);
 };
 
-/// Several requests of one model evaluated in one call: `evaluate(trees, logits)` takes one
-/// tree per request (same conventions as `model`) and writes their node rows concatenated in
-/// request order; `commit(request, path)` commits one request's accepted path.
+/// A model that can also start a request and truncate its committed context (what the decoding
+/// loops need: a draft model's rejected drafts are rolled back after each step).
+/// - `prefill(prompt)`: commit all of the prompt but its last token (the first tree's root);
+/// - `context_size()`: committed tokens;
+/// - `rollback(n)`: keep the first n committed tokens.
 template <class M>
-concept batched_model = requires(M& m, std::span<const token_tree> trees, batch_view<float> logits,
-                                 index_t request, std::span<const index_t> path) {
-  { m.vocab_size() } -> std::convertible_to<index_t>;
-  { m.batch_size() } -> std::convertible_to<index_t>;
-  m.evaluate(trees, logits);
-  m.commit(request, path);
+concept session_model = model<M> && requires(M& m, std::span<const token_t> prompt, index_t n) {
+  m.prefill(prompt);
+  { m.context_size() } -> std::convertible_to<index_t>;
+  m.rollback(n);
 };
+
+/// Several requests of one model evaluated in one call: `evaluate(requests, trees, logits)`
+/// evaluates one tree for each listed request (distinct indices in [0, batch_size()), any
+/// subset, in the listed order; same conventions as `model`) and writes their node rows
+/// concatenated in that order; `commit(request, path)` commits one request's accepted path.
+template <class M>
+concept batched_model =
+    requires(M& m, std::span<const index_t> requests, std::span<const token_tree> trees,
+             batch_view<float> logits, index_t request, std::span<const index_t> path) {
+      { m.vocab_size() } -> std::convertible_to<index_t>;
+      { m.batch_size() } -> std::convertible_to<index_t>;
+      m.evaluate(requests, trees, logits);
+      m.commit(request, path);
+    };
+
+/// A batched model whose requests can be started and truncated one by one (`session_model`'s
+/// operations with the request index first). The batched decoding loops take one.
+template <class M>
+concept batched_session_model =
+    batched_model<M> && requires(M& m, index_t request, std::span<const token_t> prompt,
+                                 index_t n) {
+      m.prefill(request, prompt);
+      { m.context_size(request) } -> std::convertible_to<index_t>;
+      m.rollback(request, n);
+    };
 
 /// A masked (diffusion) model: `evaluate_sequences(tokens, length, logits)` evaluates
 /// `tokens.size() / length` whole sequences bidirectionally, one logit row per position;

@@ -19,6 +19,7 @@
 #include "specula/core/error.hpp"
 #include "specula/core/rng.hpp"
 #include "specula/decode/speculative.hpp"
+#include "specula/decode/task.hpp"
 #include "specula/verify/greedy.hpp"
 
 namespace specula {
@@ -37,21 +38,18 @@ struct jacobi_options {
   token_t stop_token = no_token;  ///< generation ends after emitting it (-1: never)
 };
 
-/// Greedy Jacobi decoding of up to `options.max_new_tokens` tokens after `prompt` (see file
-/// comment); `rng` seeds random window initialisation. The model is restarted with
-/// `prefill(prompt)`. Adds to `*stats` when given.
-template <session_model Model>
-std::vector<token_t> jacobi_decode(Model& m, std::span<const token_t> prompt,
-                                   const jacobi_options& options, request_rng rng = {},
-                                   decode_stats* stats = nullptr) {
+namespace detail {
+
+/// Jacobi decoding of one request (see file comment), as a task; `m` is its handle.
+template <class Handle>
+decode_task jacobi_task(Handle m, std::span<const token_t> prompt, jacobi_options options,
+                        request_rng rng, decode_stats& st, std::vector<token_t>& result) {
   if (prompt.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "prompt");
   require_parameter(options.window >= 1, "window", static_cast<double>(options.window),
                     "must be >= 1");
   require_parameter(options.max_new_tokens >= 1, "max_new_tokens",
                     static_cast<double>(options.max_new_tokens), "must be >= 1");
   const index_t V = m.vocab_size();
-  decode_stats local;
-  decode_stats& st = stats != nullptr ? *stats : local;
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
   m.prefill(prompt);
@@ -85,12 +83,12 @@ std::vector<token_t> jacobi_decode(Model& m, std::span<const token_t> prompt,
     chain_tokens.insert(chain_tokens.end(), guesses.begin(), guesses.end());
     const token_tree chain = trees::chain(chain_tokens);
     const index_t nodes = chain.size();
-    detail::target_forward(m, chain, logits, st);
+    co_await target_pass(chain, logits, st);
     index_t k = 0;
     {
-      detail::scoped_timer timer(st.verify_seconds);
-      k = detail::verify_one(greedy_tree_verifier<>{}, chain, V, logits, {}, request_rng{},
-                             out_tokens, out_nodes);
+      scoped_timer timer(st.verify_seconds);
+      k = verify_one(greedy_tree_verifier<>{}, chain, V, logits, {}, request_rng{}, out_tokens,
+                     out_nodes);
       // The Jacobi update: argmaxes after the accepted prefix become the next guesses.
       guesses.clear();
       for (index_t j = k + 1; j < nodes; ++j)
@@ -98,9 +96,42 @@ std::vector<token_t> jacobi_decode(Model& m, std::span<const token_t> prompt,
             static_cast<token_t>(argmax_lowest(row_view<const float>(logits.data() + j * V, V))));
     }
     m.commit(std::span<const index_t>(out_nodes.data(), sz(k + 1)));
-    if (detail::emit_step(out_tokens, k, options.stop_token, seq, st)) break;
+    if (emit_step(out_tokens, k, options.stop_token, seq, st)) break;
   }
-  return {seq.begin() + prompt_len, seq.end()};
+  result.assign(seq.begin() + prompt_len, seq.end());
+}
+
+}  // namespace detail
+
+/// Greedy Jacobi decoding of up to `options.max_new_tokens` tokens after `prompt` (see file
+/// comment); `rng` seeds random window initialisation. The model is restarted with
+/// `prefill(prompt)`. Adds to `*stats` when given.
+template <session_model Model>
+std::vector<token_t> jacobi_decode(Model& m, std::span<const token_t> prompt,
+                                   const jacobi_options& options, request_rng rng = {},
+                                   decode_stats* stats = nullptr) {
+  std::vector<token_t> out;
+  detail::decode_solo(m, static_cast<detail::no_draft*>(nullptr), stats, [&](decode_stats& st) {
+    return detail::jacobi_task(detail::solo<Model>{&m}, prompt, options, rng, st, out);
+  });
+  return out;
+}
+
+/// jacobi_decode for several requests at once: request r decodes `prompts[r]` with `rngs[r]` as
+/// request r of `m`, all requests' steps sharing forward passes (decode/task.hpp); adds to
+/// `stats[r]` when `stats` is given. Each output equals jacobi_decode of that request alone.
+template <batched_session_model Model>
+std::vector<std::vector<token_t>> jacobi_decode_batch(
+    Model& m, std::span<const std::vector<token_t>> prompts, const jacobi_options& options,
+    std::span<const request_rng> rngs, std::span<decode_stats> stats = {}) {
+  std::vector<std::vector<token_t>> out(prompts.size());
+  detail::decode_batch(m, static_cast<detail::no_draft*>(nullptr), m.batch_size(), prompts,
+                       rngs.size(), stats, [&](index_t r, decode_stats& st) {
+                         const auto i = static_cast<std::size_t>(r);
+                         return detail::jacobi_task(detail::member<Model>{&m, r}, prompts[i],
+                                                    options, rngs[i], st, out[i]);
+                       });
+  return out;
 }
 
 }  // namespace specula

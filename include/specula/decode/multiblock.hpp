@@ -61,6 +61,7 @@
 #include "specula/decode/jacobi.hpp"
 #include "specula/decode/sjd.hpp"
 #include "specula/decode/speculative.hpp"
+#include "specula/decode/task.hpp"
 #include "specula/verify/greedy.hpp"
 
 namespace specula {
@@ -150,14 +151,13 @@ struct trie_builder {
 
 }  // namespace detail
 
-/// Multi-block decoding of up to `options.max_new_tokens` tokens after `prompt` (see file
-/// comment); `rng` seeds the random draws. The model is restarted with `prefill(prompt)`. Adds
-/// to `*stats` when given. `verify` is the stochastic variant's exact tree verifier unless a test
-/// substitutes another (the greedy variant always verifies greedily).
-template <session_model Model, verifier Verifier = tree_verifier<>>
-std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt,
-                                       const multiblock_options& options, request_rng rng = {},
-                                       decode_stats* stats = nullptr, const Verifier& verify = {}) {
+namespace detail {
+
+/// Multi-block decoding of one request (see file comment), as a task; `m` is its handle.
+template <class Handle, class Verifier>
+decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multiblock_options options,
+                            request_rng rng, Verifier verify, decode_stats& st,
+                            std::vector<token_t>& result) {
   if (prompt.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "prompt");
   require_parameter(options.block_size >= 1, "block_size", static_cast<double>(options.block_size),
                     "must be >= 1");
@@ -180,8 +180,6 @@ std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt
   const index_t n = options.block_size;
   const auto spawn_at =
       static_cast<index_t>(std::ceil(options.spawn_ratio * static_cast<double>(n)));
-  decode_stats local;
-  decode_stats& st = stats != nullptr ? *stats : local;
   const auto sz = [](index_t i) { return static_cast<std::size_t>(i); };
 
   m.prefill(prompt);
@@ -240,7 +238,7 @@ std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt
     }
     const token_tree tree = trie.build();
     const index_t nodes = tree.size();
-    detail::target_forward(m, tree, logits, st);
+    co_await detail::target_pass(tree, logits, st);
 
     // --- 2. Verification: greedy, or exact against the window's q rows (stochastic).
     index_t k = 0;
@@ -360,7 +358,43 @@ std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt
       }
     }
   }
-  return {seq.begin() + prompt_len, seq.end()};
+  result.assign(seq.begin() + prompt_len, seq.end());
+}
+
+}  // namespace detail
+
+/// Multi-block decoding of up to `options.max_new_tokens` tokens after `prompt` (see file
+/// comment); `rng` seeds the random draws. The model is restarted with `prefill(prompt)`. Adds
+/// to `*stats` when given. `verify` is the stochastic variant's exact tree verifier unless a test
+/// substitutes another (the greedy variant always verifies greedily).
+template <session_model Model, verifier Verifier = tree_verifier<>>
+std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt,
+                                       const multiblock_options& options, request_rng rng = {},
+                                       decode_stats* stats = nullptr, const Verifier& verify = {}) {
+  std::vector<token_t> out;
+  detail::decode_solo(m, static_cast<detail::no_draft*>(nullptr), stats, [&](decode_stats& st) {
+    return detail::multiblock_task(detail::solo<Model>{&m}, prompt, options, rng, verify, st, out);
+  });
+  return out;
+}
+
+/// multiblock_decode for several requests at once: request r decodes `prompts[r]` with
+/// `rngs[r]` as request r of `m`, all requests' steps sharing forward passes (decode/task.hpp);
+/// adds to `stats[r]` when `stats` is given. Each output equals multiblock_decode of that
+/// request alone.
+template <batched_session_model Model, verifier Verifier = tree_verifier<>>
+std::vector<std::vector<token_t>> multiblock_decode_batch(
+    Model& m, std::span<const std::vector<token_t>> prompts, const multiblock_options& options,
+    std::span<const request_rng> rngs, std::span<decode_stats> stats = {},
+    const Verifier& verify = {}) {
+  std::vector<std::vector<token_t>> out(prompts.size());
+  detail::decode_batch(m, static_cast<detail::no_draft*>(nullptr), m.batch_size(), prompts,
+                       rngs.size(), stats, [&](index_t r, decode_stats& st) {
+                         const auto i = static_cast<std::size_t>(r);
+                         return detail::multiblock_task(detail::member<Model>{&m, r}, prompts[i],
+                                                        options, rngs[i], verify, st, out[i]);
+                       });
+  return out;
 }
 
 }  // namespace specula

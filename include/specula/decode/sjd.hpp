@@ -47,6 +47,7 @@
 #include "specula/core/error.hpp"
 #include "specula/core/rng.hpp"
 #include "specula/decode/speculative.hpp"
+#include "specula/decode/task.hpp"
 #include "specula/rules/exact.hpp"
 #include "specula/sample/random_source.hpp"
 
@@ -191,13 +192,13 @@ inline token_t sjd_init_child(sjd_draft& draft, index_t parent, sjd_init init, i
 
 }  // namespace detail
 
-/// SJD / SJD-PAC decoding of up to `options.max_new_tokens` tokens after `prompt` (see file
-/// comment). The model is restarted with `prefill(prompt)`. Adds to `*stats` when given.
-/// `verify` is the exact tree verifier unless a test substitutes another.
-template <session_model Model, verifier Verifier = tree_verifier<>>
-std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
-                                const sjd_options& options, request_rng rng,
-                                decode_stats* stats = nullptr, const Verifier& verify = {}) {
+namespace detail {
+
+/// SJD / SJD-PAC decoding of one request (see file comment), as a task; `m` is its handle.
+template <class Handle, class Verifier>
+decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options options,
+                     request_rng rng, Verifier verify, decode_stats& st,
+                     std::vector<token_t>& result) {
   if (prompt.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "prompt");
   require_parameter(options.window >= 1, "window", static_cast<double>(options.window),
                     "must be >= 1");
@@ -219,8 +220,6 @@ std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
   validate_sampling_params(options.target);
   const index_t V = m.vocab_size();
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
-  decode_stats local;
-  decode_stats& st = stats != nullptr ? *stats : local;
 
   m.prefill(prompt);
   std::vector<token_t> seq(prompt.begin(), prompt.end());
@@ -281,7 +280,7 @@ std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
     const index_t nodes = tree.size();
 
     // --- 1. One forward pass over the draft tree.
-    detail::target_forward(m, tree, logits, st);
+    co_await detail::target_pass(tree, logits, st);
     // --- 2. Verify (exact rule, siblings without replacement) and commit.
     probs.resize(logits.size());
     index_t k = 0;
@@ -366,7 +365,43 @@ std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
     draft = std::move(next);
     next = detail::sjd_draft{};
   }
-  return {seq.begin() + prompt_len, seq.end()};
+  result.assign(seq.begin() + prompt_len, seq.end());
+}
+
+}  // namespace detail
+
+/// SJD / SJD-PAC decoding of up to `options.max_new_tokens` tokens after `prompt` (see file
+/// comment). The model is restarted with `prefill(prompt)`. Adds to `*stats` when given.
+/// `verify` is the exact tree verifier unless a test substitutes another.
+template <session_model Model, verifier Verifier = tree_verifier<>>
+std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
+                                const sjd_options& options, request_rng rng,
+                                decode_stats* stats = nullptr, const Verifier& verify = {}) {
+  std::vector<token_t> out;
+  detail::decode_solo(m, static_cast<detail::no_draft*>(nullptr), stats, [&](decode_stats& st) {
+    return detail::sjd_task(detail::solo<Model>{&m}, prompt, options, rng, verify, st, out);
+  });
+  return out;
+}
+
+/// sjd_decode for several requests at once: request r decodes `prompts[r]` with `rngs[r]` as
+/// request r of `m`, all requests' iterations sharing forward passes (decode/task.hpp); adds to
+/// `stats[r]` when `stats` is given. Each output equals sjd_decode of that request alone.
+template <batched_session_model Model, verifier Verifier = tree_verifier<>>
+std::vector<std::vector<token_t>> sjd_decode_batch(Model& m,
+                                                   std::span<const std::vector<token_t>> prompts,
+                                                   const sjd_options& options,
+                                                   std::span<const request_rng> rngs,
+                                                   std::span<decode_stats> stats = {},
+                                                   const Verifier& verify = {}) {
+  std::vector<std::vector<token_t>> out(prompts.size());
+  detail::decode_batch(m, static_cast<detail::no_draft*>(nullptr), m.batch_size(), prompts,
+                       rngs.size(), stats, [&](index_t r, decode_stats& st) {
+                         const auto i = static_cast<std::size_t>(r);
+                         return detail::sjd_task(detail::member<Model>{&m, r}, prompts[i], options,
+                                                 rngs[i], verify, st, out[i]);
+                       });
+  return out;
 }
 
 }  // namespace specula

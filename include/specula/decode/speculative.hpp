@@ -18,6 +18,7 @@
 /// `{seed, request_id, s}`, so a request's output depends on its own seed only.
 
 #include <algorithm>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -25,23 +26,14 @@
 #include "specula/core/rng.hpp"
 #include "specula/decode/concepts.hpp"
 #include "specula/decode/stats.hpp"
+#include "specula/decode/task.hpp"
+#include "specula/sample/random_source.hpp"
+#include "specula/sample/without_replacement.hpp"
 #include "specula/sample/categorical.hpp"
 #include "specula/sample/transforms.hpp"
 #include "specula/tree/builders.hpp"
 
 namespace specula {
-
-/// A model that can also start a request and truncate its committed context (what a draft
-/// model needs: its rejected drafts are rolled back after each step).
-/// - `prefill(prompt)`: commit all of the prompt but its last token (the first tree's root);
-/// - `context_size()`: committed tokens;
-/// - `rollback(n)`: keep the first n committed tokens.
-template <class M>
-concept session_model = model<M> && requires(M& m, std::span<const token_t> prompt, index_t n) {
-  m.prefill(prompt);
-  { m.context_size() } -> std::convertible_to<index_t>;
-  m.rollback(n);
-};
 
 /// How the draft model proposes.
 enum class draft_mode {
@@ -51,7 +43,16 @@ enum class draft_mode {
 
 /// Options of speculative_decode.
 struct speculative_options {
-  index_t draft_length = 4;     ///< drafted tokens per step (gamma), >= 0
+  index_t draft_length = 4;     ///< drafted tokens per step (gamma), >= 0 (chain drafts)
+  /// Tree drafts: the shape of each step's draft tree (its tokens are ignored; node 0 is the
+  /// root). Unset: a chain of `draft_length` drafts. Set: `draft_length` is ignored and node u's
+  /// children in the shape are drawn from the draft's row at u — sampled without replacement
+  /// (or with, per `draft_sampling`; it must match the verifier's `tree_options::sampling`), or
+  /// the draft's top tokens in greedy mode. A child the row cannot supply (fewer positive-mass
+  /// tokens than children) is dropped with its subtree, and levels deeper than the tokens still
+  /// to generate are not drafted. Builders: `trees::full`, `trees::sjd_pac`, ...
+  std::optional<token_tree> draft_tree;
+  sibling_sampling draft_sampling = sibling_sampling::without_replacement;
   index_t max_new_tokens = 64;  ///< tokens to generate, >= 1
   sampling_params target{};     ///< target logits -> p
   sampling_params draft{};      ///< draft logits -> q (mode sample)
@@ -95,18 +96,6 @@ inline bool emit_step(std::span<const token_t> out_tokens, index_t k, token_t st
   return stopped;
 }
 
-/// One target forward pass over `tree`: logits sized nodes x V, timed as model forward time and
-/// counted in `st.target_forwards`.
-template <class Model>
-void target_forward(Model& m, const token_tree& tree, std::vector<float>& logits,
-                    decode_stats& st) {
-  const index_t V = m.vocab_size();
-  logits.resize(static_cast<std::size_t>(tree.size() * V));
-  scoped_timer timer(st.forward_seconds);
-  m.evaluate(tree, batch_view<float>(logits.data(), tree.size(), V));
-  ++st.target_forwards;
-}
-
 /// Verifies one request's tree with `verify`: rows are nodes x V (q may be empty for one-hot
 /// drafts); fills out_tokens / out_nodes (tree.size() each) and returns the accepted count.
 template <class Verifier>
@@ -136,15 +125,32 @@ index_t verify_one(const Verifier& verify, const token_tree& tree, index_t vocab
 
 }  // namespace detail
 
-/// Generates up to `options.max_new_tokens` tokens after `prompt` (see file comment). Both
-/// models are (re)started with `prefill(prompt)`. Returns the generated tokens; adds to
-/// `*stats` when given.
-template <session_model Target, session_model Draft, verifier Verifier = tree_verifier<>>
-std::vector<token_t> speculative_decode(Target& target, Draft& draft,
-                                        std::span<const token_t> prompt,
-                                        const speculative_options& options, request_rng rng,
-                                        const Verifier& verify = {},
-                                        decode_stats* stats = nullptr) {
+namespace detail {
+
+/// Greedy children: the `count` highest logits of `row` (ties: lowest id), best first.
+inline index_t top_tokens(std::span<const float> row, index_t count, token_t* out) {
+  index_t n = 0;
+  for (; n < count && n < static_cast<index_t>(row.size()); ++n) {
+    index_t best = -1;
+    for (index_t y = 0; y < static_cast<index_t>(row.size()); ++y) {
+      bool taken = false;
+      for (index_t j = 0; j < n && !taken; ++j) taken = out[j] == static_cast<token_t>(y);
+      if (!taken && (best < 0 || row[static_cast<std::size_t>(y)] >
+                                     row[static_cast<std::size_t>(best)]))
+        best = y;
+    }
+    out[n] = static_cast<token_t>(best);
+  }
+  return n;
+}
+
+/// Draft-model speculative decoding of one request (see file comment), as a task; `target` and
+/// `draft` are the two models' handles.
+template <class TargetHandle, class DraftHandle, class Verifier>
+decode_task speculative_task(TargetHandle target, DraftHandle draft,
+                             std::span<const token_t> prompt, speculative_options options,
+                             request_rng rng, Verifier verify, decode_stats& st,
+                             std::vector<token_t>& result) {
   if (prompt.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "prompt");
   require_parameter(options.draft_length >= 0, "draft_length",
                     static_cast<double>(options.draft_length), "must be >= 0");
@@ -156,9 +162,12 @@ std::vector<token_t> speculative_decode(Target& target, Draft& draft,
                     "the draft model's vocabulary must equal the target's");
   validate_sampling_params(options.target);
   validate_sampling_params(options.draft);
-
-  decode_stats local;
-  decode_stats& st = stats != nullptr ? *stats : local;
+  const bool sampled = options.mode == draft_mode::sample;
+  const bool tree_drafts = options.draft_tree.has_value();
+  if constexpr (requires { verify.options.sampling; })
+    require_parameter(!tree_drafts || !sampled || verify.options.sampling == options.draft_sampling,
+                      "draft_sampling", static_cast<double>(options.draft_sampling),
+                      "must equal the verifier's tree_options::sampling");
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
   target.prefill(prompt);
@@ -167,80 +176,200 @@ std::vector<token_t> speculative_decode(Target& target, Draft& draft,
   // evaluated by each step); the draft holds seq[0 .. draft.context_size()).
   std::vector<token_t> seq(prompt.begin(), prompt.end());
   const auto prompt_len = static_cast<index_t>(prompt.size());
-  detail::speculative_buffers buf;
+  speculative_buffers buf;
   buf.scratch.resize(sz(V));
-  std::vector<token_t> drafts, pending, chain_tokens;
-  const bool sampled = options.mode == draft_mode::sample;
+  std::vector<token_t> pending, chain_tokens, chosen;
+  std::vector<index_t> parents, shape_map, all;
+  std::vector<token_t> tokens;
+  std::vector<float> draft_logits;
+  token_tree tree;
 
   for (std::uint32_t step = 0;; ++step) {
     const index_t generated = static_cast<index_t>(seq.size()) - prompt_len;
     const index_t remaining = options.max_new_tokens - generated;
     if (remaining <= 0) break;
-    const index_t gamma = std::min(options.draft_length, remaining - 1);
     const index_t n = static_cast<index_t>(seq.size());
+    const index_t max_depth =
+        std::min(tree_drafts ? options.draft_tree->max_depth() : options.draft_length,
+                 remaining - 1);
+    const request_rng draft_rng{fold_in(rng.seed, 1), rng.request_id, step};
+    // Node u's children were drawn from q row u (q_rows: nodes x V).
+    parents.assign(1, -1);
+    tokens.assign(1, seq.back());
+    buf.draft_probs.assign(sz(V), 0.0f);
+    // Draws node `parent`'s children from the draft's logit row (q row `parent` in sample mode).
+    const auto draw_children = [&](index_t parent, std::span<float> row, index_t count) {
+      chosen.resize(sz(count));
+      index_t got = 0;
+      if (sampled) {
+        auto q = std::span<float>(buf.draft_probs.data() + parent * V, sz(V));
+        logits_to_probs(options.draft, row, {}, q, buf.scratch);
+        auto w = [&](index_t y) { return static_cast<double>(q[sz(y)]); };
+        philox_source src{draft_rng};
+        if (options.draft_sampling == sibling_sampling::without_replacement) {
+          got = sample_without_replacement_sequential(src, V, w, count,
+                                                      static_cast<std::uint32_t>(parent), 0,
+                                                      chosen.data());
+        } else {
+          const double total = positive_mass(V, w);
+          for (; got < count && total > 0.0; ++got)
+            chosen[sz(got)] = static_cast<token_t>(src.categorical(
+                V, w, total,
+                draw_id{static_cast<std::uint32_t>(parent), static_cast<std::uint32_t>(got)}));
+        }
+      } else {
+        got = top_tokens(row, count, chosen.data());
+      }
+      chosen.resize(sz(got));
+    };
+    const auto add_node = [&](index_t parent, token_t t) {
+      parents.push_back(parent);
+      tokens.push_back(t);
+      buf.draft_probs.resize(buf.draft_probs.size() + sz(V), 0.0f);
+      return static_cast<index_t>(parents.size()) - 1;
+    };
 
-    // --- Draft: gamma tokens, each from the row after the previous one.
-    drafts.clear();
-    buf.draft_probs.assign(sz((gamma + 1) * V), 0.0f);
-    if (gamma > 0) {
-      detail::scoped_timer timer(st.draft_seconds);
-      const request_rng draft_rng{fold_in(rng.seed, 1), rng.request_id, step};
+    // --- Draft.
+    if (max_depth > 0) {
+      scoped_timer timer(st.draft_seconds);
       const index_t held = draft.context_size();
       pending.assign(seq.begin() + held, seq.end());  // not yet in the draft's cache
-      buf.logits.resize(sz(static_cast<index_t>(pending.size()) * V));
-      for (index_t i = 0; i < gamma; ++i) {
-        const token_tree chain = trees::chain(pending);
-        buf.logits.resize(sz(chain.size() * V));
-        draft.evaluate(chain, batch_view<float>(buf.logits.data(), chain.size(), V));
-        ++st.draft_forwards;
-        std::vector<index_t> all(sz(chain.size()));
-        for (index_t k = 0; k < chain.size(); ++k) all[sz(k)] = k;
-        draft.commit(all);
-        std::span<float> last(buf.logits.data() + (chain.size() - 1) * V, sz(V));
-        std::span<float> q(buf.draft_probs.data() + i * V, sz(V));
-        token_t x = 0;
-        if (sampled) {
-          logits_to_probs(options.draft, last, {}, q, buf.scratch);
-          auto w = [&](index_t y) { return static_cast<double>(q[sz(y)]); };
-          const double u = uniform_at(draft_rng, draw_id{static_cast<std::uint32_t>(i), 0});
-          x = static_cast<token_t>(sample_inverse_cdf(V, w, positive_mass(V, w), u));
-        } else {
-          x = static_cast<token_t>(argmax_lowest(row_view<const float>(last.data(), V)));
+      if (!tree_drafts) {
+        // A chain, one token per draft pass; each pass's nodes are committed to the draft's
+        // cache (rolled back after verification).
+        for (index_t i = 0; i < max_depth; ++i) {
+          const token_tree chain = trees::chain(pending);
+          co_await draft_pass(chain, draft_logits, st);
+          all.resize(sz(chain.size()));
+          for (index_t k = 0; k < chain.size(); ++k) all[sz(k)] = k;
+          draft.commit(all);
+          draw_children(i, std::span<float>(draft_logits.data() + (chain.size() - 1) * V, sz(V)),
+                        1);
+          add_node(i, chosen.at(0));
+          pending.assign(1, chosen[0]);
         }
-        drafts.push_back(x);
-        pending.assign(1, x);
+      } else {
+        // A tree, one level per draft pass. The first pass brings the draft's cache up to
+        // seq[0 .. n-1) and gives the root's row; later passes evaluate the tree drafted so far
+        // (uncommitted) for the rows of its deepest level.
+        const token_tree& shape = *options.draft_tree;
+        shape_map.assign(sz(shape.size()), -1);
+        shape_map[0] = 0;
+        for (index_t d = 0; d < max_depth; ++d) {
+          std::span<float> rows;
+          if (d == 0) {
+            const token_tree chain = trees::chain(pending);
+            co_await draft_pass(chain, draft_logits, st);
+            all.resize(sz(chain.size() - 1));
+            for (index_t k = 0; k + 1 < chain.size(); ++k) all[sz(k)] = k;
+            draft.commit(all);
+            rows = std::span<float>(draft_logits.data() + (chain.size() - 1) * V, sz(V));
+          } else {
+            tree_limits limits;
+            limits.max_nodes = shape.size();
+            limits.max_depth = shape.max_depth();
+            limits.max_children = shape.max_width();
+            tree = token_tree(parents, tokens, limits);
+            co_await draft_pass(tree, draft_logits, st);
+            rows = std::span<float>(draft_logits);
+          }
+          bool grew = false;
+          for (index_t s = 0; s < shape.size(); ++s) {
+            const index_t u = shape_map[sz(s)];
+            if (shape.depth(s) != d || u < 0 || shape.num_children(s) == 0) continue;
+            draw_children(u, rows.subspan(d == 0 ? 0 : sz(u * V), sz(V)), shape.num_children(s));
+            index_t c = 0;
+            for (index_t sc = shape.first_child(s); sc >= 0 && c < static_cast<index_t>(chosen.size());
+                 sc = shape.next_sibling(sc), ++c) {
+              shape_map[sz(sc)] = add_node(u, chosen[sz(c)]);
+              grew = true;
+            }
+          }
+          if (!grew) break;
+        }
       }
     }
 
     // --- Target: root and drafts in one forward pass.
-    chain_tokens.assign(1, seq.back());
-    chain_tokens.insert(chain_tokens.end(), drafts.begin(), drafts.end());
-    const token_tree chain = trees::chain(chain_tokens);
-    const index_t nodes = chain.size();
-    detail::target_forward(target, chain, buf.logits, st);
+    {
+      tree_limits limits;
+      limits.max_nodes = std::max<index_t>(1, static_cast<index_t>(parents.size()));
+      limits.max_depth = std::max<index_t>(1, max_depth);
+      limits.max_children =
+          std::max<index_t>(1, tree_drafts ? options.draft_tree->max_width() : 1);
+      tree = token_tree(parents, tokens, limits);
+    }
+    const index_t nodes = tree.size();
+    co_await target_pass(tree, buf.logits, st);
 
     // --- Verify.
     index_t accepted = 0;
     {
-      detail::scoped_timer timer(st.verify_seconds);
+      scoped_timer timer(st.verify_seconds);
       buf.target_probs.resize(sz(nodes * V));
-      detail::rows_to_probs(options.target, buf.logits, buf.target_probs, buf.scratch, V);
-      // The leaf has no children: any valid row will do for its q row.
-      std::copy_n(buf.target_probs.begin() + static_cast<std::ptrdiff_t>(gamma * V), V,
-                  buf.draft_probs.begin() + static_cast<std::ptrdiff_t>(gamma * V));
+      rows_to_probs(options.target, buf.logits, buf.target_probs, buf.scratch, V);
+      // Leaves have no children: any valid row will do for their q rows.
+      for (index_t u = 0; u < nodes; ++u)
+        if (tree.num_children(u) == 0)
+          std::copy_n(buf.target_probs.begin() + static_cast<std::ptrdiff_t>(u * V), V,
+                      buf.draft_probs.begin() + static_cast<std::ptrdiff_t>(u * V));
       const request_rng verify_rng{rng.seed, rng.request_id, step};
-      accepted = detail::verify_one(
-          verify, chain, V, buf.target_probs,
+      accepted = verify_one(
+          verify, tree, V, buf.target_probs,
           sampled ? std::span<const float>(buf.draft_probs) : std::span<const float>(), verify_rng,
           buf.out_tokens, buf.out_nodes);
     }
 
-    // --- Commit: the target keeps root + accepted drafts; the draft drops rejected drafts.
+    // --- Commit: the target keeps root + accepted drafts; the draft drops what it does not
+    // hold from the accepted path (chain drafts) or its uncommitted tree (tree drafts).
     target.commit(std::span<const index_t>(buf.out_nodes.data(), sz(accepted + 1)));
-    if (gamma > 0) draft.rollback(std::min(draft.context_size(), n + accepted));
-    if (detail::emit_step(buf.out_tokens, accepted, options.stop_token, seq, st)) break;
+    if (max_depth > 0) draft.rollback(std::min(draft.context_size(), n + accepted));
+    if (emit_step(buf.out_tokens, accepted, options.stop_token, seq, st)) break;
   }
-  return {seq.begin() + prompt_len, seq.end()};
+  result.assign(seq.begin() + prompt_len, seq.end());
+}
+
+}  // namespace detail
+
+/// Generates up to `options.max_new_tokens` tokens after `prompt` (see file comment). Both
+/// models are (re)started with `prefill(prompt)`. Returns the generated tokens; adds to
+/// `*stats` when given.
+template <session_model Target, session_model Draft, verifier Verifier = tree_verifier<>>
+std::vector<token_t> speculative_decode(Target& target, Draft& draft,
+                                        std::span<const token_t> prompt,
+                                        const speculative_options& options, request_rng rng,
+                                        const Verifier& verify = {},
+                                        decode_stats* stats = nullptr) {
+  std::vector<token_t> out;
+  detail::decode_solo(target, &draft, stats, [&](decode_stats& st) {
+    return detail::speculative_task(detail::solo<Target>{&target}, detail::solo<Draft>{&draft},
+                                    prompt, options, rng, verify, st, out);
+  });
+  return out;
+}
+
+/// speculative_decode for several requests at once: request r decodes `prompts[r]` with
+/// `rngs[r]` as request r of both batched models, all requests' draft and target passes shared
+/// (decode/task.hpp); adds to `stats[r]` when `stats` is given. Each output equals
+/// speculative_decode of that request alone.
+template <batched_session_model Target, batched_session_model Draft,
+          verifier Verifier = tree_verifier<>>
+std::vector<std::vector<token_t>> speculative_decode_batch(
+    Target& target, Draft& draft, std::span<const std::vector<token_t>> prompts,
+    const speculative_options& options, std::span<const request_rng> rngs,
+    const Verifier& verify = {}, std::span<decode_stats> stats = {}) {
+  require_parameter(draft.batch_size() >= static_cast<index_t>(prompts.size()), "draft",
+                    static_cast<double>(draft.batch_size()),
+                    "the draft model's batch_size() is smaller than the number of prompts");
+  std::vector<std::vector<token_t>> out(prompts.size());
+  detail::decode_batch(target, &draft, target.batch_size(), prompts, rngs.size(), stats,
+                       [&](index_t r, decode_stats& st) {
+                         const auto i = static_cast<std::size_t>(r);
+                         return detail::speculative_task(
+                             detail::member<Target>{&target, r}, detail::member<Draft>{&draft, r},
+                             prompts[i], options, rngs[i], verify, st, out[i]);
+                       });
+  return out;
 }
 
 }  // namespace specula

@@ -37,6 +37,7 @@
 #include "specula/core/types.hpp"
 #include "specula/decode/concepts.hpp"
 #include "specula/decode/stats.hpp"
+#include "specula/decode/task.hpp"
 #include "specula/tree/builders.hpp"
 
 namespace specula {
@@ -146,33 +147,22 @@ diffusion_start start_diffusion(const Model& m, std::span<const token_t> prompt,
   return s;
 }
 
-/// One forward pass over whole sequences of `length` tokens, timed and counted in `st`.
-template <class Model>
-void sequences_forward(const Model& m, std::span<const token_t> tokens, index_t length,
-                       std::vector<float>& logits, decode_stats& st) {
-  const auto rows = static_cast<index_t>(tokens.size());
-  logits.resize(static_cast<std::size_t>(rows * m.vocab_size()));
-  scoped_timer timer(st.forward_seconds);
-  m.evaluate_sequences(tokens, length, batch_view<float>(logits.data(), rows, m.vocab_size()));
-  ++st.target_forwards;
-}
-
 }  // namespace detail
 
-/// Stepwise semi-autoregressive decoding with low-confidence remasking: one position per forward
-/// pass (see file comment). Returns the `gen_length` generated tokens.
-template <masked_model Model>
-std::vector<token_t> diffusion_stepwise_decode(const Model& m, std::span<const token_t> prompt,
-                                               const ssd_options& options,
-                                               decode_stats* stats = nullptr) {
-  auto [lay, seq] = detail::start_diffusion(m, prompt, options);
+namespace detail {
+
+/// Stepwise decoding of one request (see file comment), as a task.
+template <class Model>
+decode_task stepwise_task(const Model& m, std::span<const token_t> prompt, ssd_options options,
+                          decode_stats& st, std::vector<token_t>& result) {
+  auto start = detail::start_diffusion(m, prompt, options);
+  const diffusion_layout lay = start.lay;
+  std::vector<token_t>& seq = start.seq;
   const index_t V = m.vocab_size();
   const token_t mask = m.mask_token();
-  decode_stats local;
-  decode_stats& st = stats != nullptr ? *stats : local;
   std::vector<float> logits;
   for (index_t i = 0; i < options.gen_length; ++i) {
-    detail::sequences_forward(m, seq, lay.length, logits, st);
+    co_await detail::sequences_pass(seq, lay.length, logits, st);
     detail::scoped_timer timer(st.verify_seconds);
     const auto pick = detail::stepwise_choice(seq, logits, V, mask, lay);
     seq[static_cast<std::size_t>(pick.position)] = pick.token;
@@ -180,19 +170,18 @@ std::vector<token_t> diffusion_stepwise_decode(const Model& m, std::span<const t
     st.step_tokens.push_back(1);
     ++st.tokens;
   }
-  return {seq.begin() + lay.prompt_len, seq.end()};
+  result.assign(seq.begin() + lay.prompt_len, seq.end());
 }
 
-/// Self speculative decoding (see file comment). Output identical to
-/// diffusion_stepwise_decode with the same options. Returns the `gen_length` generated tokens.
-template <masked_model Model>
-std::vector<token_t> ssd_decode(const Model& m, std::span<const token_t> prompt,
-                                const ssd_options& options, decode_stats* stats = nullptr) {
-  auto [lay, seq] = detail::start_diffusion(m, prompt, options);
+/// SSD of one request (see file comment), as a task.
+template <class Model>
+decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_options options,
+                     decode_stats& st, std::vector<token_t>& result) {
+  auto start = detail::start_diffusion(m, prompt, options);
+  const diffusion_layout lay = start.lay;
+  std::vector<token_t>& seq = start.seq;
   const index_t V = m.vocab_size();
   const token_t mask = m.mask_token();
-  decode_stats local;
-  decode_stats& st = stats != nullptr ? *stats : local;
   const auto L = static_cast<std::size_t>(lay.length);
   const auto sz = [](index_t i) { return static_cast<std::size_t>(i); };
 
@@ -241,7 +230,7 @@ std::vector<token_t> ssd_decode(const Model& m, std::span<const token_t> prompt,
       }
     }
     // --- 2. One forward pass over every node's sequence.
-    detail::sequences_forward(m, batch, lay.length, logits, st);
+    co_await detail::sequences_pass(batch, lay.length, logits, st);
     // --- 3. Verification against the stepwise rule, from the root.
     detail::scoped_timer timer(st.verify_seconds);
     const auto rows_of = [&](index_t u) {
@@ -275,7 +264,75 @@ std::vector<token_t> ssd_decode(const Model& m, std::span<const token_t> prompt,
     for (index_t pos = lay.prompt_len; pos < lay.length; ++pos)
       if (seq[sz(pos)] == mask) drafts[sz(pos)] = detail::top_of(rows.subspan(sz(pos * V), sz(V)));
   }
-  return {seq.begin() + lay.prompt_len, seq.end()};
+  result.assign(seq.begin() + lay.prompt_len, seq.end());
+}
+
+/// Runs `task(m, prompt_r, ...)` for every prompt, sharing sequence passes.
+template <class Model, class Task>
+std::vector<std::vector<token_t>> diffusion_batch(const Model& m,
+                                                  std::span<const std::vector<token_t>> prompts,
+                                                  std::span<decode_stats> stats, Task task) {
+  std::vector<std::vector<token_t>> out(prompts.size());
+  decode_batch(m, static_cast<no_draft*>(nullptr), static_cast<index_t>(prompts.size()), prompts,
+               prompts.size(), stats, [&](index_t r, decode_stats& st) {
+                 const auto i = static_cast<std::size_t>(r);
+                 return task(prompts[i], st, out[i]);
+               });
+  return out;
+}
+
+}  // namespace detail
+
+/// Stepwise semi-autoregressive decoding with low-confidence remasking: one position per forward
+/// pass (see file comment). Returns the `gen_length` generated tokens.
+template <masked_model Model>
+std::vector<token_t> diffusion_stepwise_decode(const Model& m, std::span<const token_t> prompt,
+                                               const ssd_options& options,
+                                               decode_stats* stats = nullptr) {
+  std::vector<token_t> out;
+  detail::decode_solo(m, static_cast<detail::no_draft*>(nullptr), stats, [&](decode_stats& st) {
+    return detail::stepwise_task(m, prompt, options, st, out);
+  });
+  return out;
+}
+
+/// Self speculative decoding (see file comment). Output identical to
+/// diffusion_stepwise_decode with the same options. Returns the `gen_length` generated tokens.
+template <masked_model Model>
+std::vector<token_t> ssd_decode(const Model& m, std::span<const token_t> prompt,
+                                const ssd_options& options, decode_stats* stats = nullptr) {
+  std::vector<token_t> out;
+  detail::decode_solo(m, static_cast<detail::no_draft*>(nullptr), stats, [&](decode_stats& st) {
+    return detail::ssd_task(m, prompt, options, st, out);
+  });
+  return out;
+}
+
+/// diffusion_stepwise_decode for several prompts at once: each step evaluates all requests'
+/// sequences of equal length in one call (decode/task.hpp); adds to `stats[r]` when `stats` is
+/// given. Each output equals diffusion_stepwise_decode of that prompt alone.
+template <masked_model Model>
+std::vector<std::vector<token_t>> diffusion_stepwise_decode_batch(
+    const Model& m, std::span<const std::vector<token_t>> prompts, const ssd_options& options,
+    std::span<decode_stats> stats = {}) {
+  return detail::diffusion_batch(
+      m, prompts, stats, [&](std::span<const token_t> p, decode_stats& st, auto& out) {
+        return detail::stepwise_task(m, p, options, st, out);
+      });
+}
+
+/// ssd_decode for several prompts at once: each iteration evaluates all requests' node
+/// sequences of equal length in one call (decode/task.hpp); adds to `stats[r]` when `stats` is
+/// given. Each output equals ssd_decode of that prompt alone.
+template <masked_model Model>
+std::vector<std::vector<token_t>> ssd_decode_batch(const Model& m,
+                                                   std::span<const std::vector<token_t>> prompts,
+                                                   const ssd_options& options,
+                                                   std::span<decode_stats> stats = {}) {
+  return detail::diffusion_batch(
+      m, prompts, stats, [&](std::span<const token_t> p, decode_stats& st, auto& out) {
+        return detail::ssd_task(m, p, options, st, out);
+      });
 }
 
 }  // namespace specula

@@ -6,7 +6,7 @@
 /// - `transformer_session`: one request, a `specula::model` (evaluate a token tree below the
 ///   committed context, commit an accepted path).
 /// - `transformer_batch`: several requests evaluated in one forward pass, a
-///   `specula::batched_model`.
+///   `specula::batched_session_model` (the batched decoding loops' model).
 /// - `transformer` itself is a `specula::masked_model` (whole-sequence evaluation with a mask
 ///   token) when its file is a bidirectional model.
 ///
@@ -85,10 +85,28 @@ class transformer_batch {
     if (static_cast<index_t>(trees.size()) != batch_size())
       throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(trees.size())}, "trees",
                       "one tree per request");
+    all_.resize(trees.size());
+    for (std::size_t r = 0; r < trees.size(); ++r) all_[r] = static_cast<index_t>(r);
+    evaluate(all_, trees, logits);
+  }
+
+  /// One forward pass over the listed requests' trees (distinct requests, any subset, in list
+  /// order); one logit row per node, concatenated in list order.
+  void evaluate(std::span<const index_t> requests, std::span<const token_tree> trees,
+                batch_view<float> logits) {
+    if (requests.size() != trees.size())
+      throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(trees.size())}, "trees",
+                      "one tree per listed request");
     storage_.resize(trees.size());
     blocks_.resize(trees.size());
-    for (std::size_t r = 0; r < trees.size(); ++r)
-      blocks_[r] = tree_block(caches_[r], trees[r], storage_[r]);
+    for (std::size_t i = 0; i < trees.size(); ++i) {
+      for (std::size_t j = 0; j < i; ++j)
+        if (requests[j] == requests[i])
+          throw_if_failed({status::invalid_parameter, static_cast<index_t>(i), -1,
+                           static_cast<double>(requests[i])},
+                          "requests", "listed twice");
+      blocks_[i] = tree_block(caches_[checked(requests[i])], trees[i], storage_[i]);
+    }
     model_->evaluate(blocks_, logits);
   }
 
@@ -96,6 +114,13 @@ class transformer_batch {
   void commit(index_t request, std::span<const index_t> path) {
     caches_[checked(request)].commit(path);
   }
+
+  /// Committed tokens of request `request`.
+  [[nodiscard]] index_t context_size(index_t request) const {
+    return caches_[checked(request)].size();
+  }
+  /// Keeps the first n committed tokens of request `request`.
+  void rollback(index_t request, index_t n) { caches_[checked(request)].rollback(n); }
 
  private:
   [[nodiscard]] std::size_t checked(index_t request) const {
@@ -109,10 +134,11 @@ class transformer_batch {
   std::vector<kv_cache> caches_;
   std::vector<tree_block_storage> storage_;
   std::vector<node_block> blocks_;
+  std::vector<index_t> all_;
 };
 
 static_assert(session_model<transformer_session>);
-static_assert(batched_model<transformer_batch>);
+static_assert(batched_session_model<transformer_batch>);
 static_assert(masked_model<transformer>);
 
 }  // namespace specula::example
