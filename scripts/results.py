@@ -99,7 +99,7 @@ def diffusion_runs(demo, method, extra, tokens):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build-dir", default="build")
-    ap.add_argument("--tables", default="sjd,k,cool,jacobi,ssd")
+    ap.add_argument("--tables", default="sjd,k,sdtree,cool,jacobi,ssd")
     ap.add_argument("--quick", action="store_true", help="fewer tokens and samples")
     a = ap.parse_args()
     demo = os.path.join(a.build_dir, "examples", "demo", "specula_demo")
@@ -141,6 +141,22 @@ def main():
             txt = text_runs(demo, "sjd-pac", extra, text_tokens)
             print(f"| {k} | {d} | {img.tokens / img.forwards:.3f} | "
                   f"{txt.tokens / txt.forwards:.3f} |")
+        print()
+
+    if "sdtree" in tables:
+        print("### Draft-model SD: chain drafts vs tree drafts (exact rule, T = 1)\n")
+        print(f"text-target with text-draft, {len(TEXT_PROMPTS)} prompts x {text_tokens} "
+              "tokens; tree drafts: siblings without replacement:\n")
+        print(HEADER)
+        for name, extra in [("chain of 2", ["--draft-length", "2"]),
+                            ("chain of 3", ["--draft-length", "3"]),
+                            ("chain of 4", ["--draft-length", "4"]),
+                            ("chain of 6", ["--draft-length", "6"]),
+                            ("tree 2x2 (6 drafts)", ["--draft-tree", "2x2"]),
+                            ("tree 3x2 (12 drafts)", ["--draft-tree", "3x2"]),
+                            ("tree 2x3 (14 drafts)", ["--draft-tree", "2x3"]),
+                            ("tree 2x4 (30 drafts)", ["--draft-tree", "2x4"])]:
+            print(text_runs(demo, "sd", extra, text_tokens).row(name))
         print()
 
     if "cool" in tables:

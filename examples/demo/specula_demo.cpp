@@ -123,6 +123,8 @@ struct demo_options {
   bool quiet = false;
   // sd / cool-sd
   index_t draft_length = 4;
+  index_t draft_tree_width = 0;  // --draft-tree WxD: full W-ary draft tree of D levels (0: chain)
+  index_t draft_tree_depth = 0;
   std::string cool_schedule = "uniform";
   double delta = 2.0;
   double nu = 0.7;
@@ -391,6 +393,8 @@ std::vector<token_t> speculative(const run_input& in, decode_stats& st, bool rel
   so.target = sampling_of(o);
   so.draft = sampling_of(o);
   so.mode = o.greedy || o.draft_greedy ? specula::draft_mode::greedy : specula::draft_mode::sample;
+  if (o.draft_tree_width > 0)
+    so.draft_tree = specula::trees::full(o.draft_tree_width, o.draft_tree_depth);
   demo_session target(in.model, in.vocab_limit, in.progress);
   demo_session draft(*in.draft, in.vocab_limit, nullptr);
   if (o.greedy)
@@ -414,6 +418,9 @@ std::vector<token_t> run_cool_sd(const run_input& in, decode_stats& st) {
 json params_sd(const demo_options& o) {
   json p = {{"draft_model", "text-draft"},
             {"draft_length", o.draft_length},
+            {"draft_tree", o.draft_tree_width > 0 ? json(std::to_string(o.draft_tree_width) + "x" +
+                                                         std::to_string(o.draft_tree_depth))
+                                                  : json("chain")},
             {"greedy", o.greedy},
             {"draft", o.greedy || o.draft_greedy ? "greedy" : "sampled"}};
   if (!o.greedy) p.update(sampling_json(o));
@@ -542,7 +549,7 @@ const std::vector<method_entry>& methods() {
       {"sd",
        text_bit,
        0,
-       {"--draft-length", "--greedy", "--draft-greedy"},
+       {"--draft-length", "--draft-tree", "--greedy", "--draft-greedy"},
        run_sd,
        params_sd,
        "draft-model speculative decoding (text-draft drafts, exact verification)"},
@@ -563,8 +570,8 @@ const std::vector<method_entry>& methods() {
       {"cool-sd",
        text_bit,
        0,
-       {"--draft-length", "--draft-greedy", "--cool-schedule", "--delta", "--nu", "--ell",
-        "--resampling"},
+       {"--draft-length", "--draft-tree", "--draft-greedy", "--cool-schedule", "--delta", "--nu",
+        "--ell", "--resampling"},
        run_cool_sd,
        params_cool_sd,
        "speculative decoding with Cool-SD's relaxed (lossy) acceptance"},
@@ -633,6 +640,8 @@ void print_help() {
       "  --greedy             ar: argmax decoding; sd: greedy drafts and greedy verification\n"
       "  --draft-greedy       sd, cool-sd: greedy drafts, stochastic verification\n"
       "  --draft-length N     sd, cool-sd: drafted tokens per step (default 4)\n"
+      "  --draft-tree WxD     sd, cool-sd: draft a full W-ary tree of D levels per step instead\n"
+      "                       of a chain (siblings without replacement; greedy: top W tokens)\n"
       "  --window N           sjd (default 16), sjd-pac (32), jacobi (16): draft window\n"
       "  --init MODE          sjd, sjd-pac: uniform (default) | one-hot | horizontal-repeat |\n"
       "                       horizontal-sample (spatial priors for images); jacobi, multiblock:\n"
@@ -694,35 +703,13 @@ demo_options parse_args(int argc, char** argv) {
   const std::vector<std::string_view> switches = {"--greedy",       "--draft-greedy", "--no-ac",
                                                   "--no-pd",        "--json",         "--quiet",
                                                   "--no-recycling", "--mix-order"};
-  const std::vector<std::string_view> valued = {"--task",
-                                                "--method",
-                                                "--temperature",
-                                                "--top-k",
-                                                "--top-p",
-                                                "--seed",
-                                                "--max-new-tokens",
-                                                "--prompt",
-                                                "--label",
-                                                "--num-samples",
-                                                "--batch",
-                                                "--models-dir",
-                                                "--out-dir",
-                                                "--scale",
-                                                "--draft-length",
-                                                "--window",
-                                                "--init",
-                                                "--pd-width",
-                                                "--pd-depth",
-                                                "--cool-schedule",
-                                                "--delta",
-                                                "--nu",
-                                                "--ell",
-                                                "--resampling",
-                                                "--block-size",
-                                                "--blocks",
-                                                "--spawn-ratio",
-                                                "--pool-size",
-                                                "--ngram"};
+  const std::vector<std::string_view> valued = {
+      "--task",          "--method",         "--temperature", "--top-k",     "--top-p",
+      "--seed",          "--max-new-tokens", "--prompt",      "--label",     "--num-samples",
+      "--batch",         "--models-dir",     "--out-dir",     "--scale",     "--draft-length",
+      "--draft-tree",    "--window",         "--init",        "--pd-width",  "--pd-depth",
+      "--cool-schedule", "--delta",          "--nu",          "--ell",       "--resampling",
+      "--block-size",    "--blocks",         "--spawn-ratio", "--pool-size", "--ngram"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -780,6 +767,12 @@ demo_options parse_args(int argc, char** argv) {
       o.scale = parse_int(flag, value);
     } else if (flag == "--draft-length") {
       o.draft_length = parse_int(flag, value);
+    } else if (flag == "--draft-tree") {
+      const auto x = value.find('x');
+      if (x == std::string::npos)
+        throw usage_error("--draft-tree: expected WxD, got '" + value + "'");
+      o.draft_tree_width = parse_int(flag, value.substr(0, x));
+      o.draft_tree_depth = parse_int(flag, value.substr(x + 1));
     } else if (flag == "--window") {
       o.window = parse_int(flag, value);
     } else if (flag == "--init") {
@@ -864,11 +857,11 @@ const method_entry& find_method(const demo_options& o) {
 /// Checks the flags against the method, fills in method and task defaults, checks ranges.
 void resolve(demo_options& o, const method_entry& m) {
   const std::vector<std::string_view> method_flags = {
-      "--greedy",   "--draft-greedy", "--draft-length", "--window",     "--init",
-      "--pd-width", "--pd-depth",     "--no-ac",        "--no-pd",      "--cool-schedule",
-      "--delta",    "--nu",           "--ell",          "--resampling", "--block-size",
-      "--blocks",   "--spawn-ratio",  "--no-recycling", "--pool-size",  "--ngram",
-      "--mix-order"};
+      "--greedy",        "--draft-greedy", "--draft-length", "--draft-tree",   "--window",
+      "--init",          "--pd-width",     "--pd-depth",     "--no-ac",        "--no-pd",
+      "--cool-schedule", "--delta",        "--nu",           "--ell",          "--resampling",
+      "--block-size",    "--blocks",       "--spawn-ratio",  "--no-recycling", "--pool-size",
+      "--ngram",         "--mix-order"};
   for (const auto& f : o.given)
     if (std::find(method_flags.begin(), method_flags.end(), f) != method_flags.end() &&
         std::find(m.flags.begin(), m.flags.end(), f) == m.flags.end())
@@ -894,6 +887,16 @@ void resolve(demo_options& o, const method_entry& m) {
   require(o.num_samples >= 1 && o.num_samples <= 4096, "--num-samples", "must be in [1, 4096]");
   require(o.scale >= 1 && o.scale <= 64, "--scale", "must be in [1, 64]");
   require(o.draft_length >= 0 && o.draft_length <= 64, "--draft-length", "must be in [0, 64]");
+  if (o.has("--draft-tree")) {
+    require(o.draft_tree_width >= 1 && o.draft_tree_width <= 8, "--draft-tree",
+            "width W must be in [1, 8]");
+    require(o.draft_tree_depth >= 1 && o.draft_tree_depth <= 16, "--draft-tree",
+            "depth D must be in [1, 16]");
+    double nodes = 1.0, level = 1.0;
+    for (index_t d = 0; d < o.draft_tree_depth; ++d)
+      nodes += (level *= static_cast<double>(o.draft_tree_width));
+    require(nodes <= 512.0, "--draft-tree", "W^1 + ... + W^D must be at most 511 drafts");
+  }
   if (o.greedy && o.draft_greedy) throw usage_error("--draft-greedy: implied by --greedy");
 
   // Windows and initialisation.

@@ -3,8 +3,8 @@
 // batched rows equal the single-request rows bit for bit); greedy loops batched on the shipped
 // models equal greedy decoding; the passes are really shared; bad batch arguments are rejected.
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <span>
 #include <string>
@@ -42,8 +42,8 @@ class counting_batch : public session_batch<toy_model_session> {
 };
 
 counting_batch toy_batch(const toy_ar_model& m, index_t n) {
-  return counting_batch(std::vector<toy_model_session>(static_cast<std::size_t>(n),
-                                                       toy_model_session(m)));
+  return counting_batch(
+      std::vector<toy_model_session>(static_cast<std::size_t>(n), toy_model_session(m)));
 }
 
 /// Prompts of different lengths (BOS first), so requests finish at different steps.
@@ -54,7 +54,8 @@ const std::vector<std::vector<token_t>>& toy_prompts() {
 
 std::vector<request_rng> rngs_for(std::size_t n, std::uint64_t seed) {
   std::vector<request_rng> r;
-  for (std::size_t i = 0; i < n; ++i) r.push_back({seed + 17 * i, static_cast<std::uint32_t>(i), 0});
+  for (std::size_t i = 0; i < n; ++i)
+    r.push_back({seed + 17 * i, static_cast<std::uint32_t>(i), 0});
   return r;
 }
 
@@ -138,8 +139,7 @@ TEST_CASE("batched SJD-PAC equals each request decoded alone", "[decode]") {
   }
 }
 
-TEST_CASE("batched Jacobi and multi-block decoding equal each request decoded alone",
-          "[decode]") {
+TEST_CASE("batched Jacobi and multi-block decoding equal each request decoded alone", "[decode]") {
   const toy_ar_model target(4, 8, 91);
   jacobi_options jo;
   jo.window = 3;
@@ -273,21 +273,19 @@ TEST_CASE("batched loops reject bad batch arguments", "[decode]") {
   };
   CHECK_THAT(msg([&] { (void)jacobi_decode_batch(m, three, jo, rngs3); }),
              Catch::Contains("prompts"));
-  CHECK_THAT(msg([&] { (void)jacobi_decode_batch(m, two, jo, rngs1); }),
-             Catch::Contains("rngs"));
+  CHECK_THAT(msg([&] { (void)jacobi_decode_batch(m, two, jo, rngs1); }), Catch::Contains("rngs"));
   std::vector<decode_stats> st1(1);
   CHECK_THAT(msg([&] { (void)jacobi_decode_batch(m, two, jo, rngs2, st1); }),
              Catch::Contains("stats"));
   CHECK_THAT(msg([&] { (void)jacobi_decode_batch(m, with_empty, jo, rngs2); }),
              Catch::Contains("prompts[row 1]"));
-  CHECK_THAT(msg([&] { (void)jacobi_decode_batch(m, std::vector<std::vector<token_t>>{}, jo, {}); }),
-             Catch::Contains("prompts"));
+  CHECK_THAT(
+      msg([&] { (void)jacobi_decode_batch(m, std::vector<std::vector<token_t>>{}, jo, {}); }),
+      Catch::Contains("prompts"));
   counting_batch small = toy_batch(target, 1);
-  CHECK_THAT(msg([&] {
-               (void)speculative_decode_batch(m, small, two, speculative_options{}, rngs2);
-             }),
-             Catch::Contains("draft"));
+  CHECK_THAT(
+      msg([&] { (void)speculative_decode_batch(m, small, two, speculative_options{}, rngs2); }),
+      Catch::Contains("draft"));
   jo.window = 0;
-  CHECK_THAT(msg([&] { (void)jacobi_decode_batch(m, two, jo, rngs2); }),
-             Catch::Contains("window"));
+  CHECK_THAT(msg([&] { (void)jacobi_decode_batch(m, two, jo, rngs2); }), Catch::Contains("window"));
 }

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include <specula/decode/speculative.hpp>
-#include <specula/tree/builders.hpp>
 #include <specula/testing/goodness_of_fit.hpp>
 #include <specula/testing/toy_models.hpp>
+#include <specula/tree/builders.hpp>
 #include <specula_example/sessions.hpp>
 
 #include "decode_test_util.hpp"

@@ -42,8 +42,8 @@ class session_batch {
   void evaluate(std::span<const index_t> requests, std::span<const token_tree> trees,
                 batch_view<float> logits) {
     if (requests.size() != trees.size())
-      throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(trees.size())},
-                      "trees", "one tree per listed request");
+      throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(trees.size())}, "trees",
+                      "one tree per listed request");
     index_t total = 0;
     for (const token_tree& t : trees) total += t.size();
     if (logits.rows != total || logits.cols != vocab_size())
@@ -52,8 +52,8 @@ class session_batch {
     index_t row = 0;
     for (std::size_t i = 0; i < requests.size(); ++i) {
       M& s = sessions_[checked(requests[i])];
-      s.evaluate(trees[i], batch_view<float>(logits.data + row * logits.cols, trees[i].size(),
-                                             logits.cols));
+      s.evaluate(trees[i],
+                 batch_view<float>(logits.data + row * logits.cols, trees[i].size(), logits.cols));
       row += trees[i].size();
     }
   }

@@ -61,25 +61,24 @@ concept session_model = model<M> && requires(M& m, std::span<const token_t> prom
 /// subset, in the listed order; same conventions as `model`) and writes their node rows
 /// concatenated in that order; `commit(request, path)` commits one request's accepted path.
 template <class M>
-concept batched_model =
-    requires(M& m, std::span<const index_t> requests, std::span<const token_tree> trees,
-             batch_view<float> logits, index_t request, std::span<const index_t> path) {
-      { m.vocab_size() } -> std::convertible_to<index_t>;
-      { m.batch_size() } -> std::convertible_to<index_t>;
-      m.evaluate(requests, trees, logits);
-      m.commit(request, path);
-    };
+concept batched_model = requires(M& m, std::span<const index_t> requests,
+                                 std::span<const token_tree> trees, batch_view<float> logits,
+                                 index_t request, std::span<const index_t> path) {
+  { m.vocab_size() } -> std::convertible_to<index_t>;
+  { m.batch_size() } -> std::convertible_to<index_t>;
+  m.evaluate(requests, trees, logits);
+  m.commit(request, path);
+};
 
 /// A batched model whose requests can be started and truncated one by one (`session_model`'s
 /// operations with the request index first). The batched decoding loops take one.
 template <class M>
-concept batched_session_model =
-    batched_model<M> && requires(M& m, index_t request, std::span<const token_t> prompt,
-                                 index_t n) {
-      m.prefill(request, prompt);
-      { m.context_size(request) } -> std::convertible_to<index_t>;
-      m.rollback(request, n);
-    };
+concept batched_session_model = batched_model<M> &&
+    requires(M& m, index_t request, std::span<const token_t> prompt, index_t n) {
+  m.prefill(request, prompt);
+  { m.context_size(request) } -> std::convertible_to<index_t>;
+  m.rollback(request, n);
+};
 
 /// A masked (diffusion) model: `evaluate_sequences(tokens, length, logits)` evaluates
 /// `tokens.size() / length` whole sequences bidirectionally, one logit row per position;

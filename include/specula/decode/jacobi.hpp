@@ -121,9 +121,11 @@ std::vector<token_t> jacobi_decode(Model& m, std::span<const token_t> prompt,
 /// request r of `m`, all requests' steps sharing forward passes (decode/task.hpp); adds to
 /// `stats[r]` when `stats` is given. Each output equals jacobi_decode of that request alone.
 template <batched_session_model Model>
-std::vector<std::vector<token_t>> jacobi_decode_batch(
-    Model& m, std::span<const std::vector<token_t>> prompts, const jacobi_options& options,
-    std::span<const request_rng> rngs, std::span<decode_stats> stats = {}) {
+std::vector<std::vector<token_t>> jacobi_decode_batch(Model& m,
+                                                      std::span<const std::vector<token_t>> prompts,
+                                                      const jacobi_options& options,
+                                                      std::span<const request_rng> rngs,
+                                                      std::span<decode_stats> stats = {}) {
   std::vector<std::vector<token_t>> out(prompts.size());
   detail::decode_batch(m, static_cast<detail::no_draft*>(nullptr), m.batch_size(), prompts,
                        rngs.size(), stats, [&](index_t r, decode_stats& st) {

@@ -27,10 +27,10 @@
 #include "specula/decode/concepts.hpp"
 #include "specula/decode/stats.hpp"
 #include "specula/decode/task.hpp"
-#include "specula/sample/random_source.hpp"
-#include "specula/sample/without_replacement.hpp"
 #include "specula/sample/categorical.hpp"
+#include "specula/sample/random_source.hpp"
 #include "specula/sample/transforms.hpp"
+#include "specula/sample/without_replacement.hpp"
 #include "specula/tree/builders.hpp"
 
 namespace specula {
@@ -43,7 +43,7 @@ enum class draft_mode {
 
 /// Options of speculative_decode.
 struct speculative_options {
-  index_t draft_length = 4;     ///< drafted tokens per step (gamma), >= 0 (chain drafts)
+  index_t draft_length = 4;  ///< drafted tokens per step (gamma), >= 0 (chain drafts)
   /// Tree drafts: the shape of each step's draft tree (its tokens are ignored; node 0 is the
   /// root). Unset: a chain of `draft_length` drafts. Set: `draft_length` is ignored and node u's
   /// children in the shape are drawn from the draft's row at u — sampled without replacement
@@ -135,8 +135,8 @@ inline index_t top_tokens(std::span<const float> row, index_t count, token_t* ou
     for (index_t y = 0; y < static_cast<index_t>(row.size()); ++y) {
       bool taken = false;
       for (index_t j = 0; j < n && !taken; ++j) taken = out[j] == static_cast<token_t>(y);
-      if (!taken && (best < 0 || row[static_cast<std::size_t>(y)] >
-                                     row[static_cast<std::size_t>(best)]))
+      if (!taken &&
+          (best < 0 || row[static_cast<std::size_t>(y)] > row[static_cast<std::size_t>(best)]))
         best = y;
     }
     out[n] = static_cast<token_t>(best);
@@ -189,9 +189,8 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
     const index_t remaining = options.max_new_tokens - generated;
     if (remaining <= 0) break;
     const index_t n = static_cast<index_t>(seq.size());
-    const index_t max_depth =
-        std::min(tree_drafts ? options.draft_tree->max_depth() : options.draft_length,
-                 remaining - 1);
+    const index_t max_depth = std::min(
+        tree_drafts ? options.draft_tree->max_depth() : options.draft_length, remaining - 1);
     const request_rng draft_rng{fold_in(rng.seed, 1), rng.request_id, step};
     // Node u's children were drawn from q row u (q_rows: nodes x V).
     parents.assign(1, -1);
@@ -207,9 +206,8 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
         auto w = [&](index_t y) { return static_cast<double>(q[sz(y)]); };
         philox_source src{draft_rng};
         if (options.draft_sampling == sibling_sampling::without_replacement) {
-          got = sample_without_replacement_sequential(src, V, w, count,
-                                                      static_cast<std::uint32_t>(parent), 0,
-                                                      chosen.data());
+          got = sample_without_replacement_sequential(
+              src, V, w, count, static_cast<std::uint32_t>(parent), 0, chosen.data());
         } else {
           const double total = positive_mass(V, w);
           for (; got < count && total > 0.0; ++got)
@@ -279,7 +277,8 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
             if (shape.depth(s) != d || u < 0 || shape.num_children(s) == 0) continue;
             draw_children(u, rows.subspan(d == 0 ? 0 : sz(u * V), sz(V)), shape.num_children(s));
             index_t c = 0;
-            for (index_t sc = shape.first_child(s); sc >= 0 && c < static_cast<index_t>(chosen.size());
+            for (index_t sc = shape.first_child(s);
+                 sc >= 0 && c < static_cast<index_t>(chosen.size());
                  sc = shape.next_sibling(sc), ++c) {
               shape_map[sz(sc)] = add_node(u, chosen[sz(c)]);
               grew = true;
@@ -295,8 +294,7 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
       tree_limits limits;
       limits.max_nodes = std::max<index_t>(1, static_cast<index_t>(parents.size()));
       limits.max_depth = std::max<index_t>(1, max_depth);
-      limits.max_children =
-          std::max<index_t>(1, tree_drafts ? options.draft_tree->max_width() : 1);
+      limits.max_children = std::max<index_t>(1, tree_drafts ? options.draft_tree->max_width() : 1);
       tree = token_tree(parents, tokens, limits);
     }
     const index_t nodes = tree.size();
@@ -314,10 +312,10 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
           std::copy_n(buf.target_probs.begin() + static_cast<std::ptrdiff_t>(u * V), V,
                       buf.draft_probs.begin() + static_cast<std::ptrdiff_t>(u * V));
       const request_rng verify_rng{rng.seed, rng.request_id, step};
-      accepted = verify_one(
-          verify, tree, V, buf.target_probs,
-          sampled ? std::span<const float>(buf.draft_probs) : std::span<const float>(), verify_rng,
-          buf.out_tokens, buf.out_nodes);
+      accepted =
+          verify_one(verify, tree, V, buf.target_probs,
+                     sampled ? std::span<const float>(buf.draft_probs) : std::span<const float>(),
+                     verify_rng, buf.out_tokens, buf.out_nodes);
     }
 
     // --- Commit: the target keeps root + accepted drafts; the draft drops what it does not

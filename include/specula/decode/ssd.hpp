@@ -315,10 +315,10 @@ template <masked_model Model>
 std::vector<std::vector<token_t>> diffusion_stepwise_decode_batch(
     const Model& m, std::span<const std::vector<token_t>> prompts, const ssd_options& options,
     std::span<decode_stats> stats = {}) {
-  return detail::diffusion_batch(
-      m, prompts, stats, [&](std::span<const token_t> p, decode_stats& st, auto& out) {
-        return detail::stepwise_task(m, p, options, st, out);
-      });
+  return detail::diffusion_batch(m, prompts, stats,
+                                 [&](std::span<const token_t> p, decode_stats& st, auto& out) {
+                                   return detail::stepwise_task(m, p, options, st, out);
+                                 });
 }
 
 /// ssd_decode for several prompts at once: each iteration evaluates all requests' node
@@ -329,10 +329,10 @@ std::vector<std::vector<token_t>> ssd_decode_batch(const Model& m,
                                                    std::span<const std::vector<token_t>> prompts,
                                                    const ssd_options& options,
                                                    std::span<decode_stats> stats = {}) {
-  return detail::diffusion_batch(
-      m, prompts, stats, [&](std::span<const token_t> p, decode_stats& st, auto& out) {
-        return detail::ssd_task(m, p, options, st, out);
-      });
+  return detail::diffusion_batch(m, prompts, stats,
+                                 [&](std::span<const token_t> p, decode_stats& st, auto& out) {
+                                   return detail::ssd_task(m, p, options, st, out);
+                                 });
 }
 
 }  // namespace specula

@@ -213,7 +213,8 @@ void serve_trees(M& m, std::span<decode_task> tasks, std::span<const index_t> wa
   for (std::size_t i = 0; i < waiting.size(); ++i) {
     const pass_request& rq = tasks[static_cast<std::size_t>(waiting[i])].pending();
     const auto n = static_cast<std::size_t>(trees[i].size() * V);
-    rq.logits->assign(rows.begin() + row * V, rows.begin() + row * V + static_cast<std::ptrdiff_t>(n));
+    rq.logits->assign(rows.begin() + row * V,
+                      rows.begin() + row * V + static_cast<std::ptrdiff_t>(n));
     row += trees[i].size();
     if (is_target) {
       rq.stats->forward_seconds += seconds;
