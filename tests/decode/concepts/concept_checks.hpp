@@ -15,3 +15,7 @@ template <specula::verifier V>
 void use_verifier(const V& v) {
   (void)v;
 }
+template <specula::batched_session_model M>
+void use_batched_model(M& m) {
+  (void)m;
+}
