@@ -626,7 +626,7 @@ void print_help() {
       "  --top-p P            nucleus mass in (0, 1] (1: off, default)\n"
       "  --seed S             random seed (default 1); sample i uses request id i\n"
       "  --max-new-tokens N   tokens to generate (text: default 128; image: 64, the whole grid)\n"
-      "  --num-samples N      requests to decode, one after the other (alias --batch; default 1)\n"
+      "  --num-samples N      requests to decode, one after the other (default 1)\n"
       "  --prompt TEXT        text prompt (bytes; default: the start of a Python class)\n"
       "  --label C            image class: 0..7, a class name, or -1 (null label); default 0\n"
       "  --models-dir DIR     the shipped models (default " SPECULA_MODELS_DIR
@@ -703,13 +703,35 @@ demo_options parse_args(int argc, char** argv) {
   const std::vector<std::string_view> switches = {"--greedy",       "--draft-greedy", "--no-ac",
                                                   "--no-pd",        "--json",         "--quiet",
                                                   "--no-recycling", "--mix-order"};
-  const std::vector<std::string_view> valued = {
-      "--task",          "--method",         "--temperature", "--top-k",     "--top-p",
-      "--seed",          "--max-new-tokens", "--prompt",      "--label",     "--num-samples",
-      "--batch",         "--models-dir",     "--out-dir",     "--scale",     "--draft-length",
-      "--draft-tree",    "--window",         "--init",        "--pd-width",  "--pd-depth",
-      "--cool-schedule", "--delta",          "--nu",          "--ell",       "--resampling",
-      "--block-size",    "--blocks",         "--spawn-ratio", "--pool-size", "--ngram"};
+  const std::vector<std::string_view> valued = {"--task",
+                                                "--method",
+                                                "--temperature",
+                                                "--top-k",
+                                                "--top-p",
+                                                "--seed",
+                                                "--max-new-tokens",
+                                                "--prompt",
+                                                "--label",
+                                                "--num-samples",
+                                                "--models-dir",
+                                                "--out-dir",
+                                                "--scale",
+                                                "--draft-length",
+                                                "--draft-tree",
+                                                "--window",
+                                                "--init",
+                                                "--pd-width",
+                                                "--pd-depth",
+                                                "--cool-schedule",
+                                                "--delta",
+                                                "--nu",
+                                                "--ell",
+                                                "--resampling",
+                                                "--block-size",
+                                                "--blocks",
+                                                "--spawn-ratio",
+                                                "--pool-size",
+                                                "--ngram"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -731,7 +753,7 @@ demo_options parse_args(int argc, char** argv) {
       if (i + 1 >= argc) throw usage_error(arg + ": missing value");
       value = argv[++i];
     }
-    const std::string flag = arg == "--batch" ? "--num-samples" : arg;
+    const std::string& flag = arg;
     if (o.has(flag)) throw usage_error(flag + ": given more than once");
     o.given.push_back(flag);
 
