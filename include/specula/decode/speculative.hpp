@@ -178,7 +178,7 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
   const auto prompt_len = static_cast<index_t>(prompt.size());
   speculative_buffers buf;
   buf.scratch.resize(sz(V));
-  std::vector<token_t> pending, chain_tokens, chosen;
+  std::vector<token_t> pending, chosen;
   std::vector<index_t> parents, shape_map, all;
   std::vector<token_t> tokens;
   std::vector<float> draft_logits;

@@ -27,6 +27,7 @@
 #include <coroutine>
 #include <exception>
 #include <span>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -151,6 +152,13 @@ struct member {
 /// Stands in for the draft model of loops that have none.
 struct no_draft {};
 
+/// A loop asked for a pass its driver's model cannot serve (an internal error: the public
+/// functions constrain their models so that this cannot happen).
+[[noreturn]] inline void unservable_pass() {
+  throw std::logic_error(
+      "specula: a decoding loop asked for a forward pass its model cannot serve");
+}
+
 /// Serves one request's pass with an unbatched model.
 template <class M>
 void serve_solo(M& m, const pass_request& rq) {
@@ -163,10 +171,13 @@ void serve_solo(M& m, const pass_request& rq) {
       scoped_timer timer(st.forward_seconds);
       m.evaluate_sequences(rq.tokens, rq.length, batch_view<float>(rq.logits->data(), rows, V));
       ++st.target_forwards;
+      return;
     }
-    return;
+    unservable_pass();
   }
-  if constexpr (model<M>) {
+  if constexpr (!model<M>) {
+    unservable_pass();
+  } else {
     rq.logits->resize(static_cast<std::size_t>(rq.tree->size() * V));
     const batch_view<float> rows(rq.logits->data(), rq.tree->size(), V);
     if (rq.kind == pass_kind::draft) {
@@ -186,7 +197,10 @@ void run_solo(decode_task& task, Target& target, Draft* draft = nullptr) {
   for (task.resume(); !task.done(); task.resume()) {
     const pass_request& rq = task.pending();
     if (rq.kind == pass_kind::draft) {
-      if constexpr (!std::is_same_v<Draft, no_draft>) serve_solo(*draft, rq);
+      if constexpr (std::is_same_v<Draft, no_draft>)
+        unservable_pass();
+      else
+        serve_solo(*draft, rq);
     } else {
       serve_solo(target, rq);
     }
@@ -280,11 +294,19 @@ void run_batch(std::span<decode_task> tasks, Target& target, Draft* draft = null
       if (waiting.empty()) continue;
       any = true;
       if (kind == pass_kind::sequences) {
-        if constexpr (masked_model<Target>) serve_sequences(target, tasks, waiting, tokens, rows);
+        if constexpr (masked_model<Target>)
+          serve_sequences(target, tasks, waiting, tokens, rows);
+        else
+          unservable_pass();
       } else if (kind == pass_kind::target) {
-        if constexpr (batched_model<Target>) serve_trees(target, tasks, waiting, true, trees, rows);
+        if constexpr (batched_model<Target>)
+          serve_trees(target, tasks, waiting, true, trees, rows);
+        else
+          unservable_pass();
       } else {
-        if constexpr (!std::is_same_v<Draft, no_draft>)
+        if constexpr (std::is_same_v<Draft, no_draft>)
+          unservable_pass();
+        else
           serve_trees(*draft, tasks, waiting, false, trees, rows);
       }
       for (const index_t r : waiting) tasks[static_cast<std::size_t>(r)].resume();
