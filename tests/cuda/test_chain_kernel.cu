@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "device_buffer.cuh"
 #include "specula/cuda/chain.cuh"
 #include "specula/cuda/error.cuh"
 #include "specula/rules/relaxed.hpp"
@@ -27,35 +29,9 @@ double g_test_p_value(const std::vector<std::uint64_t>& counts, const std::vecto
 
 namespace {
 
-bool have_gpu() {
-  if (cuda::device_count() > 0) return true;
-  WARN("no CUDA device: device chain-verification checks skipped (compile-only)");
-  return false;
-}
+bool have_gpu() { return cuda_test::have_gpu("device chain-verification checks"); }
 
-/// A device copy of a host vector, freed on destruction.
-template <class T>
-struct device_vector {
-  T* ptr = nullptr;
-  std::size_t n = 0;
-  explicit device_vector(const std::vector<T>& v) : n(v.size()) {
-    cuda::throw_on_error(cudaMalloc(&ptr, (n == 0 ? 1 : n) * sizeof(T)), "cudaMalloc");
-    if (n > 0)
-      cuda::throw_on_error(cudaMemcpy(ptr, v.data(), n * sizeof(T), cudaMemcpyHostToDevice),
-                           "cudaMemcpy");
-  }
-  device_vector(const device_vector&) = delete;
-  device_vector& operator=(const device_vector&) = delete;
-  ~device_vector() { cudaFree(ptr); }
-  [[nodiscard]] std::vector<T> to_host() const {
-    std::vector<T> v(n);
-    if (n > 0)
-      cuda::throw_on_error(cudaMemcpy(v.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost),
-                           "cudaMemcpy");
-    return v;
-  }
-  row_view<T> view() { return {ptr, static_cast<index_t>(n)}; }
-};
+using cuda_test::device_vector;
 
 /// A random ragged batch with float rows (drafts sampled from q so q(x) > 0).
 struct batch {
@@ -124,7 +100,8 @@ results run_host(const batch& bt, bool one_hot, const Rule& rule = {}) {
 }
 
 template <class Rule = exact_rule>
-results run_device(const batch& bt, bool one_hot, const Rule& rule = {}, bool greedy = false) {
+results run_device(const batch& bt, bool one_hot, const Rule& rule = {}, bool greedy = false,
+                   int split = 1) {
   device_vector<index_t> off(bt.offsets);
   device_vector<token_t> tok(bt.tokens);
   device_vector<float> dr(bt.draft), tg(bt.target);
@@ -144,10 +121,13 @@ results run_device(const batch& bt, bool one_hot, const Rule& rule = {}, bool gr
       {tg.ptr, bt.drafts() + bt.size(), bt.vocab},
       {rng.ptr, bt.size()}};
   const chain_batch_output o{out.view(), n.view(), acc.view(), fl.view()};
+  device_vector<std::byte> ws(
+      std::vector<std::byte>(split == 1 ? 1 : cuda::chain_workspace_bytes(bt.size(), bt.vocab)));
+  const auto pol = cuda::par_on(nullptr).with_workspace(ws.ptr, ws.n).with_row_split(split);
   if (greedy)
-    cuda::throw_on_error(cuda::verify_chain_greedy_async(cuda::par_on(nullptr), in, o), "greedy");
+    cuda::throw_on_error(cuda::verify_chain_greedy_async(pol, in, o), "greedy");
   else
-    cuda::verify_chain(cuda::par_on(nullptr), in, o, chain_options{}, rule);
+    cuda::verify_chain(pol, in, o, chain_options{}, rule);
   cuda::throw_on_error(cudaDeviceSynchronize(), "chain kernel");
   return {out.to_host(), n.to_host(), acc.to_host(), fl.to_host()};
 }
@@ -169,6 +149,21 @@ TEST_CASE("device chain verification equals the host backend", "[cuda]") {
       INFO("vocab " << vocab << " seed " << seed);
       require_equal(run_device(bt, false), run_host(bt, false));
       require_equal(run_device(bt, true), run_host(bt, true));
+    }
+  }
+}
+
+TEST_CASE("device chain verification split across CTAs per row equals the host", "[cuda]") {
+  if (!have_gpu()) return;
+  const auto sch = relaxation_schedule::make_exponential(2.0, 0.5, 6);
+  const scheduled_relaxed_rule relaxed{sch, resampling::optimal};
+  for (index_t vocab : {300, 5000, 128256}) {
+    const batch bt(vocab, {3, 0, 5, 1}, 21);
+    for (int split : {2, 5, 64, 0}) {
+      INFO("vocab " << vocab << " split " << split);
+      require_equal(run_device(bt, false, exact_rule{}, false, split), run_host(bt, false));
+      require_equal(run_device(bt, true, exact_rule{}, false, split), run_host(bt, true));
+      require_equal(run_device(bt, false, relaxed, false, split), run_host(bt, false, relaxed));
     }
   }
 }

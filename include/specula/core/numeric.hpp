@@ -20,4 +20,18 @@ SPECULA_HOST_DEVICE constexpr double to_double(T x) noexcept {
 
 SPECULA_HOST_DEVICE constexpr double abs_value(double x) noexcept { return x < 0 ? -x : x; }
 
+/// a * b rounded to double and never fused with a following addition. nvcc contracts a product
+/// feeding an addition into one FMA by default (one rounding instead of two), which would make
+/// device results differ from the host's in the last bit; products whose result is later added
+/// or subtracted in the verifiers' shared maths go through this function so both backends round
+/// the same way. (Host builds must not enable FMA contraction either: no -ffp-contract=fast
+/// together with -mfma / -march=native for translation units that need host/device parity.)
+SPECULA_HOST_DEVICE constexpr double mul_rn(double a, double b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
 }  // namespace specula::detail

@@ -37,7 +37,7 @@ struct relaxed_rule {
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr double accept_probability(double p,
                                                                         double q) const noexcept {
     if (q <= 0.0) return 1.0;
-    const double wp = omega * p;
+    const double wp = detail::mul_rn(omega, p);
     return wp >= q ? 1.0 : wp / q;
   }
   /// G*: [p − q·f]+ = [p − min(q, ω·p)]+; G_van: [p − q]+.
@@ -47,7 +47,7 @@ struct relaxed_rule {
       const double d = p - q;
       return d > 0.0 ? d : 0.0;
     }
-    const double wp = omega * p;
+    const double wp = detail::mul_rn(omega, p);
     const double d = p - (wp < q ? wp : q);
     return d > 0.0 ? d : 0.0;
   }

@@ -7,6 +7,7 @@
 /// [p - q]+ is sampled without ever being materialised or normalised.
 
 #include <cmath>
+#include <concepts>
 #include <type_traits>
 
 #include "specula/core/config.hpp"
@@ -23,9 +24,9 @@ SPECULA_HOST_DEVICE constexpr double positive_part(double x) noexcept { return x
 
 /// Weight function of a row: w(i) = max(row[i], 0). Clamping inside the weight function (rather
 /// than only in the summation) is what lets gcc vectorise the tile sums over a plain row.
-template <class T>
+template <class T, class Row = row_view<const T>>
 struct row_weights {
-  row_view<const T> row;
+  Row row;
   SPECULA_HOST_DEVICE constexpr double operator()(index_t i) const noexcept {
     // "+ 0.0" is numerically neutral here (it maps -0 to +0, which the clamp does anyway) and
     // lets gcc 12 vectorise the select after a float-to-double conversion.
@@ -47,10 +48,17 @@ concept tile_weight_function = requires(const W& w, index_t b, index_t e, double
   w.tile(b, e, out);
 };
 
+/// Whether tile_positive_sum and scan_tile use a weight function's tile form. Device code calls
+/// the element form (bit-identical by contract), since a per-thread tile buffer would live in
+/// local memory.
+template <class WeightFn>
+inline constexpr bool use_tile_form =
+    tile_weight_function<std::remove_cvref_t<WeightFn>> && !SPECULA_IS_DEVICE_CODE;
+
 template <class WeightFn>
 SPECULA_HOST_DEVICE constexpr double tile_positive_sum(index_t begin, index_t end,
                                                        WeightFn& w) noexcept {
-  if constexpr (tile_weight_function<std::remove_cvref_t<WeightFn>>) {
+  if constexpr (use_tile_form<WeightFn>) {
     double buf[sum_tile];
     w.tile(begin, end, buf);
     auto from_buf = [&](index_t i) { return buf[i - begin]; };
@@ -76,11 +84,11 @@ SPECULA_HOST_DEVICE constexpr double tile_positive_sum(index_t begin, index_t en
 template <class WeightFn>
 SPECULA_HOST_DEVICE constexpr index_t scan_tile(index_t begin, index_t end, WeightFn& w, double acc,
                                                 double target) noexcept {
-  double buf[sum_tile];
-  if constexpr (tile_weight_function<std::remove_cvref_t<WeightFn>>) w.tile(begin, end, buf);
+  double buf[use_tile_form<WeightFn> ? sum_tile : 1];
+  if constexpr (use_tile_form<WeightFn>) w.tile(begin, end, buf);
   for (index_t i = begin; i < end; ++i) {
     double wi = 0.0;
-    if constexpr (tile_weight_function<std::remove_cvref_t<WeightFn>>)
+    if constexpr (use_tile_form<WeightFn>)
       wi = buf[i - begin];
     else
       wi = w(i);
@@ -174,9 +182,21 @@ SPECULA_HOST_DEVICE void summarize_weights(index_t n, WeightFn&& w, weight_summa
   }
 }
 
+/// A record of a weight row's mass and tile sums, as weight_summary: `total`, `recorded` (how
+/// many leading tile sums are recorded) and `tile_sum[k]` for k < recorded. The device backend's
+/// block-wide passes record into shared memory and hand out a summary of this shape.
+template <class S>
+concept tile_summary = requires(const S& s, index_t k) {
+  { s.total } -> std::convertible_to<double>;
+  { s.recorded } -> std::convertible_to<index_t>;
+  { s.tile_sum[k] } -> std::convertible_to<double>;
+};
+
+static_assert(tile_summary<weight_summary>);
+
 /// sample_inverse_cdf(n, w, s.total, u), walking the tile sums recorded in `s`.
-template <class WeightFn>
-SPECULA_HOST_DEVICE index_t sample_inverse_cdf(index_t n, WeightFn&& w, const weight_summary& s,
+template <class WeightFn, tile_summary Summary>
+SPECULA_HOST_DEVICE index_t sample_inverse_cdf(index_t n, WeightFn&& w, const Summary& s,
                                                double u) noexcept {
   return detail::walk_tiles(n, w, u * s.total, [&](index_t k, index_t begin, index_t end) {
     return k < s.recorded ? s.tile_sum[k] : detail::tile_positive_sum(begin, end, w);

@@ -28,8 +28,6 @@ struct example_weight_fn {
 
 /// A source of the two kinds of random decisions verifiers make (see file comment). Sources
 /// also accept a weight_summary in place of the total (the library's verifiers pass one; it
-/// must describe the same weights). Sources
-/// also accept a weight_summary in place of the total (the library's verifiers pass one; it
 /// must describe the same weights).
 template <class S>
 concept random_source = requires(S& s, double prob, draw_id at, index_t n, double total,
@@ -60,9 +58,8 @@ struct philox_source {
 
   /// The same sample (same index for the same uniform) using tile sums recorded by
   /// summarize_weights, so the row is not summed again.
-  template <class WeightFn>
-  [[nodiscard]] SPECULA_HOST_DEVICE index_t categorical(index_t n, WeightFn&& w,
-                                                        const weight_summary& s,
+  template <class WeightFn, tile_summary Summary>
+  [[nodiscard]] SPECULA_HOST_DEVICE index_t categorical(index_t n, WeightFn&& w, const Summary& s,
                                                         draw_id at) const noexcept {
     return sample_inverse_cdf(n, w, s, uniform_at(rng, at));
   }

@@ -27,15 +27,28 @@
 
 namespace specula {
 
+/// The Philox block holding the 32-bit words of categories 4·(i / 4) .. 4·(i / 4) + 3 (word
+/// i % 4 is category i's).
+SPECULA_HOST_DEVICE inline u32x4 exponential_key_bits(const request_rng& rng,
+                                                      std::uint32_t position, index_t i) noexcept {
+  return random_bits(rng,
+                     draw_id{position, category_slot_base + static_cast<std::uint32_t>(i / 4)});
+}
+
+/// E / w with E = -log(u), u = (bits + 0.5) / 2^32 in (0, 1): the key of a category with weight
+/// w > 0 and random word `bits`.
+SPECULA_HOST_DEVICE inline double exponential_key_from_bits(std::uint32_t bits, double w) noexcept {
+  const double u = (static_cast<double>(bits) + 0.5) * 0x1p-32;
+  return -std::log(u) / w;
+}
+
 /// Exponential key of category i for the without-replacement sampler: E_i / w with
 /// E_i = -log(u_i), u_i the 32-bit uniform of category i in the per-category slots of
 /// (rng, position). Smaller keys win.
 SPECULA_HOST_DEVICE inline double exponential_key(const request_rng& rng, std::uint32_t position,
                                                   index_t i, double w) noexcept {
-  const u32x4 bits =
-      random_bits(rng, draw_id{position, category_slot_base + static_cast<std::uint32_t>(i / 4)});
-  const double u = (static_cast<double>(bits.v[i % 4]) + 0.5) * 0x1p-32;
-  return -std::log(u) / w;
+  const u32x4 bits = exponential_key_bits(rng, position, i);
+  return exponential_key_from_bits(bits.v[i % 4], w);
 }
 
 /// Draws min(k, number of positive weights) distinct categories with the exponential-key

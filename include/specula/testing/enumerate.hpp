@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "specula/core/config.hpp"
 #include "specula/core/rng.hpp"
 #include "specula/core/types.hpp"
 #include "specula/sample/random_source.hpp"
@@ -82,6 +83,66 @@ class explorer {
 
 }  // namespace detail
 
+/// The outcomes of the production source's bernoulli(prob) with their exact probabilities:
+/// emit(1, c) when c = clamp(prob, 0, 1) > 0, then emit(0, 1 - c) when c < 1. Host and device
+/// code (a device enumerator drives the same rules).
+template <class Emit>
+SPECULA_HOST_DEVICE void bernoulli_outcomes(double prob, Emit&& emit) {
+  const double c = prob < 0.0 ? 0.0 : (prob > 1.0 ? 1.0 : prob);
+  if (c > 0.0) emit(index_t{1}, c);
+  if (c < 1.0) emit(index_t{0}, 1.0 - c);
+}
+
+/// The outcomes of the production source's categorical(n, w, total) with their exact
+/// probabilities, in index order (see file comment): emit(i, probability) per outcome; (-1, 1)
+/// when no weight is positive.
+template <class WeightFn, class Emit>
+SPECULA_HOST_DEVICE void categorical_outcomes(index_t n, WeightFn&& w, double total, Emit&& emit) {
+  index_t first_positive = -1;
+  index_t last_positive = -1;
+  double acc = 0.0;
+  double previous = 0.0;  // clamp(c_{i-1} / total)
+  index_t pending = -1;   // the last outcome found, emitted once the next one is known
+  double pending_p = 0.0;
+  for (index_t i = 0; i < n; ++i) {
+    const double wi = w(i);
+    if (!(wi > 0.0)) continue;
+    if (first_positive < 0) first_positive = i;
+    last_positive = i;
+    if (!(total > 0.0)) continue;
+    acc += wi;
+    double upto = acc / total;
+    upto = upto < 0.0 ? 0.0 : (upto > 1.0 ? 1.0 : upto);
+    if (upto > previous) {
+      if (pending >= 0) emit(pending, pending_p);
+      pending = i;
+      pending_p = upto - previous;
+    }
+    previous = upto;
+  }
+  if (first_positive < 0) {
+    emit(index_t{-1}, 1.0);
+    return;
+  }
+  // A non-positive total makes u * total <= 0 < the first partial sum.
+  if (!(total > 0.0)) {
+    emit(first_positive, 1.0);
+    return;
+  }
+  // Rounding can leave the partial sums short of 1: the scan then returns the last positive
+  // index.
+  if (previous < 1.0) {
+    if (pending == last_positive) {
+      pending_p += 1.0 - previous;
+    } else {
+      if (pending >= 0) emit(pending, pending_p);
+      pending = last_positive;
+      pending_p = 1.0 - previous;
+    }
+  }
+  emit(pending, pending_p);
+}
+
 /// A random source that enumerates every decision (see file comment). Created by
 /// enumerate_outcomes; models specula::random_source.
 class enumerating_source {
@@ -89,47 +150,22 @@ class enumerating_source {
   explicit enumerating_source(detail::explorer& e) noexcept : explorer_(&e) {}
 
   bool bernoulli(double prob, draw_id /*at*/) {
-    const double c = std::clamp(prob, 0.0, 1.0);
     std::vector<std::pair<index_t, double>> options;
-    if (c > 0.0) options.emplace_back(1, c);
-    if (c < 1.0) options.emplace_back(0, 1.0 - c);
+    bernoulli_outcomes(prob, [&](index_t v, double p) { options.emplace_back(v, p); });
     return explorer_->decide(std::move(options)) == 1;
   }
 
   template <class WeightFn>
   index_t categorical(index_t n, WeightFn&& w, double total, draw_id /*at*/) {
     std::vector<std::pair<index_t, double>> options;
-    index_t first_positive = -1;
-    index_t last_positive = -1;
-    double acc = 0.0;
-    double previous = 0.0;  // clamp(c_{i-1} / total)
-    for (index_t i = 0; i < n; ++i) {
-      const double wi = w(i);
-      if (!(wi > 0.0)) continue;
-      if (first_positive < 0) first_positive = i;
-      last_positive = i;
-      if (!(total > 0.0)) continue;
-      acc += wi;
-      const double upto = std::clamp(acc / total, 0.0, 1.0);
-      if (upto > previous) options.emplace_back(i, upto - previous);
-      previous = upto;
-    }
-    if (first_positive < 0) return explorer_->decide({{-1, 1.0}});
-    // A non-positive total makes u * total <= 0 < the first partial sum.
-    if (!(total > 0.0)) return explorer_->decide({{first_positive, 1.0}});
-    if (previous < 1.0) {
-      if (!options.empty() && options.back().first == last_positive)
-        options.back().second += 1.0 - previous;
-      else
-        options.emplace_back(last_positive, 1.0 - previous);
-    }
+    categorical_outcomes(n, w, total, [&](index_t v, double p) { options.emplace_back(v, p); });
     return explorer_->decide(std::move(options));
   }
 
   /// As above, with the total taken from a summary (the production source gives the same
   /// index for the same uniform either way).
-  template <class WeightFn>
-  index_t categorical(index_t n, WeightFn&& w, const weight_summary& s, draw_id at) {
+  template <class WeightFn, tile_summary Summary>
+  index_t categorical(index_t n, WeightFn&& w, const Summary& s, draw_id at) {
     return categorical(n, w, s.total, at);
   }
 

@@ -27,11 +27,13 @@
 #include <cstdint>
 
 #include "specula/core/config.hpp"
+#include "specula/core/numeric.hpp"
 #include "specula/core/row.hpp"
 #include "specula/core/types.hpp"
 #include "specula/rules/rule.hpp"
 #include "specula/sample/categorical.hpp"
 #include "specula/sample/random_source.hpp"
+#include "specula/sample/row_passes.hpp"
 #include "specula/verify/chain_core.hpp"
 
 namespace specula {
@@ -52,7 +54,7 @@ struct without_replacement {
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr double prob(index_t x, bool earlier,
                                                           token_t /*current*/,
                                                           double renorm) const noexcept {
-    return earlier ? 0.0 : static_cast<double>(q[x]) * renorm;
+    return earlier ? 0.0 : detail::mul_rn(static_cast<double>(q[x]), renorm);
   }
   /// Mass a drawn candidate removes from the proposal.
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr double mass(index_t x) const noexcept {
@@ -130,7 +132,7 @@ struct candidate_recursion {
   SPECULA_HOST_DEVICE constexpr double p_at(index_t k, index_t x, index_t first) const noexcept {
     double v = static_cast<double>(p[x]);
     for (index_t j = 1; j < k; ++j)
-      v = static_cast<double>(rule.residual_weight(v, q_at(j, x, first))) * inv_z[j - 1];
+      v = mul_rn(static_cast<double>(rule.residual_weight(v, q_at(j, x, first))), inv_z[j - 1]);
     return v;
   }
 
@@ -176,9 +178,9 @@ struct candidate_residual {
       const double renorm = rec.renorm[j - 1];
       const double inv_z = rec.inv_z[j - 1];
       for (index_t i = 0; i < n; ++i)
-        out[i] = static_cast<double>(
-                     rec.rule.residual_weight(out[i], off_candidate_q(begin + i, cj, renorm))) *
-                 inv_z;
+        out[i] = mul_rn(static_cast<double>(rec.rule.residual_weight(
+                            out[i], off_candidate_q(begin + i, cj, renorm))),
+                        inv_z);
     }
     const token_t ck = rec.cand[k - 1];
     const double renorm = rec.renorm[k - 1];
@@ -200,13 +202,12 @@ struct candidate_residual {
 /// candidates_workspace_size(k) doubles. A residual with mass <= residual_floor after a rejection
 /// stops the recursion: the token is then sampled from the current target p^(j) and
 /// chain_residual_fallback is set.
-template <class Rule, random_source Source, class T, class Proposal>
-SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source& src,
-                                                        row_view<const T> p,
-                                                        const Proposal& proposal,
-                                                        const token_t* cand, index_t k,
-                                                        double residual_floor,
-                                                        std::uint32_t position, double* workspace) {
+template <class Rule, random_source Source, class T, class Proposal,
+          class Passes = sequential_passes>
+SPECULA_HOST_DEVICE candidates_result
+verify_candidates(const Rule& rule, Source& src, row_view<const T> p, const Proposal& proposal,
+                  const token_t* cand, index_t k, double residual_floor, std::uint32_t position,
+                  double* workspace, const Passes& passes = {}) {
   candidates_result result;
   double* inv_z = workspace;
   double* renorm = workspace + k;
@@ -215,7 +216,8 @@ SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source
   bool removed = false;       // an earlier candidate removed mass from the proposal
   double total = -1.0;        // the proposal row's summed mass (one pass, at the first removal)
   double removed_mass = 0.0;  // q(c_1) + ... over the distinct earlier candidates
-  weight_summary summary;     // reused by every step: the normaliser pass records tile sums
+  typename Passes::summary_type summary;  // reused by every step: the normaliser pass records
+                                          // tile sums
   for (index_t j = 1; j <= k; ++j) {
     if (!removed) {
       renorm[j - 1] = 1.0;
@@ -224,10 +226,10 @@ SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source
       // 1 - removed mass: float rows do not sum to 1, and when the earlier candidates hold
       // nearly all of q that difference cancels catastrophically). Where even this leaves
       // little (1e-9 of the total), the remaining entries are summed directly.
-      if (total < 0.0) total = positive_mass(n, [&](index_t x) { return proposal.mass(x); });
+      if (total < 0.0) total = passes.mass(n, [&](index_t x) { return proposal.mass(x); });
       double rest = total - removed_mass;
       if (!(rest > 1e-9 * total))
-        rest = positive_mass(n, [&](index_t x) {
+        rest = passes.mass(n, [&](index_t x) {
           return rec.first_index(x, j - 1) <= j - 1 ? 0.0 : proposal.mass(x);
         });
       renorm[j - 1] = rest > 0.0 ? 1.0 / rest : 0.0;
@@ -247,7 +249,7 @@ SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source
     // One pass for the normaliser of this step's residual; returns true when the call is done
     // (fallback, or the last candidate was rejected and the residual sample was drawn).
     auto finish_step = [&](auto&& r) -> bool {
-      summarize_weights(n, r, summary);
+      passes.summarize(n, r, summary);
       const double mass = summary.total;
       if (!(mass > residual_floor && mass > 0.0)) {
         // Empty residual: sample from the current target p^(j).
@@ -255,9 +257,10 @@ SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source
         auto target = [&](index_t x) {
           return detail::positive_part(rec.p_at(j, x, rec.first_index(x, j - 1)));
         };
-        const double t = positive_mass(n, target);
-        if (t > 0.0) {
-          result.token = static_cast<token_t>(src.categorical(n, target, t, draw_id{position, 1}));
+        passes.summarize(n, target, summary);
+        if (summary.total > 0.0) {
+          result.token =
+              static_cast<token_t>(src.categorical(n, target, summary, draw_id{position, 1}));
           result.flags |= chain_valid;
         }
         return true;
@@ -289,9 +292,9 @@ SPECULA_HOST_DEVICE candidates_result verify_candidates(const Rule& rule, Source
   }
   // k == 0: no candidates; sample from p.
   const detail::row_weights<T> target{p};
-  const double t = positive_mass(n, target);
-  if (t > 0.0) {
-    result.token = static_cast<token_t>(src.categorical(n, target, t, draw_id{position, 1}));
+  passes.summarize(n, target, summary);
+  if (summary.total > 0.0) {
+    result.token = static_cast<token_t>(src.categorical(n, target, summary, draw_id{position, 1}));
     result.flags |= chain_valid;
   }
   return result;

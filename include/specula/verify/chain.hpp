@@ -105,14 +105,13 @@ SPECULA_HOST_DEVICE constexpr index_t padded_length(row_view<const token_t> toke
   return n;
 }
 
-/// Runs verify_chain_request for one segment, with dense or one-hot proposals.
-template <class Rule, class T>
-SPECULA_HOST_DEVICE chain_request_result run_segment(const Rule& rule, const request_rng& rng,
-                                                     const chain_segment& s, const token_t* tokens,
-                                                     batch_view<const T> draft_probs,
-                                                     batch_view<const T> target_probs,
-                                                     double residual_floor, token_t* out_tokens,
-                                                     std::uint8_t* accepted) {
+/// Runs verify_chain_request for one segment, with dense or one-hot proposals. `target_probs`
+/// may be any batch of rows with row(i) (the fused device path passes transformed logits).
+template <class Rule, class T, class TargetRows, class Passes = sequential_passes>
+SPECULA_HOST_DEVICE chain_request_result
+run_segment(const Rule& rule, const request_rng& rng, const chain_segment& s, const token_t* tokens,
+            batch_view<const T> draft_probs, const TargetRows& target_probs, double residual_floor,
+            token_t* out_tokens, std::uint8_t* accepted, const Passes& passes = {}) {
   philox_source src{rng};
   auto target_row = [&](index_t i) { return target_probs.row(s.target_row + i); };
   const token_t* drafts = tokens + s.draft_row;
@@ -121,11 +120,11 @@ SPECULA_HOST_DEVICE chain_request_result run_segment(const Rule& rule, const req
   if (draft_probs.rows > 0) {
     auto proposal = [&](index_t i) { return dense_proposal<T>{draft_probs.row(s.draft_row + i)}; };
     return verify_chain_request(rule, src, s.length, drafts, target_row, proposal, residual_floor,
-                                out, acc);
+                                out, acc, passes);
   }
   auto proposal = [&](index_t i) { return one_hot_proposal{drafts[i]}; };
   return verify_chain_request(rule, src, s.length, drafts, target_row, proposal, residual_floor,
-                              out, acc);
+                              out, acc, passes);
 }
 
 inline void require_size(index_t actual, index_t expected, const char* argument, const char* what) {

@@ -13,6 +13,7 @@
 /// specula/verify/chain.hpp validate inputs and call `verify_chain_request` per request.
 
 #include <cstdint>
+#include <type_traits>
 
 #include "specula/core/config.hpp"
 #include "specula/core/row.hpp"
@@ -20,6 +21,7 @@
 #include "specula/rules/rule.hpp"
 #include "specula/sample/categorical.hpp"
 #include "specula/sample/random_source.hpp"
+#include "specula/sample/row_passes.hpp"
 
 namespace specula {
 
@@ -67,25 +69,41 @@ struct chain_request_result {
   std::uint32_t flags = 0;        ///< chain_flags
 };
 
+namespace detail {
+
+/// The residual weights of a bound rule at one position: y -> rule.residual_weight_at(y, p(y),
+/// q(y)). Named so that backends splitting the pass across several workers compute exactly
+/// the weights the verifier samples from.
+template <class BoundRule, class Row, class Proposal>
+struct chain_residual {
+  const BoundRule& rule;
+  const Row& p;
+  const Proposal& q;
+  SPECULA_HOST_DEVICE double operator()(index_t y) const noexcept {
+    return static_cast<double>(rule.residual_weight_at(y, static_cast<double>(p[y]), q(y)));
+  }
+};
+
+}  // namespace detail
+
 /// Samples from a bound rule's residual at one position (see bind_rule), falling back to p when
 /// the residual mass is <= residual_floor. Sets chain_residual_fallback in `flags` on fallback.
-/// Returns -1 when p has no mass either.
-template <class BoundRule, random_source Source, class T, class Proposal>
-SPECULA_HOST_DEVICE index_t sample_residual(const BoundRule& rule, Source& src, row_view<const T> p,
+/// Returns -1 when p has no mass either. `passes` makes the row reductions (row_passes.hpp).
+template <class BoundRule, random_source Source, class Row, class Proposal,
+          class Passes = sequential_passes>
+SPECULA_HOST_DEVICE index_t sample_residual(const BoundRule& rule, Source& src, const Row& p,
                                             const Proposal& q, double residual_floor, draw_id at,
-                                            std::uint32_t& flags) {
-  auto residual = [&](index_t y) {
-    return static_cast<double>(rule.residual_weight_at(y, static_cast<double>(p[y]), q(y)));
-  };
-  weight_summary summary;  // one pass: the mass and the tile sums the sample walks
-  summarize_weights(p.size, residual, summary);
+                                            std::uint32_t& flags, const Passes& passes = {}) {
+  const detail::chain_residual<BoundRule, Row, Proposal> residual{rule, p, q};
+  typename Passes::summary_type summary;  // one pass: the mass and the tile sums the sample walks
+  passes.summarize(p.size, residual, summary);
   const double mass = summary.total;
   if (mass > residual_floor && mass > 0.0) return src.categorical(p.size, residual, summary, at);
   flags |= chain_residual_fallback;
-  const detail::row_weights<T> target{p};
-  const double p_mass = positive_mass(p.size, target);
-  if (!(p_mass > 0.0)) return -1;
-  return src.categorical(p.size, target, p_mass, at);
+  const detail::row_weights<typename Row::value_type, Row> target{p};
+  passes.summarize(p.size, target, summary);
+  if (!(summary.total > 0.0)) return -1;
+  return src.categorical(p.size, target, summary, at);
 }
 
 /// Verifies one request's chain (see file comment).
@@ -98,10 +116,12 @@ SPECULA_HOST_DEVICE index_t sample_residual(const BoundRule& rule, Source& src, 
 ///
 /// Random draws: position i uses slot 0 for its acceptance test and slot 1 for its residual or
 /// bonus sample (draw_id{i, 0}, draw_id{i, 1}).
-template <class Rule, random_source Source, class TargetRowFn, class ProposalFn>
-SPECULA_HOST_DEVICE chain_request_result verify_chain_request(
-    const Rule& rule, Source& src, index_t length, const token_t* drafts, TargetRowFn&& target_row,
-    ProposalFn&& proposal, double residual_floor, token_t* out_tokens, std::uint8_t* accepted) {
+template <class Rule, random_source Source, class TargetRowFn, class ProposalFn,
+          class Passes = sequential_passes>
+SPECULA_HOST_DEVICE chain_request_result
+verify_chain_request(const Rule& rule, Source& src, index_t length, const token_t* drafts,
+                     TargetRowFn&& target_row, ProposalFn&& proposal, double residual_floor,
+                     token_t* out_tokens, std::uint8_t* accepted, const Passes& passes = {}) {
   chain_request_result result;
   for (index_t i = 0; i <= length; ++i) out_tokens[i] = no_token;
   if (accepted != nullptr)
@@ -121,7 +141,7 @@ SPECULA_HOST_DEVICE chain_request_result verify_chain_request(
       continue;
     }
     const index_t y =
-        sample_residual(rule_i, src, p, q, residual_floor, draw_id{pos, 1}, result.flags);
+        sample_residual(rule_i, src, p, q, residual_floor, draw_id{pos, 1}, result.flags, passes);
     if (y >= 0) {
       result.emitted = static_cast<token_t>(y);
       result.flags |= chain_valid;
@@ -131,9 +151,10 @@ SPECULA_HOST_DEVICE chain_request_result verify_chain_request(
   }
 
   const auto p = target_row(length);
-  const detail::row_weights<typename decltype(p)::value_type> target{p};
-  weight_summary summary;
-  summarize_weights(p.size, target, summary);
+  using row_type = std::remove_cvref_t<decltype(p)>;
+  const detail::row_weights<typename row_type::value_type, row_type> target{p};
+  typename Passes::summary_type summary;
+  passes.summarize(p.size, target, summary);
   result.flags |= chain_bonus;
   if (summary.total > 0.0) {
     const index_t y =

@@ -23,11 +23,11 @@ namespace specula {
 /// Greedy verification of one request's tree. `score_row(u)` is the target row at node u.
 /// Outputs as verify_tree_request. If several children carry the argmax token, the first in
 /// verification order is followed.
-template <class ScoreRowFn>
+template <class ScoreRowFn, class Passes = sequential_passes>
 SPECULA_HOST_DEVICE tree_request_result greedy_tree_request(const tree_view& tree,
                                                             ScoreRowFn&& score_row,
-                                                            token_t* out_tokens,
-                                                            index_t* out_nodes) {
+                                                            token_t* out_tokens, index_t* out_nodes,
+                                                            const Passes& passes = {}) {
   tree_request_result result;
   for (index_t i = 0; i < tree.size; ++i) {
     out_tokens[i] = no_token;
@@ -36,7 +36,7 @@ SPECULA_HOST_DEVICE tree_request_result greedy_tree_request(const tree_view& tre
   if (out_nodes != nullptr) out_nodes[0] = 0;
   index_t u = 0;
   for (index_t step = 0; step < tree.size; ++step) {
-    const index_t a = argmax_lowest(score_row(u));
+    const index_t a = passes.argmax(score_row(u));
     index_t next = -1;
     for (index_t c = tree.first_child[u]; c >= 0; c = tree.next_sibling[c])
       if (static_cast<index_t>(tree.token[c]) == a) {
@@ -60,24 +60,25 @@ SPECULA_HOST_DEVICE tree_request_result greedy_tree_request(const tree_view& tre
 
 /// Greedy verification of one request's chain: drafts[i] is accepted iff it is the argmax of
 /// score_row(i); emits the argmax of score_row(num_accepted).
-template <class ScoreRowFn>
+template <class ScoreRowFn, class Passes = sequential_passes>
 SPECULA_HOST_DEVICE chain_request_result greedy_chain_request(index_t length, const token_t* drafts,
                                                               ScoreRowFn&& score_row,
                                                               token_t* out_tokens,
-                                                              std::uint8_t* accepted) {
+                                                              std::uint8_t* accepted,
+                                                              const Passes& passes = {}) {
   chain_request_result result;
   for (index_t i = 0; i <= length; ++i) out_tokens[i] = no_token;
   if (accepted != nullptr)
     for (index_t i = 0; i < length; ++i) accepted[i] = 0;
   index_t i = 0;
   for (; i < length; ++i) {
-    const index_t a = argmax_lowest(score_row(i));
+    const index_t a = passes.argmax(score_row(i));
     if (a != static_cast<index_t>(drafts[i])) break;
     out_tokens[i] = drafts[i];
     if (accepted != nullptr) accepted[i] = 1;
   }
   result.num_accepted = static_cast<std::int32_t>(i);
-  const index_t a = argmax_lowest(score_row(i));
+  const index_t a = passes.argmax(score_row(i));
   result.emitted = static_cast<token_t>(a);
   if (a >= 0) result.flags |= chain_valid;
   if (i == length) result.flags |= chain_bonus;

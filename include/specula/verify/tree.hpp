@@ -73,11 +73,12 @@ struct tree_request_workspace {
 ///   emitted token, then -1;
 /// - `out_nodes`: tree.size slots: the accepted path's node indices starting with the root,
 ///   then -1 (or nullptr).
-template <class Rule, random_source Source, class TargetRowFn, class ProposalFn>
-SPECULA_HOST_DEVICE tree_request_result
-verify_tree_request(const Rule& rule, Source& src, const tree_view& tree, TargetRowFn&& target_row,
-                    ProposalFn&& proposal_for, double residual_floor, token_t* out_tokens,
-                    index_t* out_nodes, const tree_request_workspace& ws) {
+template <class Rule, random_source Source, class TargetRowFn, class ProposalFn,
+          class Passes = sequential_passes>
+SPECULA_HOST_DEVICE tree_request_result verify_tree_request(
+    const Rule& rule, Source& src, const tree_view& tree, TargetRowFn&& target_row,
+    ProposalFn&& proposal_for, double residual_floor, token_t* out_tokens, index_t* out_nodes,
+    const tree_request_workspace& ws, const Passes& passes = {}) {
   tree_request_result result;
   for (index_t i = 0; i < tree.size; ++i) {
     out_tokens[i] = no_token;
@@ -100,8 +101,8 @@ verify_tree_request(const Rule& rule, Source& src, const tree_view& tree, Target
     if (k == 0) {
       // Leaf: bonus token from p_u.
       const detail::row_weights<typename decltype(p)::value_type> w{p};
-      weight_summary summary;
-      summarize_weights(p.size, w, summary);
+      typename Passes::summary_type summary;
+      passes.summarize(p.size, w, summary);
       result.flags |= chain_bonus;
       if (summary.total > 0.0) {
         result.emitted = static_cast<token_t>(src.categorical(p.size, w, summary, draw_id{d, 1}));
@@ -110,7 +111,7 @@ verify_tree_request(const Rule& rule, Source& src, const tree_view& tree, Target
       break;
     }
     const candidates_result r = verify_candidates(rule_d, src, p, proposal_for(u), ws.candidates, k,
-                                                  residual_floor, d, ws.z);
+                                                  residual_floor, d, ws.z, passes);
     result.flags |= r.flags & chain_residual_fallback;
     if (r.accepted < 0) {
       result.emitted = r.token;

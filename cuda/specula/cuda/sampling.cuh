@@ -1,0 +1,212 @@
+#pragma once
+
+/// @file
+/// Sampling without replacement on the GPU: the device counterpart of
+/// specula::sample_without_replacement_keys (include/specula/sample/without_replacement.hpp).
+///
+/// Each category i with weight w_i > 0 gets the exponential key E_i / w_i, E_i from the
+/// per-category Philox slots of the row's stream (the host's exponential_key_from_bits); the k
+/// smallest keys, in ascending order, are the k categories a sequential draw without replacement
+/// would produce (Efraimidis–Spirakis; the Gumbel-top-k trick in exponential form).
+///
+/// Kernel shape: a CTA scans its part of the row in groups of 4 consecutive categories (one
+/// Philox call per group), each thread keeping its k best (key, index) pairs; the CTA then merges
+/// its threads' lists by k rounds of a block-wide minimum. With one CTA per row that is the
+/// result. When the batch is small (par_policy::row_split, with a workspace of
+/// sample_without_replacement_workspace_bytes) several CTAs take slices of each row and a second
+/// kernel merges their lists the same way. Order: smaller key first, then smaller index — the
+/// host's order — so every split gives the same categories.
+///
+/// Guarantee: the device computes the keys with the same formula; the host uses the C library's
+/// log and the device CUDA's (both within 1 ulp), so a pair of keys closer than that could be
+/// ordered differently. On random inputs the outputs equal the host's (tested).
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cub/block/block_reduce.cuh>
+
+#include "specula/core/rng.hpp"
+#include "specula/core/row.hpp"
+#include "specula/core/types.hpp"
+#include "specula/cuda/config.cuh"
+#include "specula/cuda/error.cuh"
+#include "specula/cuda/policy.cuh"
+#include "specula/sample/without_replacement.hpp"
+
+SPECULA_CUDA_NAMESPACE_BEGIN
+
+/// Threads per CTA of the sampling kernels.
+inline constexpr int sample_block_threads = 256;
+/// Largest k of sample_without_replacement_async.
+inline constexpr index_t sample_max_k = 16;
+
+/// A selected category and its key.
+struct keyed_index {
+  double key;
+  index_t index;  ///< -1: empty slot
+};
+
+/// Workspace bytes for the split path of sample_without_replacement_async (rows x at most 64
+/// slices x k entries).
+[[nodiscard]] inline std::size_t sample_without_replacement_workspace_bytes(index_t rows,
+                                                                            index_t k) noexcept {
+  return static_cast<std::size_t>(rows) * 64u * static_cast<std::size_t>(k) * sizeof(keyed_index);
+}
+
+namespace detail {
+
+__device__ inline bool key_before(const keyed_index& a, const keyed_index& b) {
+  if (a.index < 0) return false;
+  if (b.index < 0) return true;
+  return a.key < b.key || (a.key == b.key && a.index < b.index);
+}
+
+struct keyed_min {
+  __device__ keyed_index operator()(const keyed_index& a, const keyed_index& b) const {
+    return key_before(b, a) ? b : a;
+  }
+};
+
+/// A thread's k best entries, sorted.
+struct local_best {
+  keyed_index e[sample_max_k];
+  index_t k;
+
+  __device__ explicit local_best(index_t kk) : k(kk) {
+    for (index_t j = 0; j < sample_max_k; ++j) e[j] = {0.0, -1};
+  }
+  __device__ void offer(const keyed_index& c) {
+    if (!key_before(c, e[k - 1])) return;
+    index_t j = k - 1;
+    while (j > 0 && key_before(c, e[j - 1])) {
+      e[j] = e[j - 1];
+      --j;
+    }
+    e[j] = c;
+  }
+};
+
+/// Merges every thread's sorted list (each thread's `head` walks its own list) into the block's
+/// k best; calls emit(j, entry) in thread 0 for j = 0 .. k-1.
+template <class Next, class Emit>
+__device__ void block_merge(index_t k, Next&& next, Emit&& emit) {
+  using reduce = cub::BlockReduce<keyed_index, sample_block_threads>;
+  __shared__ typename reduce::TempStorage tmp;
+  __shared__ keyed_index winner;
+  keyed_index head = next();
+  for (index_t j = 0; j < k; ++j) {
+    const keyed_index best = reduce(tmp).Reduce(head, keyed_min{});
+    if (threadIdx.x == 0) {
+      winner = best;
+      emit(j, best);
+    }
+    __syncthreads();
+    const keyed_index w = winner;
+    if (w.index >= 0 && head.index == w.index) head = next();
+    __syncthreads();
+  }
+}
+
+template <class T>
+SPECULA_KERNEL void __launch_bounds__(sample_block_threads)
+    wor_select_kernel(batch_view<const T> weights, index_t k, row_view<const request_rng> rng,
+                      std::uint32_t position, keyed_index* slices, token_t* out_tokens,
+                      std::int32_t* out_counts) {
+  const auto r = static_cast<index_t>(blockIdx.x);
+  const auto split = static_cast<index_t>(gridDim.y);
+  const auto part = static_cast<index_t>(blockIdx.y);
+  const index_t n = weights.cols;
+  const index_t groups = (n + 3) / 4;
+  const index_t g0 = part * groups / split;
+  const index_t g1 = (part + 1) * groups / split;
+  const auto row = weights.row(r);
+  local_best best(k);
+  for (index_t g = g0 + threadIdx.x; g < g1; g += sample_block_threads) {
+    const u32x4 bits = exponential_key_bits(rng[r], position, 4 * g);
+    for (int j = 0; j < 4; ++j) {
+      const index_t i = 4 * g + j;
+      if (i >= n) break;
+      const double wi = static_cast<double>(row[i]);
+      if (!(wi > 0.0)) continue;
+      best.offer({exponential_key_from_bits(bits.v[j], wi), i});
+    }
+  }
+  index_t taken = 0;
+  auto next = [&]() -> keyed_index { return taken < k ? best.e[taken++] : keyed_index{0.0, -1}; };
+  if (slices != nullptr) {
+    keyed_index* out = slices + (r * split + part) * k;
+    block_merge(k, next, [&](index_t j, const keyed_index& e) { out[j] = e; });
+  } else {
+    std::int32_t count = 0;
+    block_merge(k, next, [&](index_t j, const keyed_index& e) {
+      out_tokens[r * k + j] = e.index >= 0 ? static_cast<token_t>(e.index) : no_token;
+      if (e.index >= 0) ++count;
+      if (j == k - 1) out_counts[r] = count;
+    });
+  }
+}
+
+SPECULA_KERNEL void __launch_bounds__(sample_block_threads)
+    wor_merge_kernel(index_t k, index_t split, const keyed_index* slices, token_t* out_tokens,
+                     std::int32_t* out_counts) {
+  const auto r = static_cast<index_t>(blockIdx.x);
+  const index_t s = threadIdx.x;
+  const keyed_index* list = slices + (r * split + s) * k;
+  index_t taken = 0;
+  auto next = [&]() -> keyed_index {
+    return s < split && taken < k ? list[taken++] : keyed_index{0.0, -1};
+  };
+  std::int32_t count = 0;
+  block_merge(k, next, [&](index_t j, const keyed_index& e) {
+    out_tokens[r * k + j] = e.index >= 0 ? static_cast<token_t>(e.index) : no_token;
+    if (e.index >= 0) ++count;
+    if (j == k - 1) out_counts[r] = count;
+  });
+}
+
+}  // namespace detail
+
+/// Enqueues sampling of k distinct categories per row without replacement (see file comment).
+///
+/// - `weights`: [rows, V] device rows of non-negative weights (probabilities; entries <= 0 and
+///   NaN are never drawn);
+/// - `rng`: one stream per row; `position`: the draw position (as on the host);
+/// - `out_tokens`: rows x k device tokens, in draw order, -1 past the row's count;
+/// - `out_counts`: rows device counts (min(k, positive weights)).
+///
+/// Returns cudaErrorInvalidValue without launching for k outside [1, sample_max_k] or
+/// inconsistent extents.
+template <class T>
+cudaError_t sample_without_replacement_async(const par_policy& pol, batch_view<const T> weights,
+                                             index_t k, row_view<const request_rng> rng,
+                                             std::uint32_t position, row_view<token_t> out_tokens,
+                                             row_view<std::int32_t> out_counts) {
+  if (k < 1 || k > sample_max_k || weights.rows <= 0 || weights.cols <= 0 ||
+      rng.size < weights.rows || out_tokens.size < weights.rows * k ||
+      out_counts.size < weights.rows)
+    return cudaErrorInvalidValue;
+  const index_t groups = (weights.cols + 3) / 4;
+  int split = 1;
+  if (pol.workspace != nullptr &&
+      pol.workspace_bytes >= sample_without_replacement_workspace_bytes(weights.rows, k))
+    split = detail::ctas_per_row(pol, weights.rows, groups / sample_block_threads);
+  if (split <= 1) {
+    detail::wor_select_kernel<T>
+        <<<static_cast<unsigned>(weights.rows), sample_block_threads, 0, pol.stream>>>(
+            weights, k, rng, position, nullptr, out_tokens.data, out_counts.data);
+    return cudaGetLastError();
+  }
+  auto* slices = static_cast<keyed_index*>(pol.workspace);
+  detail::wor_select_kernel<T>
+      <<<dim3(static_cast<unsigned>(weights.rows), static_cast<unsigned>(split)),
+         sample_block_threads, 0, pol.stream>>>(weights, k, rng, position, slices, nullptr,
+                                                nullptr);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  detail::wor_merge_kernel<<<static_cast<unsigned>(weights.rows), sample_block_threads, 0,
+                             pol.stream>>>(k, split, slices, out_tokens.data, out_counts.data);
+  return cudaGetLastError();
+}
+
+SPECULA_CUDA_NAMESPACE_END

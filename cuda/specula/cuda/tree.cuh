@@ -1,0 +1,368 @@
+#pragma once
+
+/// @file
+/// Token-tree and K-candidate verification on the GPU: the device counterparts of
+/// specula/verify/tree.hpp, specula/verify/candidates.hpp and greedy tree verification
+/// (specula/verify/greedy.hpp).
+///
+/// One CTA per request runs the host's own per-request verifier (verify_tree_request,
+/// verify_candidates, greedy_tree_request) with block_passes: every thread executes the scalar
+/// walk, and the full-row passes (the residual normalisers Z_k, the proposal's remaining mass,
+/// the final sample's tile sums, the greedy argmax) are split across the CTA in the host's fixed
+/// order. Same inputs and seeds give the host's tokens.
+///
+/// Trees arrive flat: per request, its nodes' parent indices (local, -1 for the root, node 0)
+/// and tokens. The CTA validates its tree in shared memory before walking it — parents precede
+/// children, at most tree_max_nodes nodes and tree_max_children children per node, tokens in
+/// [0, V), a positive proposal probability for every drafted child and distinct siblings when
+/// they were drawn without replacement — and builds the first-child / next-sibling links (siblings
+/// in index order, as token_tree). A request that fails gets chain_invalid_input and no token;
+/// nothing is read out of bounds. Walks are bounded: every step moves to a child, which has a
+/// larger index.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "specula/core/rng.hpp"
+#include "specula/core/row.hpp"
+#include "specula/core/types.hpp"
+#include "specula/cuda/block_passes.cuh"
+#include "specula/cuda/config.cuh"
+#include "specula/cuda/error.cuh"
+#include "specula/cuda/policy.cuh"
+#include "specula/rules/exact.hpp"
+#include "specula/rules/rule.hpp"
+#include "specula/sample/random_source.hpp"
+#include "specula/tree/token_tree.hpp"
+#include "specula/verify/candidates.hpp"
+#include "specula/verify/chain_core.hpp"
+#include "specula/verify/greedy.hpp"
+#include "specula/verify/tree.hpp"
+
+SPECULA_CUDA_NAMESPACE_BEGIN
+
+/// Threads per CTA of the tree and candidate kernels.
+inline constexpr int tree_block_threads = 256;
+/// Most nodes a device tree may have (the tree is kept in shared memory).
+inline constexpr index_t tree_max_nodes = 512;
+/// Most children of one node, and most candidates at one position.
+inline constexpr index_t tree_max_children = 32;
+
+/// A batch of flat trees on the device (all pointers device memory). Request b's nodes are
+/// [node_offsets[b], node_offsets[b + 1]); their rows are those rows of target_probs (and of
+/// draft_probs: q_u, the row u's children were drawn from; or no rows for deterministic
+/// children).
+template <class T>
+struct tree_device_input {
+  index_t vocab_size = 0;
+  row_view<const index_t> node_offsets;  ///< B + 1, starting at 0
+  row_view<const index_t> parents;       ///< total nodes: local parent index, -1 for node 0
+  row_view<const token_t> tokens;        ///< total nodes: node tokens (node 0's is ignored)
+  batch_view<const T> target_probs;      ///< total nodes x V (logits allowed for greedy)
+  batch_view<const T> draft_probs;       ///< total nodes x V, or no rows
+  row_view<const request_rng> rng;       ///< B (unused by greedy verification)
+};
+
+/// A batch of trees in the flat layout of tree_device_input, on the host (copy it to the device).
+struct flat_trees {
+  std::vector<index_t> node_offsets{0};
+  std::vector<index_t> parents;
+  std::vector<token_t> tokens;
+};
+
+/// Flattens validated token trees (parents and tokens, request after request).
+inline flat_trees flatten_trees(row_view<const token_tree> trees) {
+  flat_trees f;
+  for (index_t b = 0; b < trees.size; ++b) {
+    const token_tree& t = trees[b];
+    for (index_t i = 0; i < t.size(); ++i) {
+      f.parents.push_back(t.parent(i));
+      f.tokens.push_back(t.token(i));
+    }
+    f.node_offsets.push_back(f.node_offsets.back() + t.size());
+  }
+  return f;
+}
+
+/// K candidates per request at one position, on the device. Request b's candidates are
+/// candidates[candidate_offsets[b] .. candidate_offsets[b + 1]) (at most tree_max_children);
+/// its rows are target_probs.row(b) and draft_probs.row(b) (q, the candidates were drawn from
+/// it; no rows for deterministic candidates).
+template <class T>
+struct candidates_device_input {
+  index_t vocab_size = 0;
+  row_view<const index_t> candidate_offsets;  ///< B + 1, starting at 0
+  row_view<const token_t> candidates;         ///< total candidates
+  batch_view<const T> target_probs;           ///< B x V
+  batch_view<const T> draft_probs;            ///< B x V, or no rows
+  row_view<const request_rng> rng;            ///< B
+  std::uint32_t position = 0;                 ///< draw position (draw_id{position, ...})
+};
+
+/// Per-request results of K-candidate verification (device pointers).
+struct candidates_device_output {
+  row_view<token_t> tokens;         ///< B: the accepted candidate or the residual sample
+  row_view<std::int32_t> accepted;  ///< B: index of the accepted candidate, or -1
+  row_view<std::uint32_t> flags;    ///< B (chain_valid, chain_residual_fallback,
+                                    ///< chain_invalid_input), or empty
+};
+
+namespace detail {
+
+using tree_passes = block_passes<tree_block_threads>;
+using tree_storage = block_passes_storage<tree_block_threads>;
+
+/// A request's tree in shared memory.
+struct shared_tree {
+  index_t parent[tree_max_nodes];
+  index_t depth[tree_max_nodes];
+  index_t first_child[tree_max_nodes];
+  index_t next_sibling[tree_max_nodes];
+  token_t token[tree_max_nodes];
+  index_t size;
+  index_t max_depth;
+  int max_children;
+  int ok;
+
+  [[nodiscard]] __device__ tree_view view() const {
+    return {parent, depth, first_child, next_sibling, token, size, max_depth, max_children};
+  }
+};
+
+/// Loads and validates request b's tree (every thread; ends with a barrier). `q` (when
+/// q.rows > 0) is checked for positive probabilities of drafted children; `distinct` requires
+/// distinct sibling tokens.
+template <class T>
+__device__ bool load_tree(shared_tree& t, index_t base, index_t size, index_t vocab,
+                          row_view<const index_t> parents, row_view<const token_t> tokens,
+                          batch_view<const T> q, bool distinct) {
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) {
+    t.ok = size >= 1 && size <= tree_max_nodes ? 1 : 0;
+    t.size = size;
+    t.max_children = 0;
+  }
+  __syncthreads();
+  if (t.ok == 0) return false;
+  for (index_t i = tid; i < size; i += tree_block_threads) {
+    const index_t p = parents[base + i];
+    const token_t x = i == 0 ? no_token : tokens[base + i];
+    bool good = i == 0 ? p == -1 : (p >= 0 && p < i && x >= 0 && static_cast<index_t>(x) < vocab);
+    if (good && i > 0 && q.rows > 0) good = static_cast<double>(q.row(base + p)[x]) > 0.0;
+    if (!good) atomicAnd(&t.ok, 0);
+    t.parent[i] = p;
+    t.token[i] = x;
+  }
+  __syncthreads();
+  if (t.ok == 0) return false;
+  // Links: siblings in index order. O(size) per node, split across the threads.
+  for (index_t i = tid; i < size; i += tree_block_threads) {
+    index_t first = -1;
+    index_t next = -1;
+    int children = 0;
+    for (index_t j = i + 1; j < size; ++j) {
+      if (t.parent[j] == i) {
+        if (first < 0) first = j;
+        ++children;
+      }
+      if (i > 0 && t.parent[j] == t.parent[i]) {
+        if (next < 0) next = j;
+        if (distinct && t.token[j] == t.token[i]) atomicAnd(&t.ok, 0);
+      }
+    }
+    if (children > tree_max_children) atomicAnd(&t.ok, 0);
+    atomicMax(&t.max_children, children);
+    t.first_child[i] = first;
+    t.next_sibling[i] = next;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    index_t deepest = 0;
+    t.depth[0] = 0;
+    for (index_t i = 1; i < size; ++i) {
+      t.depth[i] = t.depth[t.parent[i]] + 1;
+      if (t.depth[i] > deepest) deepest = t.depth[i];
+    }
+    t.max_depth = deepest;
+  }
+  __syncthreads();
+  return t.ok != 0;
+}
+
+/// Writes the outputs of a request whose tree failed validation (only when its node range is
+/// sane, so nothing is written out of bounds).
+__device__ inline void write_invalid_tree(index_t b, index_t base, index_t size,
+                                          const tree_batch_output& out) {
+  if (threadIdx.x != 0) return;
+  if (size >= 1 && size <= tree_max_nodes)
+    for (index_t i = 0; i < size; ++i) {
+      out.output_tokens[base + i] = no_token;
+      if (!out.accepted_nodes.empty()) out.accepted_nodes[base + i] = -1;
+    }
+  out.num_accepted[b] = 0;
+  if (!out.flags.empty()) out.flags[b] = chain_invalid_input;
+}
+
+template <class Rule, class T>
+SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
+    tree_kernel(Rule rule, tree_device_input<T> in, tree_batch_output out, double residual_floor,
+                sibling_sampling sampling) {
+  __shared__ tree_storage storage;
+  __shared__ shared_tree tree;
+  const tree_passes passes(storage);
+  const auto b = static_cast<index_t>(blockIdx.x);
+  const index_t base = in.node_offsets[b];
+  const index_t size = in.node_offsets[b + 1] - base;
+  const bool wor = sampling == sibling_sampling::without_replacement && in.draft_probs.rows > 0;
+  if (!load_tree(tree, base, size, in.vocab_size, in.parents, in.tokens, in.draft_probs, wor)) {
+    write_invalid_tree(b, base, size, out);
+    return;
+  }
+  double z[candidates_workspace_size(tree_max_children)];
+  token_t cand[tree_max_children];
+  index_t children[tree_max_children];
+  const tree_request_workspace ws{z, cand, children};
+  philox_source src{in.rng[b]};
+  auto target_row = [&](index_t u) { return in.target_probs.row(base + u); };
+  index_t* nodes = out.accepted_nodes.empty() ? nullptr : out.accepted_nodes.data + base;
+  const tree_view tv = tree.view();
+  const auto& rule_b = specula::detail::request_rule(rule, b);
+  auto run = [&](auto proposal_for) {
+    return verify_tree_request(rule_b, src, tv, target_row, proposal_for, residual_floor,
+                               out.output_tokens.data + base, nodes, ws, passes);
+  };
+  tree_request_result r;
+  if (in.draft_probs.rows == 0)
+    r = run([](index_t) { return one_hot_candidates{}; });
+  else if (sampling == sibling_sampling::with_replacement)
+    r = run([&](index_t u) { return with_replacement<T>{in.draft_probs.row(base + u)}; });
+  else
+    r = run([&](index_t u) { return without_replacement<T>{in.draft_probs.row(base + u)}; });
+  if (threadIdx.x == 0) {
+    out.num_accepted[b] = r.num_accepted;
+    if (!out.flags.empty()) out.flags[b] = r.flags;
+  }
+}
+
+template <class T>
+SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
+    greedy_tree_kernel(tree_device_input<T> in, tree_batch_output out) {
+  __shared__ tree_storage storage;
+  __shared__ shared_tree tree;
+  const tree_passes passes(storage);
+  const auto b = static_cast<index_t>(blockIdx.x);
+  const index_t base = in.node_offsets[b];
+  const index_t size = in.node_offsets[b + 1] - base;
+  if (!load_tree(tree, base, size, in.vocab_size, in.parents, in.tokens, batch_view<const T>{},
+                 false)) {
+    write_invalid_tree(b, base, size, out);
+    return;
+  }
+  index_t* nodes = out.accepted_nodes.empty() ? nullptr : out.accepted_nodes.data + base;
+  const auto r = greedy_tree_request(
+      tree.view(), [&](index_t u) { return in.target_probs.row(base + u); },
+      out.output_tokens.data + base, nodes, passes);
+  if (threadIdx.x == 0) {
+    out.num_accepted[b] = r.num_accepted;
+    if (!out.flags.empty()) out.flags[b] = r.flags;
+  }
+}
+
+template <class Rule, class T>
+SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
+    candidates_kernel(Rule rule, candidates_device_input<T> in, candidates_device_output out,
+                      double residual_floor, sibling_sampling sampling) {
+  __shared__ tree_storage storage;
+  const tree_passes passes(storage);
+  const auto b = static_cast<index_t>(blockIdx.x);
+  const index_t first = in.candidate_offsets[b];
+  const index_t k = in.candidate_offsets[b + 1] - first;
+  const token_t* cand = in.candidates.data + first;
+  const bool dense = in.draft_probs.rows > 0;
+  const bool wor = dense && sampling == sibling_sampling::without_replacement;
+  // Validation (every thread; k is small).
+  bool ok = k >= 0 && k <= tree_max_children;
+  for (index_t j = 0; ok && j < k; ++j) {
+    const token_t x = cand[j];
+    ok = x >= 0 && static_cast<index_t>(x) < in.vocab_size;
+    if (ok && dense) ok = static_cast<double>(in.draft_probs.row(b)[x]) > 0.0;
+    for (index_t i = 0; ok && wor && i < j; ++i) ok = cand[i] != x;
+  }
+  if (!ok) {
+    if (threadIdx.x == 0) {
+      out.tokens[b] = no_token;
+      out.accepted[b] = -1;
+      if (!out.flags.empty()) out.flags[b] = chain_invalid_input;
+    }
+    return;
+  }
+  double z[candidates_workspace_size(tree_max_children)];
+  philox_source src{in.rng[b]};
+  const auto p = in.target_probs.row(b);
+  const auto& rule_b = specula::detail::request_rule(rule, b);
+  candidates_result r;
+  if (!dense)
+    r = verify_candidates(rule_b, src, p, one_hot_candidates{}, cand, k, residual_floor,
+                          in.position, z, passes);
+  else if (sampling == sibling_sampling::with_replacement)
+    r = verify_candidates(rule_b, src, p, with_replacement<T>{in.draft_probs.row(b)}, cand, k,
+                          residual_floor, in.position, z, passes);
+  else
+    r = verify_candidates(rule_b, src, p, without_replacement<T>{in.draft_probs.row(b)}, cand, k,
+                          residual_floor, in.position, z, passes);
+  if (threadIdx.x == 0) {
+    out.tokens[b] = r.token;
+    out.accepted[b] = static_cast<std::int32_t>(r.accepted);
+    if (!out.flags.empty()) out.flags[b] = r.flags;
+  }
+}
+
+}  // namespace detail
+
+/// Enqueues token-tree verification of every request (one CTA each) on pol.stream. Outputs as
+/// the host's verify_tree (tree_batch_output with device pointers, laid out like the node rows).
+/// Returns cudaErrorInvalidValue without launching for an empty batch or vocabulary; malformed
+/// trees and bad tokens are reported per request (chain_invalid_input).
+template <class T, batch_tree_rule Rule = exact_rule>
+cudaError_t verify_tree_async(const par_policy& pol, const tree_device_input<T>& in,
+                              const tree_batch_output& out, const tree_options& options = {},
+                              const Rule& rule = {}) {
+  const index_t batch = in.node_offsets.size - 1;
+  if (batch <= 0 || in.vocab_size <= 0 || in.rng.size < batch || out.num_accepted.size < batch)
+    return cudaErrorInvalidValue;
+  detail::tree_kernel<Rule, T><<<static_cast<unsigned>(batch), tree_block_threads, 0, pol.stream>>>(
+      rule, in, out, options.residual_floor, options.sampling);
+  return cudaGetLastError();
+}
+
+/// Enqueues greedy tree verification (rows may be logits; draft_probs and rng are ignored).
+template <class T>
+cudaError_t verify_tree_greedy_async(const par_policy& pol, const tree_device_input<T>& in,
+                                     const tree_batch_output& out) {
+  const index_t batch = in.node_offsets.size - 1;
+  if (batch <= 0 || in.vocab_size <= 0 || out.num_accepted.size < batch)
+    return cudaErrorInvalidValue;
+  detail::greedy_tree_kernel<T>
+      <<<static_cast<unsigned>(batch), tree_block_threads, 0, pol.stream>>>(in, out);
+  return cudaGetLastError();
+}
+
+/// Enqueues verification of K candidates per request at one position (one CTA each).
+/// `options.sampling` says how candidates with a q row were drawn.
+template <class T, batch_tree_rule Rule = exact_rule>
+cudaError_t verify_candidates_async(const par_policy& pol, const candidates_device_input<T>& in,
+                                    const candidates_device_output& out,
+                                    const tree_options& options = {}, const Rule& rule = {}) {
+  const index_t batch = in.candidate_offsets.size - 1;
+  if (batch <= 0 || in.vocab_size <= 0 || in.rng.size < batch || out.tokens.size < batch ||
+      out.accepted.size < batch)
+    return cudaErrorInvalidValue;
+  detail::candidates_kernel<Rule, T>
+      <<<static_cast<unsigned>(batch), tree_block_threads, 0, pol.stream>>>(
+          rule, in, out, options.residual_floor, options.sampling);
+  return cudaGetLastError();
+}
+
+SPECULA_CUDA_NAMESPACE_END
