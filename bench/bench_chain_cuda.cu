@@ -5,47 +5,48 @@
 // n/2, residual sampled). Counters: bytes (must touch: 8 bytes per accepted draft plus 4V for
 // a bonus row or 8V for a residual, per request), copy_GBps (cudaMemcpyAsync device to device
 // of the same number of bytes, timed with CUDA events in the same process), frac_of_copy.
+// cuda_chain_split/reject_mid/V:128256/n:8/B:<B>/S:<1|auto>: one CTA per request against the
+// automatic row split (several CTAs sum the stopping row; the crossover measurement).
+// cuda_chain_<fused|unfused>/<bf16|f32>/V/n/B: verification from logits (top-k 50, top-p 0.9,
+// rejection at n/2), fused (verify_chain_from_logits_async) or logits_to_probs_async followed by
+// verify_chain_async; bytes = the logit rows up to the rejection read once plus one q row.
 // Timing: CUDA events around each launch, reported with manual time. Without a GPU every case
 // is skipped with "no CUDA device".
 
 #include <benchmark/benchmark.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_bench_util.cuh"
 #include "specula/cuda/chain.cuh"
 #include "specula/cuda/error.cuh"
+#include "specula/cuda/fused.cuh"
 
 using namespace specula;
+namespace sc = specula::cuda;  // CUB brings a top-level ::cuda namespace
 
 namespace {
 
 using specula::bench::device_buffer;
 
-template <class T>
-void upload(const device_buffer& d, const std::vector<T>& v) {
-  cuda::throw_on_error(cudaMemcpy(d.ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
-                       "cudaMemcpy");
-}
+using specula::bench::skewed_row;
+using specula::bench::upload;
 
-void chain_case(benchmark::State& state, index_t vocab, index_t n, index_t batch, bool reject) {
-  if (cuda::device_count() == 0) {
+void chain_case(benchmark::State& state, index_t vocab, index_t n, index_t batch, bool reject,
+                int split = 1) {
+  if (sc::device_count() == 0) {
     state.SkipWithError("no CUDA device");
     return;
   }
   // Host data: a skewed row used for every q row; p = q, or p with token 0 removed at n/2.
-  std::vector<float> row(static_cast<std::size_t>(vocab));
-  double sum = 0;
-  for (index_t y = 0; y < vocab; ++y) {
-    const double u = uniform_at(request_rng{7, 0, 0}, draw_id{static_cast<std::uint32_t>(y), 0});
-    row[static_cast<std::size_t>(y)] = static_cast<float>(u * u * u);
-    sum += u * u * u;
-  }
-  for (float& x : row) x = static_cast<float>(x / sum);
+  const std::vector<float> row = skewed_row(vocab, 7);
   std::vector<float> zero_row = row;
   zero_row[0] = 0.0f;
   double rest = 0;
@@ -86,9 +87,12 @@ void chain_case(benchmark::State& state, index_t vocab, index_t n, index_t batch
                                     {d_rng.as<request_rng>(), batch}};
   const chain_batch_output out{
       {d_out.as<token_t>(), nd + batch}, {d_n.as<std::int32_t>(), batch}, {}, {}};
-  const auto pol = cuda::par_on(nullptr);
-  cuda::verify_chain(pol, in, out);
-  cuda::throw_on_error(cudaDeviceSynchronize(), "warm-up");
+  device_buffer ws(sc::chain_workspace_bytes(batch, vocab));
+  const auto pol = sc::par_on(nullptr)
+                       .with_workspace(ws.ptr, sc::chain_workspace_bytes(batch, vocab))
+                       .with_row_split(split);
+  sc::verify_chain(pol, in, out);
+  sc::throw_on_error(cudaDeviceSynchronize(), "warm-up");
   std::vector<std::int32_t> accepted(static_cast<std::size_t>(batch));
   cudaMemcpy(accepted.data(), d_n.ptr, accepted.size() * sizeof(std::int32_t),
              cudaMemcpyDeviceToHost);
@@ -97,10 +101,134 @@ void chain_case(benchmark::State& state, index_t vocab, index_t n, index_t batch
 
   // Copy baseline of the same bytes (counting the bytes the copy reads).
   specula::bench::time_against_copy(state, bytes, static_cast<std::size_t>(bytes), 1.0,
-                                    [&] { (void)cuda::verify_chain_async(pol, in, out); });
+                                    [&] { (void)sc::verify_chain_async(pol, in, out); });
+}
+
+template <class T>
+T from_float(float x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16(x);
+  else
+    return x;
+}
+
+/// Fused (logits -> verify) or unfused (logits_to_probs, then verify) chain verification from
+/// logits of type T with top-k 50 and top-p 0.9, rejection at n/2 (the residual is sampled).
+template <class T>
+void fused_case(benchmark::State& state, index_t vocab, index_t n, index_t batch, bool fused) {
+  if (sc::device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  // q: the skewed row; logits: 2 log q (so the target sharpens the draft).
+  const std::vector<float> q = skewed_row(vocab, 7);
+  std::vector<T> logit_row(static_cast<std::size_t>(vocab));
+  for (index_t y = 0; y < vocab; ++y)
+    logit_row[static_cast<std::size_t>(y)] =
+        from_float<T>(2.0f * std::log(q[static_cast<std::size_t>(y)] + 1e-30f));
+  const index_t nd = batch * n, rows = nd + batch;
+  std::vector<index_t> offsets{0};
+  std::vector<token_t> tokens;
+  std::vector<request_rng> rng;
+  // Drafts: the arg-max token (kept by top-k/top-p, so accepted) except a low-probability token
+  // at n/2 (filtered out: p(x) = 0, so rejected and the residual is sampled).
+  token_t top = 0;
+  for (index_t y = 0; y < vocab; ++y)
+    if (static_cast<float>(logit_row[static_cast<std::size_t>(y)]) >
+        static_cast<float>(logit_row[static_cast<std::size_t>(top)]))
+      top = static_cast<token_t>(y);
+  for (index_t b = 0; b < batch; ++b) {
+    offsets.push_back(offsets.back() + n);
+    for (index_t i = 0; i < n; ++i) tokens.push_back(i == n / 2 ? (top == 0 ? 1 : 0) : top);
+    rng.push_back(request_rng{11, static_cast<std::uint32_t>(b), 0});
+  }
+  std::vector<T> logits;
+  logits.reserve(static_cast<std::size_t>(rows * vocab));
+  for (index_t r = 0; r < rows; ++r)
+    logits.insert(logits.end(), logit_row.begin(), logit_row.end());
+  std::vector<float> qs;
+  qs.reserve(static_cast<std::size_t>(nd * vocab));
+  for (index_t r = 0; r < nd; ++r) qs.insert(qs.end(), q.begin(), q.end());
+  const sampling_params params{1.0f, 50, 0.9f, 0.0f, 1.0f};
+  device_buffer d_off(offsets.size() * sizeof(index_t)), d_tok(tokens.size() * sizeof(token_t)),
+      d_q(qs.size() * sizeof(float)), d_l(logits.size() * sizeof(T)),
+      d_rng(rng.size() * sizeof(request_rng)), d_par(sizeof(sampling_params)),
+      d_out(static_cast<std::size_t>(rows) * sizeof(token_t)),
+      d_n(static_cast<std::size_t>(batch) * sizeof(std::int32_t)),
+      d_probs(fused ? 1 : static_cast<std::size_t>(rows * vocab) * sizeof(float)),
+      ws(sc::fused_chain_workspace_bytes(rows));
+  upload(d_off, offsets);
+  upload(d_tok, tokens);
+  upload(d_q, qs);
+  upload(d_l, logits);
+  upload(d_rng, rng);
+  upload(d_par, std::vector<sampling_params>{params});
+  const batch_view<const T> lg{d_l.as<T>(), rows, vocab};
+  const row_view<const sampling_params> par{d_par.as<sampling_params>(), 1};
+  const chain_batch_output out{
+      {d_out.as<token_t>(), rows}, {d_n.as<std::int32_t>(), batch}, {}, {}};
+  const sc::fused_chain_input<T> fin{vocab,
+                                     {d_off.as<index_t>(), batch + 1},
+                                     {d_tok.as<token_t>(), nd},
+                                     {d_q.as<float>(), nd, vocab},
+                                     lg,
+                                     {},
+                                     par,
+                                     {d_rng.as<request_rng>(), batch}};
+  const chain_batch_input<float> uin{vocab,
+                                     {d_off.as<index_t>(), batch + 1},
+                                     {d_tok.as<token_t>(), nd},
+                                     {d_q.as<float>(), nd, vocab},
+                                     {d_probs.as<float>(), rows, vocab},
+                                     {d_rng.as<request_rng>(), batch}};
+  const auto pol =
+      sc::par_on(nullptr).with_workspace(ws.ptr, sc::fused_chain_workspace_bytes(rows));
+  auto launch = [&] {
+    if (fused) {
+      (void)sc::verify_chain_from_logits_async(pol, fin, out);
+    } else {
+      (void)sc::logits_to_probs_async<T>(pol, lg, {}, par, {d_probs.as<float>(), rows, vocab});
+      (void)sc::verify_chain_async(pol, uin, out);
+    }
+  };
+  launch();
+  sc::throw_on_error(cudaDeviceSynchronize(), "warm-up");
+  // Floor: every logit row read once (its normalisers need all of it) plus the q row at the
+  // rejected position.
+  const double bytes = static_cast<double>(batch) *
+                       (static_cast<double>(n / 2 + 1) * static_cast<double>(vocab) * sizeof(T) +
+                        4.0 * static_cast<double>(vocab));
+  specula::bench::time_against_copy(state, bytes, static_cast<std::size_t>(bytes), 1.0, launch);
 }
 
 int register_all() {
+  for (index_t b : {1, 2, 4, 8, 16, 32, 64})
+    for (int split : {1, 0})
+      benchmark::RegisterBenchmark(
+          ("cuda_chain_split/reject_mid/V:128256/n:8/B:" + std::to_string(b) +
+           "/S:" + (split == 1 ? std::string("1") : std::string("auto")))
+              .c_str(),
+          [=](benchmark::State& s) { chain_case(s, 128256, 8, b, true, split); })
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+  for (index_t v : {32000, 128256})
+    for (index_t n : {1, 5, 8})
+      for (index_t b : {1, 8, 32, 64})
+        for (bool fused : {true, false}) {
+          const std::string tail =
+              "/V:" + std::to_string(v) + "/n:" + std::to_string(n) + "/B:" + std::to_string(b);
+          const std::string kind = fused ? "cuda_chain_fused/" : "cuda_chain_unfused/";
+          benchmark::RegisterBenchmark(
+              (kind + "bf16" + tail).c_str(),
+              [=](benchmark::State& s) { fused_case<__nv_bfloat16>(s, v, n, b, fused); })
+              ->UseManualTime()
+              ->Unit(benchmark::kMicrosecond);
+          benchmark::RegisterBenchmark(
+              (kind + "f32" + tail).c_str(),
+              [=](benchmark::State& s) { fused_case<float>(s, v, n, b, fused); })
+              ->UseManualTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
   for (index_t v : {32000, 128256})
     for (index_t n : {1, 5, 8})
       for (index_t b : {1, 8, 32, 64})

@@ -4,7 +4,11 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
+#include "specula/core/rng.hpp"
+#include "specula/core/types.hpp"
 #include "specula/cuda/error.cuh"
 
 namespace specula::bench {
@@ -23,6 +27,27 @@ struct device_buffer {
     return static_cast<T*>(ptr);
   }
 };
+
+/// Copies a host vector into a device buffer (sized for it).
+template <class T>
+void upload(const device_buffer& d, const std::vector<T>& v) {
+  specula::cuda::throw_on_error(
+      cudaMemcpy(d.ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+}
+
+/// A skewed probability row of length `vocab`: entries u^3 (u the Philox uniforms of stream
+/// `seed`), normalised.
+inline std::vector<float> skewed_row(index_t vocab, std::uint64_t seed) {
+  std::vector<float> row(static_cast<std::size_t>(vocab));
+  double sum = 0;
+  for (index_t y = 0; y < vocab; ++y) {
+    const double u = uniform_at(request_rng{seed, 0, 0}, draw_id{static_cast<std::uint32_t>(y), 0});
+    row[static_cast<std::size_t>(y)] = static_cast<float>(u * u * u);
+    sum += u * u * u;
+  }
+  for (float& x : row) x = static_cast<float>(x / sum);
+  return row;
+}
 
 /// Milliseconds of `launch` on the legacy default stream, measured with CUDA events.
 template <class Launch>

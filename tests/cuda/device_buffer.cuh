@@ -51,4 +51,18 @@ struct device_vector {
   row_view<const T> cview() const { return {ptr, static_cast<index_t>(n)}; }
 };
 
+/// Inverse-CDF draw from a probability row with uniform u (test data generation).
+template <class Row>
+token_t draw_from(const Row& q, double u) {
+  double acc = 0;
+  token_t x = 0;
+  for (std::size_t y = 0; y < q.size(); ++y) {
+    if (q[y] <= 0) continue;
+    x = static_cast<token_t>(y);
+    acc += q[y];
+    if (u < acc) break;
+  }
+  return x;
+}
+
 }  // namespace specula::cuda_test

@@ -51,15 +51,8 @@ struct batch {
         for (index_t y = 0; y < v; ++y)
           p[static_cast<std::size_t>(y)] =
               0.6 * q[static_cast<std::size_t>(y)] + 0.4 * p[static_cast<std::size_t>(y)];
-        const double u = uniform_at(request_rng{seed, id++, 9}, draw_id{0, 0});
-        double acc = 0;
-        token_t x = 0;
-        for (index_t y = 0; y < v; ++y) {
-          if (q[static_cast<std::size_t>(y)] <= 0) continue;
-          x = static_cast<token_t>(y);
-          acc += q[static_cast<std::size_t>(y)];
-          if (u < acc) break;
-        }
+        const token_t x =
+            cuda_test::draw_from(q, uniform_at(request_rng{seed, id++, 9}, draw_id{0, 0}));
         tokens.push_back(x);
         draft.insert(draft.end(), q.begin(), q.end());
         target.insert(target.end(), p.begin(), p.end());

@@ -228,40 +228,62 @@ __device__ float radix_select(index_t n, const Item& item, const MakeTarget& mak
   return key_threshold(prefix);
 }
 
+/// The per-row constants of the transform, found by the passes (identical in every thread):
+/// everything needed to compute any entry of the output row from the logits alone.
+struct row_transform {
+  std::uint32_t status = 0;  ///< specula::status of the row (0 = ok)
+  float max = 0.0f;          ///< max logit (after CFG and temperature)
+  float thr_k = 0.0f;        ///< top-k threshold on logits (-Inf: no top-k)
+  double inv_sum = 1.0;      ///< 1 / softmax denominator
+  float thr_p = 0.0f;        ///< top-p threshold on probabilities
+  double inv_p = 1.0;        ///< 1 / mass kept by top-p
+  float thr_m = 0.0f;        ///< min-p threshold
+  double inv_m = 1.0;        ///< 1 / mass kept by min-p
+  bool do_top_p = false;
+  bool do_min_p = false;
+
+  /// Softmax over the top-k survivors.
+  template <class Source>
+  __device__ __forceinline__ float p1(const Source& src, index_t i) const {
+    const float x = src(i);
+    if (!(x >= thr_k)) return 0.0f;
+    return static_cast<float>(static_cast<double>(expf(x - max)) * inv_sum);
+  }
+  /// After top-p.
+  template <class Source>
+  __device__ __forceinline__ float p2(const Source& src, index_t i) const {
+    float p = p1(src, i);
+    if (do_top_p) {
+      if (p < thr_p) p = 0.0f;
+      p = static_cast<float>(static_cast<double>(p) * inv_p);
+    }
+    return p;
+  }
+  /// Output entry i (quiet NaN for a failed row).
+  template <class Source>
+  __device__ __forceinline__ float prob(const Source& src, index_t i) const {
+    if (status != 0u) return quiet_nan();
+    float p = p2(src, i);
+    if (do_min_p) {
+      if (p < thr_m) p = 0.0f;
+      p = static_cast<float>(static_cast<double>(p) * inv_m);
+    }
+    return p;
+  }
+};
+
+/// Runs the passes of one row with the whole block (see file comment); every thread returns the
+/// same constants. n > 0.
 template <class T, int Block>
-SPECULA_KERNEL void __launch_bounds__(Block)
-    logits_to_probs_kernel(batch_view<const T> logits, batch_view<const T> uncond,
-                           row_view<const sampling_params> params, batch_view<float> probs,
-                           std::uint32_t* row_status) {
-  __shared__ reduce_storage<Block> tmp;
-  __shared__ reduce_slots slots;
-
-  const index_t r = blockIdx.x;
-  const index_t n = logits.cols;
+__device__ row_transform compute_row_transform(const logit_source<T>& src,
+                                               const sampling_params& sp, index_t n,
+                                               reduce_storage<Block>& tmp, reduce_slots& slots) {
+  row_transform t;
   const index_t tid = threadIdx.x;
-  float* out = probs.data + r * probs.row_stride;
-  const sampling_params sp = params.data[params.size == 1 ? 0 : r];
-
-  const auto finish = [&](status s, bool fill_nan) {
-    if (fill_nan)
-      for (index_t i = tid; i < n; i += Block) out[i] = quiet_nan();
-    if (tid == 0 && row_status != nullptr) row_status[r] = static_cast<std::uint32_t>(s);
-  };
-
-  if (n == 0) {
-    finish(status::empty_input, false);
-    return;
-  }
   if (!valid_params(sp)) {
-    finish(status::invalid_parameter, true);
-    return;
+    t.status = static_cast<std::uint32_t>(status::invalid_parameter);
+    return t;
   }
-
-  const logit_source<T> src{logits.data + r * logits.row_stride,
-                            uncond.rows > 0 ? uncond.data + r * uncond.row_stride : nullptr,
-                            cfg_mix_op{sp.cfg_scale}, temperature_op{1.0f / sp.temperature},
-                            sp.temperature != 1.0f};
-
   // Pass 1: max, first NaN, first +Inf (the host's softmax reports the first offender).
   scan_acc s{neg_inf(), n, n};
   for (index_t i = tid; i < n; i += Block) {
@@ -276,21 +298,22 @@ SPECULA_KERNEL void __launch_bounds__(Block)
   }
   s = block_all_reduce<Block>(s, scan_combine{}, tmp.scan, slots.scan);
   if (s.first_nan < n || s.first_inf < n) {
-    finish(s.first_nan < s.first_inf ? status::nan_value : status::inf_value, true);
-    return;
+    t.status = static_cast<std::uint32_t>(s.first_nan < s.first_inf ? status::nan_value
+                                                                    : status::inf_value);
+    return t;
   }
   if (s.max == neg_inf()) {
-    finish(status::no_mass, true);
-    return;
+    t.status = static_cast<std::uint32_t>(status::no_mass);
+    return t;
   }
-  const float m = s.max;  // top-k always keeps the max, so this is also the filtered max
+  t.max = s.max;  // top-k always keeps the max, so this is also the filtered max
 
   // Top-k threshold on the logits (keep x >= thr_k; -Inf keeps everything).
-  float thr_k = neg_inf();
+  t.thr_k = neg_inf();
   if (sp.top_k > 0 && sp.top_k < n) {
     const auto k = static_cast<unsigned>(sp.top_k);
     unsigned kept_count = 0;
-    thr_k = radix_select<Block, unsigned>(
+    t.thr_k = radix_select<Block, unsigned>(
         n,
         [&](index_t i, float& x, unsigned& w) {
           x = src(i);
@@ -303,68 +326,119 @@ SPECULA_KERNEL void __launch_bounds__(Block)
   double sum = 0.0;
   for (index_t i = tid; i < n; i += Block) {
     const float x = src(i);
-    if (x >= thr_k) sum += static_cast<double>(expf(x - m));
+    if (x >= t.thr_k) sum += static_cast<double>(expf(x - t.max));
   }
   sum = block_all_reduce<Block>(sum, double_sum{}, tmp.sum, slots.sum);
-  const double inv_sum = 1.0 / sum;
-  const auto p1 = [&](index_t i) -> float {
-    const float x = src(i);
-    if (!(x >= thr_k)) return 0.0f;
-    return static_cast<float>(static_cast<double>(expf(x - m)) * inv_sum);
-  };
+  t.inv_sum = 1.0 / sum;
 
   // Top-p threshold in probability space; the kept mass is the renormalisation constant.
-  const bool do_top_p = sp.top_p < 1.0f;
-  float thr_p = 0.0f;
-  double inv_p = 1.0;
-  if (do_top_p) {
+  t.do_top_p = sp.top_p < 1.0f;
+  if (t.do_top_p) {
     const double top_p = sp.top_p;
     double kept_mass = 0.0;
-    thr_p = radix_select<Block, double>(
+    t.thr_p = radix_select<Block, double>(
         n,
         [&](index_t i, float& x, double& w) {
-          x = p1(i);
+          x = t.p1(src, i);
           w = x;
         },
         [top_p](double total) { return top_p * total; }, tmp.mass, slots.mass, kept_mass);
-    inv_p = 1.0 / kept_mass;
+    t.inv_p = 1.0 / kept_mass;
   }
-  const auto p2 = [&](index_t i) -> float {
-    float p = p1(i);
-    if (do_top_p) {
-      if (p < thr_p) p = 0.0f;
-      p = static_cast<float>(static_cast<double>(p) * inv_p);
-    }
-    return p;
-  };
 
   // Min-p: the max probability is the arg-max logit's, exp(0) = 1 times the constants.
-  const bool do_min_p = sp.min_p > 0.0f;
-  float thr_m = 0.0f;
-  double inv_m = 1.0;
-  if (do_min_p) {
-    float pmax = static_cast<float>(inv_sum);
-    if (do_top_p) pmax = static_cast<float>(static_cast<double>(pmax) * inv_p);
-    thr_m = sp.min_p * pmax;
+  t.do_min_p = sp.min_p > 0.0f;
+  if (t.do_min_p) {
+    float pmax = static_cast<float>(t.inv_sum);
+    if (t.do_top_p) pmax = static_cast<float>(static_cast<double>(pmax) * t.inv_p);
+    t.thr_m = sp.min_p * pmax;
     double kept = 0.0;
     for (index_t i = tid; i < n; i += Block) {
-      const float p = p2(i);
-      if (!(p < thr_m)) kept += static_cast<double>(p);
+      const float p = t.p2(src, i);
+      if (!(p < t.thr_m)) kept += static_cast<double>(p);
     }
     kept = block_all_reduce<Block>(kept, double_sum{}, tmp.sum, slots.sum);
-    inv_m = 1.0 / kept;
+    t.inv_m = 1.0 / kept;
   }
-
-  for (index_t i = tid; i < n; i += Block) {
-    float p = p2(i);
-    if (do_min_p) {
-      if (p < thr_m) p = 0.0f;
-      p = static_cast<float>(static_cast<double>(p) * inv_m);
-    }
-    out[i] = p;
-  }
-  finish(status::ok, false);
+  return t;
 }
+
+/// Row r's logit source (CFG and temperature from its parameters).
+template <class T>
+__device__ logit_source<T> row_source(batch_view<const T> logits, batch_view<const T> uncond,
+                                      const sampling_params& sp, index_t r) {
+  return {logits.data + r * logits.row_stride,
+          uncond.rows > 0 ? uncond.data + r * uncond.row_stride : nullptr, cfg_mix_op{sp.cfg_scale},
+          temperature_op{1.0f / sp.temperature}, sp.temperature != 1.0f};
+}
+
+template <class T, int Block>
+SPECULA_KERNEL void __launch_bounds__(Block)
+    logits_to_probs_kernel(batch_view<const T> logits, batch_view<const T> uncond,
+                           row_view<const sampling_params> params, batch_view<float> probs,
+                           std::uint32_t* row_status) {
+  __shared__ reduce_storage<Block> tmp;
+  __shared__ reduce_slots slots;
+  const index_t r = blockIdx.x;
+  const index_t n = logits.cols;
+  float* out = probs.data + r * probs.row_stride;
+  const sampling_params sp = params.data[params.size == 1 ? 0 : r];
+  if (n == 0) {
+    if (threadIdx.x == 0 && row_status != nullptr)
+      row_status[r] = static_cast<std::uint32_t>(status::empty_input);
+    return;
+  }
+  const auto src = row_source(logits, uncond, sp, r);
+  const row_transform t = compute_row_transform<T, Block>(src, sp, n, tmp, slots);
+  for (index_t i = threadIdx.x; i < n; i += Block) out[i] = t.prob(src, i);
+  if (threadIdx.x == 0 && row_status != nullptr) row_status[r] = t.status;
+}
+
+/// The passes only: row r's constants into transforms[r] (the fused verification path).
+template <class T, int Block>
+SPECULA_KERNEL void __launch_bounds__(Block)
+    row_transform_kernel(batch_view<const T> logits, batch_view<const T> uncond,
+                         row_view<const sampling_params> params, row_transform* transforms,
+                         std::uint32_t* row_status) {
+  __shared__ reduce_storage<Block> tmp;
+  __shared__ reduce_slots slots;
+  const index_t r = blockIdx.x;
+  const sampling_params sp = params.data[params.size == 1 ? 0 : r];
+  const auto src = row_source(logits, uncond, sp, r);
+  row_transform t;
+  if (logits.cols == 0)
+    t.status = static_cast<std::uint32_t>(status::empty_input);
+  else
+    t = compute_row_transform<T, Block>(src, sp, logits.cols, tmp, slots);
+  if (threadIdx.x == 0) {
+    transforms[r] = t;
+    if (row_status != nullptr) row_status[r] = t.status;
+  }
+}
+
+/// A probability row computed on the fly from logits and the row's constants: what
+/// logits_to_probs writes, entry by entry, without writing it.
+template <class T>
+struct transformed_row {
+  using value_type = float;
+  logit_source<T> src;
+  row_transform t;
+  index_t size;
+  __device__ float operator[](index_t i) const { return t.prob(src, i); }
+};
+
+/// The target rows of the fused verification path: row(r) is transformed_row of logit row r.
+template <class T>
+struct transformed_rows {
+  batch_view<const T> logits;
+  batch_view<const T> uncond;
+  row_view<const sampling_params> params;
+  const row_transform* transforms;
+  __device__ transformed_row<T> row(index_t r) const {
+    const sampling_params sp = params.data[params.size == 1 ? 0 : r];
+    return {row_source(logits, uncond, sp, r), transforms[r], logits.cols};
+  }
+};
 
 /// A failed shape check: the diagnostic, and the argument it names.
 struct shape_problem {

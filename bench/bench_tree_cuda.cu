@@ -1,0 +1,252 @@
+// Device tree, K-candidate and sampling-without-replacement kernels against a device-to-device
+// copy of the bytes they must touch.
+//
+// Names:
+//   cuda_tree/<sjd_pac|eagle>/V:<V>/B:<B>   tree verification, fp32 rows, siblings drawn without
+//                                           replacement; sjd_pac = trees::sjd_pac(3, 2, 64)
+//                                           (64 nodes), eagle = a 60-node tree shaped like
+//                                           EAGLE's static tree (10 root children, then
+//                                           narrowing levels down to depth 5)
+//   cuda_tree_greedy/<shape>/V:<V>/B:<B>    greedy tree verification of the same trees
+//   cuda_candidates/K:<K>/V:<V>/B:<B>       K candidates at one position, without replacement
+//   cuda_sample_wor/k:<k>/V:<V>/B:<B>/S:<1|auto>  sampling k categories without replacement, one
+//                                           CTA per row (S:1) or the automatic row split
+// Counters as bench/cuda_bench_util.cuh: bytes is the floor each launch must touch — for trees
+// and candidates, the p and q rows of every node the walk visits (8V bytes each; 4V for greedy);
+// for sampling, each row once (4V). Without a GPU every case is skipped with "no CUDA device".
+
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda_bench_util.cuh"
+#include "specula/cuda/error.cuh"
+#include "specula/cuda/sampling.cuh"
+#include "specula/cuda/tree.cuh"
+#include "specula/tree/builders.hpp"
+
+using namespace specula;
+namespace sc = specula::cuda;  // CUB brings a top-level ::cuda namespace
+
+namespace {
+
+using specula::bench::device_buffer;
+
+using specula::bench::skewed_row;
+using specula::bench::upload;
+
+/// `rows` device rows, each a copy of `row` (uploaded once, replicated on the device so that
+/// every row has its own memory).
+struct replicated_rows {
+  device_buffer buf;
+  replicated_rows(const std::vector<float>& row, index_t rows)
+      : buf(row.size() * sizeof(float) * static_cast<std::size_t>(rows)) {
+    const std::size_t bytes = row.size() * sizeof(float);
+    sc::throw_on_error(cudaMemcpy(buf.ptr, row.data(), bytes, cudaMemcpyHostToDevice), "upload");
+    for (index_t r = 1; r < rows; ++r)
+      sc::throw_on_error(
+          cudaMemcpy(static_cast<char*>(buf.ptr) + bytes * static_cast<std::size_t>(r), buf.ptr,
+                     bytes, cudaMemcpyDeviceToDevice),
+          "replicate");
+  }
+};
+
+token_tree eagle_like_tree() {
+  // Level sizes: 10 root children; then the first nodes of each level get 6,5,4,3 / 4,3,3,2,2 /
+  // 3,2,2,2 / 3,2,2,1 children: 1 + 10 + 18 + 14 + 9 + 8 = 60 nodes.
+  std::vector<index_t> parents{-1};
+  std::vector<index_t> level{0};
+  const std::vector<std::vector<index_t>> fanout{
+      {10}, {6, 5, 4, 3}, {4, 3, 3, 2, 2}, {3, 2, 2, 2}, {3, 2, 2, 1}};
+  for (const auto& f : fanout) {
+    std::vector<index_t> next;
+    for (std::size_t j = 0; j < f.size() && j < level.size(); ++j)
+      for (index_t c = 0; c < f[j]; ++c) {
+        parents.push_back(level[j]);
+        next.push_back(static_cast<index_t>(parents.size()) - 1);
+      }
+    level = next;
+  }
+  return token_tree(std::move(parents));
+}
+
+void skip_without_gpu(benchmark::State& state, bool& skip) {
+  skip = sc::device_count() == 0;
+  if (skip) state.SkipWithError("no CUDA device");
+}
+
+void tree_case(benchmark::State& state, const token_tree& shape, index_t vocab, index_t batch,
+               bool greedy) {
+  bool skip = false;
+  skip_without_gpu(state, skip);
+  if (skip) return;
+  const index_t nodes = shape.size();
+  const index_t total = nodes * batch;
+  // q: one skewed row; p: a mixture with another, so that walks stop at various depths.
+  const auto q = skewed_row(vocab, 3);
+  auto p = skewed_row(vocab, 4);
+  for (std::size_t y = 0; y < p.size(); ++y) p[y] = 0.7f * q[y] + 0.3f * p[y];
+  // Children: the most likely tokens of q, distinct among siblings.
+  std::vector<index_t> order(static_cast<std::size_t>(vocab));
+  for (index_t y = 0; y < vocab; ++y) order[static_cast<std::size_t>(y)] = y;
+  std::partial_sort(order.begin(), order.begin() + 64, order.end(), [&](index_t a, index_t b) {
+    return q[static_cast<std::size_t>(a)] > q[static_cast<std::size_t>(b)];
+  });
+  std::vector<token_t> tokens(static_cast<std::size_t>(nodes), no_token);
+  for (index_t u = 0; u < nodes; ++u) {
+    index_t c = 0;
+    for (index_t k = shape.first_child(u); k >= 0; k = shape.next_sibling(k))
+      tokens[static_cast<std::size_t>(k)] =
+          static_cast<token_t>(order[static_cast<std::size_t>(c++)]);
+  }
+  token_tree tree = shape;
+  tree.set_tokens(tokens);
+  std::vector<token_tree> trees(static_cast<std::size_t>(batch), tree);
+  const auto flat = sc::flatten_trees({trees.data(), batch});
+  std::vector<request_rng> rng;
+  for (index_t b = 0; b < batch; ++b)
+    rng.push_back(request_rng{5, static_cast<std::uint32_t>(b), 0});
+  device_buffer d_off(flat.node_offsets.size() * sizeof(index_t)),
+      d_par(flat.parents.size() * sizeof(index_t)), d_tok(flat.tokens.size() * sizeof(token_t)),
+      d_rng(rng.size() * sizeof(request_rng)),
+      d_out(static_cast<std::size_t>(total) * sizeof(token_t)),
+      d_n(static_cast<std::size_t>(batch) * sizeof(std::int32_t));
+  upload(d_off, flat.node_offsets);
+  upload(d_par, flat.parents);
+  upload(d_tok, flat.tokens);
+  upload(d_rng, rng);
+  const replicated_rows d_p(p, total), d_q(q, total);
+  const sc::tree_device_input<float> in{vocab,
+                                        {d_off.as<index_t>(), batch + 1},
+                                        {d_par.as<index_t>(), total},
+                                        {d_tok.as<token_t>(), total},
+                                        {d_p.buf.as<float>(), total, vocab},
+                                        {d_q.buf.as<float>(), total, vocab},
+                                        {d_rng.as<request_rng>(), batch}};
+  const tree_batch_output out{
+      {d_out.as<token_t>(), total}, {d_n.as<std::int32_t>(), batch}, {}, {}};
+  const auto pol = sc::par_on(nullptr);
+  auto launch = [&] {
+    if (greedy)
+      (void)sc::verify_tree_greedy_async(pol, in, out);
+    else
+      (void)sc::verify_tree_async(pol, in, out);
+  };
+  launch();
+  sc::throw_on_error(cudaDeviceSynchronize(), "warm-up");
+  std::vector<std::int32_t> accepted(static_cast<std::size_t>(batch));
+  cudaMemcpy(accepted.data(), d_n.ptr, accepted.size() * sizeof(std::int32_t),
+             cudaMemcpyDeviceToHost);
+  double bytes = 0;
+  for (auto a : accepted) bytes += (a + 1.0) * (greedy ? 4.0 : 8.0) * static_cast<double>(vocab);
+  state.counters["mean_accepted"] = [&] {
+    double s = 0;
+    for (auto a : accepted) s += a;
+    return s / static_cast<double>(batch);
+  }();
+  specula::bench::time_against_copy(state, bytes, static_cast<std::size_t>(bytes), 1.0, launch);
+}
+
+void candidates_case(benchmark::State& state, index_t k, index_t vocab, index_t batch) {
+  bool skip = false;
+  skip_without_gpu(state, skip);
+  if (skip) return;
+  const auto q = skewed_row(vocab, 3);
+  auto p = skewed_row(vocab, 4);
+  std::vector<index_t> offsets{0};
+  std::vector<token_t> cand;
+  std::vector<request_rng> rng;
+  for (index_t b = 0; b < batch; ++b) {
+    for (index_t j = 0; j < k; ++j) cand.push_back(static_cast<token_t>(j));
+    offsets.push_back(offsets.back() + k);
+    rng.push_back(request_rng{6, static_cast<std::uint32_t>(b), 0});
+  }
+  device_buffer d_off(offsets.size() * sizeof(index_t)), d_c(cand.size() * sizeof(token_t) + 4),
+      d_rng(rng.size() * sizeof(request_rng)),
+      d_tok(static_cast<std::size_t>(batch) * sizeof(token_t)),
+      d_acc(static_cast<std::size_t>(batch) * sizeof(std::int32_t));
+  upload(d_off, offsets);
+  upload(d_c, cand);
+  upload(d_rng, rng);
+  const replicated_rows d_p(p, batch), d_q(q, batch);
+  const sc::candidates_device_input<float> in{vocab,
+                                              {d_off.as<index_t>(), batch + 1},
+                                              {d_c.as<token_t>(), batch * k},
+                                              {d_p.buf.as<float>(), batch, vocab},
+                                              {d_q.buf.as<float>(), batch, vocab},
+                                              {d_rng.as<request_rng>(), batch},
+                                              0};
+  const sc::candidates_device_output out{
+      {d_tok.as<token_t>(), batch}, {d_acc.as<std::int32_t>(), batch}, {}};
+  const auto pol = sc::par_on(nullptr);
+  auto launch = [&] { (void)sc::verify_candidates_async(pol, in, out); };
+  launch();
+  sc::throw_on_error(cudaDeviceSynchronize(), "warm-up");
+  const double bytes = 8.0 * static_cast<double>(vocab) * static_cast<double>(batch);
+  specula::bench::time_against_copy(state, bytes, static_cast<std::size_t>(bytes), 1.0, launch);
+}
+
+void wor_case(benchmark::State& state, index_t k, index_t vocab, index_t batch, bool split) {
+  bool skip = false;
+  skip_without_gpu(state, skip);
+  if (skip) return;
+  const replicated_rows d_w(skewed_row(vocab, 8), batch);
+  std::vector<request_rng> rng;
+  for (index_t b = 0; b < batch; ++b)
+    rng.push_back(request_rng{9, static_cast<std::uint32_t>(b), 0});
+  device_buffer d_rng(rng.size() * sizeof(request_rng)),
+      d_tok(static_cast<std::size_t>(batch * k) * sizeof(token_t)),
+      d_cnt(static_cast<std::size_t>(batch) * sizeof(std::int32_t)),
+      ws(sc::sample_without_replacement_workspace_bytes(batch, k));
+  upload(d_rng, rng);
+  const auto pol =
+      sc::par_on(nullptr)
+          .with_workspace(ws.ptr, sc::sample_without_replacement_workspace_bytes(batch, k))
+          .with_row_split(split ? 0 : 1);
+  auto launch = [&] {
+    (void)sc::sample_without_replacement_async(
+        pol, batch_view<const float>{d_w.buf.as<float>(), batch, vocab}, k,
+        {d_rng.as<request_rng>(), batch}, 0, {d_tok.as<token_t>(), batch * k},
+        {d_cnt.as<std::int32_t>(), batch});
+  };
+  launch();
+  sc::throw_on_error(cudaDeviceSynchronize(), "warm-up");
+  const double bytes = 4.0 * static_cast<double>(vocab) * static_cast<double>(batch);
+  specula::bench::time_against_copy(state, bytes, static_cast<std::size_t>(bytes), 1.0, launch);
+}
+
+template <class F>
+void add(const std::string& name, F f) {
+  benchmark::RegisterBenchmark(name.c_str(), f)->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+int register_all() {
+  const token_tree sjd = trees::sjd_pac(3, 2, 64);
+  const token_tree eagle = eagle_like_tree();
+  for (bool greedy : {false, true}) {
+    const std::string kind = greedy ? "cuda_tree_greedy/" : "cuda_tree/";
+    for (index_t b : {1, 16}) {
+      add(kind + "sjd_pac/V:16384/B:" + std::to_string(b),
+          [=](benchmark::State& s) { tree_case(s, sjd, 16384, b, greedy); });
+      add(kind + "eagle/V:128256/B:" + std::to_string(b),
+          [=](benchmark::State& s) { tree_case(s, eagle, 128256, b, greedy); });
+    }
+  }
+  for (index_t k : {1, 2, 3, 4})
+    for (index_t b : {1, 16, 64})
+      add("cuda_candidates/K:" + std::to_string(k) + "/V:128256/B:" + std::to_string(b),
+          [=](benchmark::State& s) { candidates_case(s, k, 128256, b); });
+  for (index_t b : {1, 4, 16, 64})
+    for (bool split : {false, true})
+      add("cuda_sample_wor/k:4/V:128256/B:" + std::to_string(b) + "/S:" + (split ? "auto" : "1"),
+          [=](benchmark::State& s) { wor_case(s, 4, 128256, b, split); });
+  return 0;
+}
+
+const int registered = register_all();
+
+}  // namespace
