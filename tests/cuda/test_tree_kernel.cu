@@ -286,6 +286,12 @@ TEST_CASE("device tree verification: oversized trees and bad launches", "[cuda][
   const auto r = run_device(d, flat, false, sibling_sampling::with_replacement);
   CHECK(r.flags[0] == chain_invalid_input);
   CHECK(r.flags[1] == chain_invalid_input);
+  // Node offsets that run past the arrays: the request is flagged, nothing is read or written
+  // out of bounds.
+  auto flat2 = flat;
+  flat2.node_offsets = {0, d.trees[0].size(), d.trees[0].size() + 10000};
+  const auto r2 = run_device(d, flat2, false, sibling_sampling::with_replacement);
+  CHECK(r2.flags[1] == chain_invalid_input);
   // Empty batch, zero vocabulary.
   sc::tree_device_input<float> in{};
   CHECK(sc::verify_tree_async(sc::par_on(nullptr), in, tree_batch_output{}) ==

@@ -151,7 +151,17 @@ __device__ void block_chain_segment(const Rule& rule, const request_rng& rng,
                                     const TargetRows& target_rows, double residual_floor,
                                     token_t* out_tokens, std::uint8_t* accepted,
                                     std::int32_t* num_accepted, std::uint32_t* flags,
-                                    const Passes& passes) {
+                                    const Passes& passes, index_t num_drafts,
+                                    index_t num_target_rows) {
+  // Offsets that point outside the arrays: flag the request, write nothing else.
+  if (s.length < 0 || s.draft_row < 0 || s.draft_row + s.length > num_drafts ||
+      s.target_row + s.length >= num_target_rows) {
+    if (threadIdx.x == 0) {
+      *num_accepted = 0;
+      if (flags != nullptr) *flags = chain_invalid_input;
+    }
+    return;
+  }
   if (!drafts_in_range(tokens + s.draft_row, s.length, vocab)) {
     write_invalid(s.length, out_tokens + s.target_row,
                   accepted == nullptr ? nullptr : accepted + s.draft_row, num_accepted, flags);
@@ -176,7 +186,7 @@ __device__ void flattened_request(const Rule& rule, const chain_batch_input<T>& 
                       in.draft_tokens.data, in.draft_probs, in.target_probs, residual_floor,
                       out.output_tokens.data, out.accepted.empty() ? nullptr : out.accepted.data,
                       out.num_accepted.data + b, out.flags.empty() ? nullptr : out.flags.data + b,
-                      passes);
+                      passes, in.draft_tokens.size, in.target_probs.rows);
 }
 
 template <class Rule, class T>
@@ -203,7 +213,8 @@ SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
   block_chain_segment(specula::detail::request_rule(rule, b), in.rng[b], s, in.vocab_size,
                       in.draft_tokens.data, in.draft_probs, in.target_probs, residual_floor,
                       out.output_tokens.data, acc, out.num_accepted.data + b,
-                      out.flags.empty() ? nullptr : out.flags.data + b, passes);
+                      out.flags.empty() ? nullptr : out.flags.data + b, passes,
+                      in.batch_size * len_max, in.target_probs.rows);
   if (threadIdx.x == 0) {
     token_t* outp = out.output_tokens.data + b * (len_max + 1);
     for (index_t i = n + 1; i <= len_max; ++i) outp[i] = no_token;
@@ -226,6 +237,9 @@ SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
   const capture_passes passes{chain_passes(storage), tile_sums + b * tiles, part * tiles / split,
                               (part + 1) * tiles / split};
   const auto s = specula::detail::flattened_segment(in.draft_offsets, b);
+  if (s.length < 0 || s.draft_row < 0 || s.draft_row + s.length > in.draft_tokens.size ||
+      s.target_row + s.length >= in.target_probs.rows)
+    return;
   if (!drafts_in_range(in.draft_tokens.data + s.draft_row, s.length, in.vocab_size)) return;
   (void)specula::detail::run_segment(specula::detail::request_rule(rule, b), in.rng[b], s,
                                      in.draft_tokens.data, in.draft_probs, in.target_probs,
@@ -256,6 +270,14 @@ SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
   std::uint8_t* acc = out.accepted.empty() ? nullptr : out.accepted.data + s.draft_row;
   std::uint32_t* fl = out.flags.empty() ? nullptr : out.flags.data + b;
   const token_t* drafts = in.draft_tokens.data + s.draft_row;
+  if (s.length < 0 || s.draft_row < 0 || s.draft_row + s.length > in.draft_tokens.size ||
+      s.target_row + s.length >= in.target_probs.rows) {
+    if (threadIdx.x == 0) {
+      out.num_accepted[b] = 0;
+      if (fl != nullptr) *fl = chain_invalid_input;
+    }
+    return;
+  }
   if (!drafts_in_range(drafts, s.length, in.vocab_size)) {
     write_invalid(s.length, outp, acc, out.num_accepted.data + b, fl);
     return;

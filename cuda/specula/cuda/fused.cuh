@@ -72,7 +72,7 @@ SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
                       in.draft_tokens.data, in.draft_probs, rows, residual_floor,
                       out.output_tokens.data, out.accepted.empty() ? nullptr : out.accepted.data,
                       out.num_accepted.data + b, out.flags.empty() ? nullptr : out.flags.data + b,
-                      passes);
+                      passes, in.draft_tokens.size, in.target_logits.rows);
 }
 
 }  // namespace detail

@@ -140,7 +140,10 @@ __device__ bool load_tree(shared_tree& t, index_t base, index_t size, index_t vo
                           batch_view<const T> q, bool distinct) {
   const int tid = static_cast<int>(threadIdx.x);
   if (tid == 0) {
-    t.ok = size >= 1 && size <= tree_max_nodes ? 1 : 0;
+    t.ok = size >= 1 && size <= tree_max_nodes && base >= 0 && base + size <= parents.size &&
+                   base + size <= tokens.size
+               ? 1
+               : 0;
     t.size = size;
     t.max_children = 0;
   }
@@ -196,10 +199,10 @@ __device__ bool load_tree(shared_tree& t, index_t base, index_t size, index_t vo
 __device__ inline void write_invalid_tree(index_t b, index_t base, index_t size,
                                           const tree_batch_output& out) {
   if (threadIdx.x != 0) return;
-  if (size >= 1 && size <= tree_max_nodes)
+  if (size >= 1 && size <= tree_max_nodes && base >= 0 && base + size <= out.output_tokens.size)
     for (index_t i = 0; i < size; ++i) {
       out.output_tokens[base + i] = no_token;
-      if (!out.accepted_nodes.empty()) out.accepted_nodes[base + i] = -1;
+      if (base + size <= out.accepted_nodes.size) out.accepted_nodes[base + i] = -1;
     }
   out.num_accepted[b] = 0;
   if (!out.flags.empty()) out.flags[b] = chain_invalid_input;
@@ -216,7 +219,11 @@ SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
   const index_t base = in.node_offsets[b];
   const index_t size = in.node_offsets[b + 1] - base;
   const bool wor = sampling == sibling_sampling::without_replacement && in.draft_probs.rows > 0;
-  if (!load_tree(tree, base, size, in.vocab_size, in.parents, in.tokens, in.draft_probs, wor)) {
+  const bool room = base + size <= out.output_tokens.size && base + size <= in.target_probs.rows &&
+                    (in.draft_probs.rows == 0 || base + size <= in.draft_probs.rows) &&
+                    (out.accepted_nodes.empty() || base + size <= out.accepted_nodes.size);
+  if (!room ||
+      !load_tree(tree, base, size, in.vocab_size, in.parents, in.tokens, in.draft_probs, wor)) {
     write_invalid_tree(b, base, size, out);
     return;
   }
@@ -255,8 +262,10 @@ SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
   const auto b = static_cast<index_t>(blockIdx.x);
   const index_t base = in.node_offsets[b];
   const index_t size = in.node_offsets[b + 1] - base;
-  if (!load_tree(tree, base, size, in.vocab_size, in.parents, in.tokens, batch_view<const T>{},
-                 false)) {
+  const bool room = base + size <= out.output_tokens.size && base + size <= in.target_probs.rows &&
+                    (out.accepted_nodes.empty() || base + size <= out.accepted_nodes.size);
+  if (!room || !load_tree(tree, base, size, in.vocab_size, in.parents, in.tokens,
+                          batch_view<const T>{}, false)) {
     write_invalid_tree(b, base, size, out);
     return;
   }
@@ -279,11 +288,12 @@ SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
   const auto b = static_cast<index_t>(blockIdx.x);
   const index_t first = in.candidate_offsets[b];
   const index_t k = in.candidate_offsets[b + 1] - first;
-  const token_t* cand = in.candidates.data + first;
+  const token_t* cand = in.candidates.data + (first >= 0 ? first : 0);
   const bool dense = in.draft_probs.rows > 0;
   const bool wor = dense && sampling == sibling_sampling::without_replacement;
   // Validation (every thread; k is small).
-  bool ok = k >= 0 && k <= tree_max_children;
+  bool ok = k >= 0 && k <= tree_max_children && first >= 0 && first + k <= in.candidates.size &&
+            b < in.target_probs.rows && (!dense || b < in.draft_probs.rows);
   for (index_t j = 0; ok && j < k; ++j) {
     const token_t x = cand[j];
     ok = x >= 0 && static_cast<index_t>(x) < in.vocab_size;
