@@ -13,9 +13,12 @@
 #include <vector>
 
 #include "device_buffer.cuh"
+#include "device_enumerate.cuh"
 #include "specula/cuda/chain.cuh"
 #include "specula/cuda/error.cuh"
+#include "specula/rules/lantern.hpp"
 #include "specula/rules/relaxed.hpp"
+#include "specula/rules/typical.hpp"
 #include "specula/testing/toy_models.hpp"
 #include "specula/verify/chain.hpp"
 #include "specula/verify/greedy.hpp"
@@ -171,6 +174,32 @@ TEST_CASE("device chain verification with a relaxed schedule equals the host", "
   }
 }
 
+TEST_CASE("device chain verification with row-aware rules (LANTERN++, typical) equals the host",
+          "[cuda][relaxed]") {
+  if (!have_gpu()) return;
+  const index_t V = 500;
+  // Neighbour table from random 4-dimensional embeddings (k = 8), copied to the device.
+  std::vector<float> emb;
+  for (index_t t = 0; t < V * 4; ++t)
+    emb.push_back(static_cast<float>(
+        uniform_at(request_rng{41, 0, 0}, draw_id{static_cast<std::uint32_t>(t), 0})));
+  const neighbour_table table(batch_view<const float>(emb.data(), V, 4), 8);
+  const auto ids = table.view();
+  device_vector<token_t> d_ids(std::vector<token_t>(ids.ids, ids.ids + V * 8));
+  const lantern_rule host_rule = lantern_rule::make_relative(table, 0.5, resampling::optimal);
+  lantern_rule device_rule = host_rule;
+  device_rule.table.ids = d_ids.ptr;
+  const typical_rule typical = typical_rule::make(0.09, 0.3);
+  for (std::uint64_t seed = 1; seed <= 4; ++seed) {
+    const batch bt(V, {5, 3, 0, 7}, seed);
+    INFO("seed " << seed);
+    require_equal(run_device(bt, false, device_rule), run_host(bt, false, host_rule));
+    // Typical: equal unless some p(x) lies within a few ulps of the entropy threshold (the host
+    // and the device take log from different libraries).
+    require_equal(run_device(bt, false, typical), run_host(bt, false, typical));
+  }
+}
+
 TEST_CASE("device greedy chain verification equals the host", "[cuda]") {
   if (!have_gpu()) return;
   for (std::uint64_t seed = 1; seed <= 4; ++seed) {
@@ -243,6 +272,33 @@ TEST_CASE("device chain verification: bad input sets flags and reads nothing out
   CHECK((r.flags[2] & chain_valid) == 0);
   CHECK(r.tokens[static_cast<std::size_t>(5 + 2)] == no_token);
   // A vocabulary beyond the kernel's limit is refused at launch.
+  // Inconsistent extents are refused before launching (only sizes are read, so null data
+  // pointers are fine here).
+  const chain_batch_input<float> in1{
+      8, {nullptr, 2}, {nullptr, 1}, {nullptr, 1, 8}, {nullptr, 2, 8}, {nullptr, 1}};
+  const chain_batch_output out1{{nullptr, 2}, {nullptr, 1}, {}, {}};
+  const auto pol = cuda::par_on(nullptr);
+  auto bad = in1;
+  bad.target_probs.cols = 7;  // rows shorter than vocab_size
+  CHECK(cuda::verify_chain_async(pol, bad, out1) == cudaErrorInvalidValue);
+  CHECK(cuda::verify_chain_greedy_async(pol, bad, out1) == cudaErrorInvalidValue);
+  bad = in1;
+  bad.draft_probs.cols = 9;  // q rows of another length
+  CHECK(cuda::verify_chain_async(pol, bad, out1) == cudaErrorInvalidValue);
+  bad = in1;
+  bad.target_probs.rows = 1;  // fewer target rows than drafts + B
+  CHECK(cuda::verify_chain_async(pol, bad, out1) == cudaErrorInvalidValue);
+  bad = in1;
+  bad.rng.size = 0;  // no random stream for the request
+  CHECK(cuda::verify_chain_async(pol, bad, out1) == cudaErrorInvalidValue);
+  auto bad_out = out1;
+  bad_out.output_tokens.size = 1;  // output shorter than drafts + B
+  CHECK(cuda::verify_chain_async(pol, in1, bad_out) == cudaErrorInvalidValue);
+  const padded_chain_input<float> pin{8,           2, 3, {nullptr, 5}, {}, {}, {nullptr, 8, 8},
+                                      {nullptr, 2}};  // draft_tokens shorter than B x L
+  CHECK(
+      cuda::verify_chain_async(pol, pin, padded_chain_output{{nullptr, 8}, {nullptr, 2}, {}, {}}) ==
+      cudaErrorInvalidValue);
   chain_batch_input<float> huge{};
   huge.vocab_size = cuda::chain_max_vocab + 1;
   CHECK(cuda::verify_chain_async(cuda::par_on(nullptr), huge, chain_batch_output{}) ==
@@ -358,4 +414,85 @@ TEST_CASE("device chain verification, padded layout, equals the host", "[cuda]")
   CHECK(d_out.to_host() == h_out);
   CHECK(d_n.to_host() == h_n);
   CHECK(d_fl.to_host() == h_fl);
+}
+
+namespace specula::cuda_test {
+
+/// One request's chain under the scripted source (the chain kernels' path: the host's
+/// verify_chain_request with CTA-wide passes), relaxed rule ω (1 = exact).
+__global__ void scripted_chain_kernel(const token_t* drafts, const float* p_rows,
+                                      const float* q_rows, index_t vocab, index_t length,
+                                      script_run run, token_t* out_tokens,
+                                      std::int32_t* num_accepted, double omega) {
+  __shared__ specula::cuda::detail::chain_storage storage;
+  const specula::cuda::detail::chain_passes passes(storage);
+  scripted_source src = run.source();
+  const auto r = verify_chain_request(
+      relaxed_rule{omega, resampling::optimal}, src, length, drafts,
+      [&](index_t i) { return row_view<const float>(p_rows + i * vocab, vocab); },
+      [&](index_t i) {
+        return dense_proposal<float>{row_view<const float>(q_rows + i * vocab, vocab)};
+      },
+      default_residual_floor, out_tokens, nullptr, passes);
+  if (threadIdx.x == 0) {
+    *num_accepted = r.num_accepted;
+    *run.depth = src.depth;
+  }
+}
+
+/// Exact law of the first two tokens of one round with a 2-token draft on the toy model: drafts
+/// enumerated on the host (x1 ~ q, x2 ~ q(. | x1)), verification on the device.
+std::vector<double> device_chain_two_token_law(const testing::toy_ar_model& target,
+                                               const testing::toy_ar_model& draft, double omega) {
+  const index_t V = target.vocab_size();
+  std::vector<double> law(static_cast<std::size_t>(V * V), 0.0);
+  script_buffers sb;
+  device_vector<token_t> tok(std::vector<token_t>(2)), out(std::vector<token_t>(3));
+  device_vector<float> p(std::vector<float>(static_cast<std::size_t>(3 * V))),
+      q(std::vector<float>(static_cast<std::size_t>(2 * V)));
+  device_vector<std::int32_t> nacc(std::vector<std::int32_t>(1));
+  for (token_t x1 = 0; x1 < V; ++x1)
+    for (token_t x2 = 0; x2 < V; ++x2) {
+      const std::vector<token_t> a{x1}, ab{x1, x2};
+      const double p_draft =
+          draft.row({})[static_cast<std::size_t>(x1)] * draft.row(a)[static_cast<std::size_t>(x2)];
+      if (!(p_draft > 0.0)) continue;
+      std::vector<float> p_rows, q_rows;
+      for (const auto& pre : {std::vector<token_t>{}, a, ab}) {
+        const auto pr = target.row(pre);
+        p_rows.insert(p_rows.end(), pr.begin(), pr.end());
+      }
+      for (const auto& pre : {std::vector<token_t>{}, a}) {
+        const auto qr = draft.row(pre);
+        q_rows.insert(q_rows.end(), qr.begin(), qr.end());
+      }
+      tok.assign(ab);
+      p.assign(p_rows);
+      q.assign(q_rows);
+      enumerate_device(
+          sb,
+          [&](const script_run& run) {
+            scripted_chain_kernel<<<1, specula::cuda::chain_block_threads>>>(
+                tok.ptr, p.ptr, q.ptr, V, 2, run, out.ptr, nacc.ptr, omega);
+          },
+          [&](double prob) {
+            add_two_token_outcome(law, target, out.to_host(), nacc.to_host()[0], p_draft * prob);
+          });
+    }
+  return law;
+}
+
+}  // namespace specula::cuda_test
+
+TEST_CASE("device chain verification: exact law of the first two tokens by enumeration",
+          "[cuda][exact]") {
+  if (!have_gpu()) return;
+  const testing::toy_ar_model target(4, 3, 505, 0.2);
+  const auto draft = testing::toy_ar_model::perturbed(target, 0.6, 506, 0.2);
+  const auto expected = cuda_test::two_token_law(target);
+  CHECK(cuda_test::max_abs_diff(cuda_test::device_chain_two_token_law(target, draft, 1.0),
+                                expected) < 1e-12);
+  // Negative control: ω = 2 (accepts too often).
+  CHECK(cuda_test::max_abs_diff(cuda_test::device_chain_two_token_law(target, draft, 2.0),
+                                expected) > 1e-3);
 }

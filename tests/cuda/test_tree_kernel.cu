@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "device_buffer.cuh"
+#include "device_enumerate.cuh"
 #include "specula/cuda/sampling.cuh"
 #include "specula/cuda/tree.cuh"
 #include "specula/rules/relaxed.hpp"
@@ -292,6 +293,14 @@ TEST_CASE("device tree verification: oversized trees and bad launches", "[cuda][
   flat2.node_offsets = {0, d.trees[0].size(), d.trees[0].size() + 10000};
   const auto r2 = run_device(d, flat2, false, sibling_sampling::with_replacement);
   CHECK(r2.flags[1] == chain_invalid_input);
+  // Rows of another length than vocab_size.
+  {
+    const sc::tree_device_input<float> in2{
+        40, {nullptr, 2}, {nullptr, 3}, {nullptr, 3}, {nullptr, 3, 39}, {}, {nullptr, 1}};
+    CHECK(sc::verify_tree_async(sc::par_on(nullptr), in2,
+                                tree_batch_output{{nullptr, 3}, {nullptr, 1}, {}, {}}) ==
+          cudaErrorInvalidValue);
+  }
   // Empty batch, zero vocabulary.
   sc::tree_device_input<float> in{};
   CHECK(sc::verify_tree_async(sc::par_on(nullptr), in, tree_batch_output{}) ==
@@ -437,63 +446,8 @@ TEST_CASE("device K-candidate verification: bad candidates are flagged",
 
 namespace specula::cuda_test {
 
-inline constexpr int max_decisions = 64;
-
-struct scripted_source {
-  const int* script;
-  int script_len;
-  int* counts;
-  double* probs;
-  int depth = 0;
-
-  SPECULA_HOST_DEVICE int choice() const { return depth < script_len ? script[depth] : 0; }
-  SPECULA_HOST_DEVICE void record(int m, double p) {
-#if defined(__CUDA_ARCH__)
-    if (threadIdx.x == 0 && depth < max_decisions) {
-#else
-    if (depth < max_decisions) {
-#endif
-      counts[depth] = m;
-      probs[depth] = p;
-    }
-    ++depth;
-  }
-
-  /// Takes the scripted outcome among those `outcomes(emit)` lists.
-  template <class Outcomes>
-  SPECULA_HOST_DEVICE index_t decide(Outcomes&& outcomes) {
-    const int k = choice();
-    int m = 0;
-    index_t value = -1;
-    double p = 0.0;
-    outcomes([&](index_t v, double pv) {
-      if (m == k || m == 0) {
-        value = v;
-        p = pv;
-      }
-      ++m;
-    });
-    record(m, p);
-    return value;
-  }
-
-  SPECULA_HOST_DEVICE bool bernoulli(double prob, draw_id) {
-    return decide([&](auto&& emit) { testing::bernoulli_outcomes(prob, emit); }) == 1;
-  }
-
-  template <class WeightFn>
-  SPECULA_HOST_DEVICE index_t categorical(index_t n, WeightFn&& w, double total, draw_id) {
-    return decide([&](auto&& emit) { testing::categorical_outcomes(n, w, total, emit); });
-  }
-  template <class WeightFn, tile_summary Summary>
-  SPECULA_HOST_DEVICE index_t categorical(index_t n, WeightFn&& w, const Summary& s, draw_id at) {
-    return categorical(n, w, s.total, at);
-  }
-};
-
 /// One request's tree under the scripted source (the tree kernel's path).
-__global__ void scripted_tree_kernel(sc::tree_device_input<float> in, const int* script,
-                                     int script_len, int* counts, double* probs, int* depth,
+__global__ void scripted_tree_kernel(sc::tree_device_input<float> in, script_run run,
                                      token_t* out_tokens, std::int32_t* num_accepted,
                                      double omega) {
   __shared__ sc::detail::tree_storage storage;
@@ -506,7 +460,7 @@ __global__ void scripted_tree_kernel(sc::tree_device_input<float> in, const int*
   double z[candidates_workspace_size(sc::tree_max_children)];
   token_t cand[sc::tree_max_children];
   index_t children[sc::tree_max_children];
-  scripted_source src{script, script_len, counts, probs};
+  scripted_source src = run.source();
   const auto r = verify_tree_request(
       relaxed_rule{omega, resampling::optimal}, src, tree.view(),
       [&](index_t u) { return in.target_probs.row(u); },
@@ -515,7 +469,7 @@ __global__ void scripted_tree_kernel(sc::tree_device_input<float> in, const int*
       passes);
   if (threadIdx.x == 0) {
     *num_accepted = r.num_accepted;
-    *depth = src.depth;
+    *run.depth = src.depth;
   }
 }
 
@@ -546,9 +500,7 @@ std::vector<double> device_two_token_law(const testing::toy_ar_model& target,
   device_vector<token_t> tok(std::vector<token_t>(7, no_token));
   device_vector<float> tg(std::vector<float>(static_cast<std::size_t>(7 * V))),
       dr(std::vector<float>(static_cast<std::size_t>(7 * V)));
-  device_vector<int> script(std::vector<int>(max_decisions, 0));
-  device_vector<int> counts(std::vector<int>(max_decisions, 0)), depth(std::vector<int>(1, 0));
-  device_vector<double> probs(std::vector<double>(max_decisions, 0.0));
+  script_buffers sb;
   device_vector<token_t> out(std::vector<token_t>(7, no_token));
   device_vector<std::int32_t> nacc(std::vector<std::int32_t>(1, 0));
   const sc::tree_device_input<float> in{
@@ -578,38 +530,15 @@ std::vector<double> device_two_token_law(const testing::toy_ar_model& target,
         tg.assign(p_rows);
         dr.assign(q_rows);
         const double p_draft = p_root * p1 * p2;
-        // Depth-first over the device's decisions.
-        std::vector<int> path;
-        for (;;) {
-          std::vector<int> s(max_decisions, 0);
-          std::copy(path.begin(), path.end(), s.begin());
-          script.assign(s);
-          scripted_tree_kernel<<<1, sc::tree_block_threads>>>(
-              in, script.ptr, static_cast<int>(path.size()), counts.ptr, probs.ptr, depth.ptr,
-              out.ptr, nacc.ptr, omega);
-          sc::throw_on_error(cudaDeviceSynchronize(), "scripted tree kernel");
-          const int d = depth.to_host()[0];
-          REQUIRE(d <= max_decisions);
-          const auto c = counts.to_host();
-          const auto pr = probs.to_host();
-          const auto o = out.to_host();
-          const int n = nacc.to_host()[0];
-          double prob = p_draft;
-          for (int i = 0; i < d; ++i) prob *= pr[static_cast<std::size_t>(i)];
-          const token_t t0 = o[0];
-          if (n >= 1) {
-            law[static_cast<std::size_t>(t0 * V + o[1])] += prob;
-          } else {
-            const auto next = target.row(std::vector<token_t>{t0});
-            for (index_t y = 0; y < V; ++y)
-              law[static_cast<std::size_t>(t0 * V + y)] += prob * next[static_cast<std::size_t>(y)];
-          }
-          // Advance.
-          path.resize(static_cast<std::size_t>(d), 0);
-          while (!path.empty() && path.back() + 1 >= c[path.size() - 1]) path.pop_back();
-          if (path.empty()) break;
-          ++path.back();
-        }
+        enumerate_device(
+            sb,
+            [&](const script_run& run) {
+              scripted_tree_kernel<<<1, sc::tree_block_threads>>>(in, run, out.ptr, nacc.ptr,
+                                                                  omega);
+            },
+            [&](double prob) {
+              add_two_token_outcome(law, target, out.to_host(), nacc.to_host()[0], p_draft * prob);
+            });
       }
   }
   return law;
@@ -622,25 +551,12 @@ TEST_CASE("device tree verification: exact law of the first two tokens by enumer
   if (!have_gpu()) return;
   const testing::toy_ar_model target(3, 3, 404, 0.0);
   const auto draft = testing::toy_ar_model::perturbed(target, 0.7, 405, 0.0);
-  std::vector<double> expected(9);
-  for (token_t a = 0; a < 3; ++a)
-    for (token_t b = 0; b < 3; ++b)
-      expected[static_cast<std::size_t>(a * 3 + b)] =
-          target.row({})[static_cast<std::size_t>(a)] *
-          target.row(std::vector<token_t>{a})[static_cast<std::size_t>(b)];
+  const auto expected = cuda_test::two_token_law(target);
   const auto law = cuda_test::device_two_token_law(target, draft, 1.0);
-  double total = 0.0;
-  for (std::size_t i = 0; i < law.size(); ++i) {
-    INFO("sequence " << i);
-    CHECK(law[i] == Approx(expected[i]).margin(1e-12));
-    total += law[i];
-  }
-  CHECK(total == Approx(1.0).margin(1e-12));
+  CHECK(cuda_test::max_abs_diff(law, expected) < 1e-12);
   // Negative control: ω = 2 accepts too often; its law differs from the target's.
-  const auto biased = cuda_test::device_two_token_law(target, draft, 2.0);
-  double tv = 0.0;
-  for (std::size_t i = 0; i < law.size(); ++i) tv += std::abs(biased[i] - expected[i]);
-  CHECK(tv > 1e-3);
+  CHECK(cuda_test::max_abs_diff(cuda_test::device_two_token_law(target, draft, 2.0), expected) >
+        1e-3);
 }
 
 TEST_CASE("device G-test: one tree round per request reproduces the toy model's law",
@@ -687,12 +603,7 @@ TEST_CASE("device G-test: one tree round per request reproduces the toy model's 
   d.draft = q_rows;
   d.rng = rng;
   const auto flat = sc::flatten_trees({d.trees.data(), d.batch()});
-  std::vector<double> law(static_cast<std::size_t>(V * V));
-  for (token_t a = 0; a < V; ++a)
-    for (token_t b = 0; b < V; ++b)
-      law[static_cast<std::size_t>(a * V + b)] =
-          target.row({})[static_cast<std::size_t>(a)] *
-          target.row(std::vector<token_t>{a})[static_cast<std::size_t>(b)];
+  const auto law = cuda_test::two_token_law(target);
   auto counts_of = [&](const tree_results& res) {
     std::vector<std::uint64_t> counts(law.size(), 0);
     const index_t n = trees[0].size();

@@ -295,6 +295,43 @@ inline cudaError_t check_vocab(index_t vocab) {
   return (vocab <= 0 || vocab > chain_max_vocab) ? cudaErrorInvalidValue : cudaSuccess;
 }
 
+/// Host checks of a flattened launch's extents (no device memory is read): the rows must be
+/// vocab_size long, and every array long enough for the batch it describes. `sampled`: rng and
+/// draft rows are read (not by greedy verification).
+template <class T>
+cudaError_t check_flattened(const chain_batch_input<T>& in, const chain_batch_output& out,
+                            bool sampled) {
+  const index_t batch = in.draft_offsets.size - 1;
+  const index_t drafts = in.draft_tokens.size;
+  const bool dense = sampled && in.draft_probs.rows > 0;
+  if (batch <= 0 || drafts < 0 || in.target_probs.cols != in.vocab_size ||
+      in.target_probs.rows < drafts + batch ||
+      (dense && (in.draft_probs.cols != in.vocab_size || in.draft_probs.rows < drafts)) ||
+      (sampled && in.rng.size < batch) || out.num_accepted.size < batch ||
+      out.output_tokens.size < drafts + batch ||
+      (!out.accepted.empty() && out.accepted.size < drafts) ||
+      (!out.flags.empty() && out.flags.size < batch))
+    return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+/// The same for the padded layout.
+template <class T>
+cudaError_t check_padded(const padded_chain_input<T>& in, const padded_chain_output& out) {
+  const index_t b = in.batch_size;
+  const index_t l = in.max_draft;
+  if (b <= 0 || l < 0 || in.draft_tokens.size < b * l ||
+      (!in.draft_lengths.empty() && in.draft_lengths.size < b) ||
+      in.target_probs.cols != in.vocab_size || in.target_probs.rows < b * (l + 1) ||
+      (in.draft_probs.rows > 0 &&
+       (in.draft_probs.cols != in.vocab_size || in.draft_probs.rows < b * l)) ||
+      in.rng.size < b || out.output_tokens.size < b * (l + 1) || out.num_accepted.size < b ||
+      (!out.accepted.empty() && out.accepted.size < b * l) ||
+      (!out.flags.empty() && out.flags.size < b))
+    return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
 inline index_t row_tiles(index_t vocab) {
   return (vocab + specula::detail::sum_tile - 1) / specula::detail::sum_tile;
 }
@@ -309,7 +346,9 @@ inline index_t row_tiles(index_t vocab) {
 
 /// Enqueues chain verification of a flattened (ragged) batch on pol.stream. All pointers in
 /// `in` and `out` are device pointers; extents are those of the host API. Returns the launch
-/// status without synchronising. Per-request problems are reported in out.flags.
+/// status without synchronising, or cudaErrorInvalidValue without launching when the extents
+/// are inconsistent (rows not vocab_size long, arrays shorter than the batch needs). Per-request
+/// problems (bad tokens, offsets outside the arrays) are reported in out.flags.
 ///
 /// CTAs per request (pol.row_split; see par_policy): with 1, or without a workspace of
 /// chain_workspace_bytes(B, V), one CTA verifies each request. Otherwise the stopping row's
@@ -320,8 +359,8 @@ cudaError_t verify_chain_async(const par_policy& pol, const chain_batch_input<T>
                                const chain_batch_output& out, const chain_options& options = {},
                                const Rule& rule = {}) {
   if (const cudaError_t e = detail::check_vocab(in.vocab_size); e != cudaSuccess) return e;
+  if (const cudaError_t e = detail::check_flattened(in, out, true); e != cudaSuccess) return e;
   const index_t batch = in.draft_offsets.size - 1;
-  if (batch <= 0) return cudaErrorInvalidValue;
   const index_t tiles = detail::row_tiles(in.vocab_size);
   const int split =
       pol.workspace_bytes >= chain_workspace_bytes(batch, in.vocab_size) && pol.workspace != nullptr
@@ -344,13 +383,14 @@ cudaError_t verify_chain_async(const par_policy& pol, const chain_batch_input<T>
   return cudaGetLastError();
 }
 
-/// Enqueues chain verification of a padded [B, L, V] batch (device pointers).
+/// Enqueues chain verification of a padded [B, L, V] batch (device pointers). Returns
+/// cudaErrorInvalidValue without launching for inconsistent extents.
 template <class T, batch_chain_rule Rule = exact_rule>
 cudaError_t verify_chain_async(const par_policy& pol, const padded_chain_input<T>& in,
                                const padded_chain_output& out, const chain_options& options = {},
                                const Rule& rule = {}) {
   if (const cudaError_t e = detail::check_vocab(in.vocab_size); e != cudaSuccess) return e;
-  if (in.batch_size <= 0 || in.max_draft < 0) return cudaErrorInvalidValue;
+  if (const cudaError_t e = detail::check_padded(in, out); e != cudaSuccess) return e;
   detail::chain_padded_kernel<Rule, T>
       <<<static_cast<unsigned>(in.batch_size), chain_block_threads, 0, pol.stream>>>(
           rule, in, out, options.residual_floor);
@@ -362,8 +402,8 @@ template <class T>
 cudaError_t verify_chain_greedy_async(const par_policy& pol, const chain_batch_input<T>& in,
                                       const chain_batch_output& out) {
   if (in.vocab_size <= 0) return cudaErrorInvalidValue;
+  if (const cudaError_t e = detail::check_flattened(in, out, false); e != cudaSuccess) return e;
   const index_t batch = in.draft_offsets.size - 1;
-  if (batch <= 0) return cudaErrorInvalidValue;
   detail::greedy_chain_kernel<T>
       <<<static_cast<unsigned>(batch), chain_block_threads, 0, pol.stream>>>(in, out);
   return cudaGetLastError();

@@ -124,7 +124,6 @@ struct shared_tree {
   index_t size;
   index_t max_depth;
   int max_children;
-  int ok;
 
   [[nodiscard]] __device__ tree_view view() const {
     return {parent, depth, first_child, next_sibling, token, size, max_depth, max_children};
@@ -139,27 +138,23 @@ __device__ bool load_tree(shared_tree& t, index_t base, index_t size, index_t vo
                           row_view<const index_t> parents, row_view<const token_t> tokens,
                           batch_view<const T> q, bool distinct) {
   const int tid = static_cast<int>(threadIdx.x);
-  if (tid == 0) {
-    t.ok = size >= 1 && size <= tree_max_nodes && base >= 0 && base + size <= parents.size &&
-                   base + size <= tokens.size
-               ? 1
-               : 0;
-    t.size = size;
-    t.max_children = 0;
-  }
-  __syncthreads();
-  if (t.ok == 0) return false;
+  // The verdict of each phase is a barrier reduction (__syncthreads_and), so every thread leaves
+  // at the same barrier.
+  if (!(size >= 1 && size <= tree_max_nodes && base >= 0 && base + size <= parents.size &&
+        base + size <= tokens.size))
+    return false;  // uniform: depends only on arguments every thread shares
+  if (tid == 0) t.max_children = 0;
+  bool ok = true;
   for (index_t i = tid; i < size; i += tree_block_threads) {
     const index_t p = parents[base + i];
     const token_t x = i == 0 ? no_token : tokens[base + i];
     bool good = i == 0 ? p == -1 : (p >= 0 && p < i && x >= 0 && static_cast<index_t>(x) < vocab);
     if (good && i > 0 && q.rows > 0) good = static_cast<double>(q.row(base + p)[x]) > 0.0;
-    if (!good) atomicAnd(&t.ok, 0);
+    ok = ok && good;
     t.parent[i] = p;
     t.token[i] = x;
   }
-  __syncthreads();
-  if (t.ok == 0) return false;
+  if (__syncthreads_and(ok ? 1 : 0) == 0) return false;
   // Links: siblings in index order. O(size) per node, split across the threads.
   for (index_t i = tid; i < size; i += tree_block_threads) {
     index_t first = -1;
@@ -172,16 +167,17 @@ __device__ bool load_tree(shared_tree& t, index_t base, index_t size, index_t vo
       }
       if (i > 0 && t.parent[j] == t.parent[i]) {
         if (next < 0) next = j;
-        if (distinct && t.token[j] == t.token[i]) atomicAnd(&t.ok, 0);
+        if (distinct && t.token[j] == t.token[i]) ok = false;
       }
     }
-    if (children > tree_max_children) atomicAnd(&t.ok, 0);
+    if (children > tree_max_children) ok = false;
     atomicMax(&t.max_children, children);
     t.first_child[i] = first;
     t.next_sibling[i] = next;
   }
-  __syncthreads();
+  if (__syncthreads_and(ok ? 1 : 0) == 0) return false;
   if (tid == 0) {
+    t.size = size;
     index_t deepest = 0;
     t.depth[0] = 0;
     for (index_t i = 1; i < size; ++i) {
@@ -191,7 +187,7 @@ __device__ bool load_tree(shared_tree& t, index_t base, index_t size, index_t vo
     t.max_depth = deepest;
   }
   __syncthreads();
-  return t.ok != 0;
+  return true;
 }
 
 /// Writes the outputs of a request whose tree failed validation (only when its node range is
@@ -340,7 +336,10 @@ cudaError_t verify_tree_async(const par_policy& pol, const tree_device_input<T>&
                               const tree_batch_output& out, const tree_options& options = {},
                               const Rule& rule = {}) {
   const index_t batch = in.node_offsets.size - 1;
-  if (batch <= 0 || in.vocab_size <= 0 || in.rng.size < batch || out.num_accepted.size < batch)
+  if (batch <= 0 || in.vocab_size <= 0 || in.rng.size < batch || out.num_accepted.size < batch ||
+      in.target_probs.cols != in.vocab_size ||
+      (in.draft_probs.rows > 0 && in.draft_probs.cols != in.vocab_size) ||
+      (!out.flags.empty() && out.flags.size < batch))
     return cudaErrorInvalidValue;
   detail::tree_kernel<Rule, T><<<static_cast<unsigned>(batch), tree_block_threads, 0, pol.stream>>>(
       rule, in, out, options.residual_floor, options.sampling);
@@ -352,7 +351,8 @@ template <class T>
 cudaError_t verify_tree_greedy_async(const par_policy& pol, const tree_device_input<T>& in,
                                      const tree_batch_output& out) {
   const index_t batch = in.node_offsets.size - 1;
-  if (batch <= 0 || in.vocab_size <= 0 || out.num_accepted.size < batch)
+  if (batch <= 0 || in.vocab_size <= 0 || out.num_accepted.size < batch ||
+      in.target_probs.cols != in.vocab_size || (!out.flags.empty() && out.flags.size < batch))
     return cudaErrorInvalidValue;
   detail::greedy_tree_kernel<T>
       <<<static_cast<unsigned>(batch), tree_block_threads, 0, pol.stream>>>(in, out);
@@ -367,7 +367,9 @@ cudaError_t verify_candidates_async(const par_policy& pol, const candidates_devi
                                     const tree_options& options = {}, const Rule& rule = {}) {
   const index_t batch = in.candidate_offsets.size - 1;
   if (batch <= 0 || in.vocab_size <= 0 || in.rng.size < batch || out.tokens.size < batch ||
-      out.accepted.size < batch)
+      out.accepted.size < batch || in.target_probs.cols != in.vocab_size ||
+      (in.draft_probs.rows > 0 && in.draft_probs.cols != in.vocab_size) ||
+      (!out.flags.empty() && out.flags.size < batch))
     return cudaErrorInvalidValue;
   detail::candidates_kernel<Rule, T>
       <<<static_cast<unsigned>(batch), tree_block_threads, 0, pol.stream>>>(

@@ -85,7 +85,7 @@ struct relaxation_schedule {
       case schedule_kind::uniform:
         return delta;
       case schedule_kind::exponential:
-        return delta * std::exp(-nu * static_cast<double>(i) - mu);
+        return delta * std::exp(-detail::mul_rn(nu, static_cast<double>(i)) - mu);
       case schedule_kind::linear: {
         const double w = ell - static_cast<double>(i);
         return w > 0.0 ? linear_scale * w / (ell * (ell + 1.0)) : 1.0;
