@@ -30,17 +30,7 @@ using namespace specula;
 
 namespace {
 
-std::vector<float> skewed_row(index_t v, std::uint32_t id) {
-  std::vector<float> row(static_cast<std::size_t>(v));
-  double sum = 0;
-  for (index_t y = 0; y < v; ++y) {
-    const double u = uniform_at(request_rng{3, id, 0}, draw_id{static_cast<std::uint32_t>(y), 0});
-    row[static_cast<std::size_t>(y)] = static_cast<float>(u * u * u);
-    sum += u * u * u;
-  }
-  for (float& x : row) x = static_cast<float>(x / sum);
-  return row;
-}
+std::vector<float> skewed_row(index_t v, std::uint32_t id) { return bench::skewed_row(v, 3, id); }
 
 /// p with the given tokens zeroed and renormalised.
 std::vector<float> without_tokens(std::vector<float> p, const std::vector<token_t>& tokens) {

@@ -7,7 +7,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
+
+#include "specula/core/rng.hpp"
+#include "specula/core/types.hpp"
 
 namespace specula::bench {
 
@@ -65,6 +69,21 @@ void run_against_stream(benchmark::State& state, double bytes, Call&& call) {
   state.counters["stream_GBps"] = stream / 1e9;
   state.counters["frac_of_stream"] =
       secs > 0 ? (bytes * static_cast<double>(iters) / secs) / stream : 0.0;
+}
+
+/// A probability row of length v with weights u^3 (u uniform from Philox stream (seed, id)):
+/// skewed like a model's row, deterministic, cheap to make.
+inline std::vector<float> skewed_row(index_t v, std::uint32_t seed, std::uint32_t id) {
+  std::vector<float> row(static_cast<std::size_t>(v));
+  double sum = 0;
+  for (index_t y = 0; y < v; ++y) {
+    const double u =
+        uniform_at(request_rng{seed, id, 0}, draw_id{static_cast<std::uint32_t>(y), 0});
+    row[static_cast<std::size_t>(y)] = static_cast<float>(u * u * u);
+    sum += u * u * u;
+  }
+  for (float& x : row) x = static_cast<float>(x / sum);
+  return row;
 }
 
 }  // namespace specula::bench

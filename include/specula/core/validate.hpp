@@ -5,10 +5,12 @@
 /// the `validate_*` functions are host wrappers that throw `invalid_input` naming the argument.
 
 #include <string>
+#include <type_traits>
 
 #include "specula/core/error.hpp"
 #include "specula/core/numeric.hpp"
 #include "specula/core/row.hpp"
+#include "specula/core/simd.hpp"
 #include "specula/core/status.hpp"
 
 namespace specula {
@@ -24,27 +26,40 @@ SPECULA_HOST_DEVICE constexpr diagnostic check_probability_row(row_view<const T>
                                                                double sum_tolerance,
                                                                index_t row_index = -1) noexcept {
   if (row.size <= 0) return {status::empty_input, row_index, -1, 0.0};
-  // Fast pass, vectorisable: lane sums and lane minima. A NaN or an infinity makes the sum
-  // non-finite and a negative entry makes a minimum negative; only then does the precise scan
-  // below run to report the first offending entry.
-  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  double low[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  index_t i = 0;
-  for (; i + 8 <= row.size; i += 8)
-    for (int k = 0; k < 8; ++k) {
-      const double v = detail::to_double(row[i + k]);
-      lane[k] += v;
-      low[k] = v < low[k] ? v : low[k];
+  // Fast pass: lane sums and lane minima. A NaN or an infinity makes the sum non-finite and a
+  // negative entry makes a minimum negative; only then does the precise scan below run to
+  // report the first offending entry. Float rows on the host use the SIMD kernel of
+  // core/simd.hpp (same bits as the loop below).
+  double lowest = 0.0;
+  double sum = 0.0;
+  bool summed = false;
+#if !SPECULA_IS_DEVICE_CODE
+  if constexpr (std::is_same_v<std::remove_cv_t<T>, float>) {
+    if (!std::is_constant_evaluated()) {
+      sum = detail::row_sum_and_min(row.data, row.size, lowest);
+      summed = true;
     }
-  for (; i < row.size; ++i) {
-    const double v = detail::to_double(row[i]);
-    lane[0] += v;
-    low[0] = v < low[0] ? v : low[0];
   }
-  const double sum =
-      ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-  double lowest = low[0];
-  for (int k = 1; k < 8; ++k) lowest = low[k] < lowest ? low[k] : lowest;
+#endif
+  if (!summed) {
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    double low[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    index_t i = 0;
+    for (; i + 8 <= row.size; i += 8)
+      for (int k = 0; k < 8; ++k) {
+        const double v = detail::to_double(row[i + k]);
+        lane[k] += v;
+        low[k] = v < low[k] ? v : low[k];
+      }
+    for (; i < row.size; ++i) {
+      const double v = detail::to_double(row[i]);
+      lane[0] += v;
+      low[0] = v < low[0] ? v : low[0];
+    }
+    sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    lowest = low[0];
+    for (int k = 1; k < 8; ++k) lowest = low[k] < lowest ? low[k] : lowest;
+  }
   const bool bad = !detail::is_finite(sum) || lowest < 0.0;
   if (bad) {
     for (index_t j = 0; j < row.size; ++j) {

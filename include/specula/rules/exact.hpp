@@ -14,6 +14,9 @@ namespace specula {
 /// SJD Theorem 1; see docs/rejection_lemma.md). Convention 0/0 = 1: a token with q(x) = 0 is
 /// accepted (checked entry points reject such drafts before they reach the rule).
 struct exact_rule {
+  /// residual_weight(p, q) is max(p - q, 0) exactly (the host passes then use SIMD kernels).
+  static constexpr bool residual_is_positive_difference = true;
+
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr double accept_probability(double p,
                                                                         double q) const noexcept {
     if (q <= 0.0 || p >= q) return 1.0;

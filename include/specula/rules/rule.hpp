@@ -47,9 +47,21 @@ SPECULA_HOST_DEVICE constexpr auto rule_at(const R& rule, index_t depth) noexcep
 
 namespace detail {
 
+/// True for rules whose residual_weight(p, q) is exactly max(p - q, 0) (they declare
+/// `static constexpr bool residual_is_positive_difference = true`).
+template <class R>
+inline constexpr bool residual_is_positive_difference = [] {
+  if constexpr (requires { R::residual_is_positive_difference; })
+    return static_cast<bool>(R::residual_is_positive_difference);
+  else
+    return false;
+}();
+
 /// A scalar rule seen through the bound-rule interface.
 template <class R>
 struct scalar_bound_rule {
+  static constexpr bool residual_is_positive_difference =
+      detail::residual_is_positive_difference<R>;
   R rule;
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr double accept_probability(double p,
                                                                         double q) const noexcept {

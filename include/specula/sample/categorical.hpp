@@ -13,6 +13,7 @@
 #include "specula/core/config.hpp"
 #include "specula/core/rng.hpp"
 #include "specula/core/row.hpp"
+#include "specula/core/simd.hpp"
 #include "specula/core/types.hpp"
 
 namespace specula {
@@ -21,6 +22,14 @@ namespace detail {
 
 /// max(x, 0) written so that gcc vectorises loops over it (NaN maps to 0).
 SPECULA_HOST_DEVICE constexpr double positive_part(double x) noexcept { return x > 0.0 ? x : 0.0; }
+
+/// Weight functions whose weights have the dense float form of core/simd.hpp expose it as
+/// `w.dense_f32()`; the host passes then sum whole tiles with the explicit SIMD kernels (same bits
+/// as the element calls) and use the element calls only for tiles holding a skip index.
+template <class W>
+concept dense_f32_weight_function = requires(const W& w) {
+  { w.dense_f32() } -> std::same_as<dense_f32_weights>;
+};
 
 /// Weight function of a row: w(i) = max(row[i], 0). Clamping inside the weight function (rather
 /// than only in the summation) is what lets gcc vectorise the tile sums over a plain row.
@@ -31,6 +40,10 @@ struct row_weights {
     // "+ 0.0" is numerically neutral here (it maps -0 to +0, which the clamp does anyway) and
     // lets gcc 12 vectorise the select after a float-to-double conversion.
     return positive_part(static_cast<double>(row[i]) + 0.0);
+  }
+  [[nodiscard]] dense_f32_weights dense_f32() const noexcept
+      requires(std::is_same_v<Row, row_view<const float>>) {
+    return {row.data};
   }
 };
 
@@ -58,6 +71,14 @@ inline constexpr bool use_tile_form =
 template <class WeightFn>
 SPECULA_HOST_DEVICE constexpr double tile_positive_sum(index_t begin, index_t end,
                                                        WeightFn& w) noexcept {
+#if !SPECULA_IS_DEVICE_CODE
+  if constexpr (dense_f32_weight_function<std::remove_cvref_t<WeightFn>>) {
+    if (!std::is_constant_evaluated()) {
+      const dense_f32_weights f = w.dense_f32();
+      if (!holds_skip(f, begin, end)) return dense_tile_sum(f, begin, end);
+    }
+  }
+#endif
   if constexpr (use_tile_form<WeightFn>) {
     double buf[sum_tile];
     w.tile(begin, end, buf);
@@ -129,11 +150,43 @@ SPECULA_HOST_DEVICE constexpr index_t walk_tiles(index_t n, WeightFn& w, double 
 /// detail::sum_tile elements summed in order, each tile summed by detail::tile_positive_sum.
 /// NaN weights count as 0. The order is part of the contract: the same weights give the same
 /// total bit for bit on every call.
+namespace detail {
+
+/// Visits the tile sums of `w` over [0, n) in order: visit(k, sum of tile k). Weights of the
+/// dense float form are summed by the SIMD kernels a chunk of tiles at a time.
+template <class WeightFn, class Visit>
+SPECULA_HOST_DEVICE constexpr void for_each_tile_sum(index_t n, WeightFn& w,
+                                                     Visit&& visit) noexcept {
+#if !SPECULA_IS_DEVICE_CODE
+  if constexpr (dense_f32_weight_function<std::remove_cvref_t<WeightFn>>) {
+    if (!std::is_constant_evaluated()) {
+      const dense_f32_weights f = w.dense_f32();
+      constexpr index_t chunk = 64;  // tiles per kernel call
+      double sums[chunk] = {};
+      index_t k = 0;
+      for (index_t t = 0; t < n; t += chunk * sum_tile) {
+        const index_t end = n - t < chunk * sum_tile ? n : t + chunk * sum_tile;
+        dense_tile_sums(f, t, end, n, sum_tile, sums);
+        for (index_t b = t; b < end; b += sum_tile, ++k) {
+          const index_t e = b + sum_tile < n ? b + sum_tile : n;
+          visit(k, holds_skip(f, b, e) ? tile_positive_sum(b, e, w) : sums[(b - t) / sum_tile]);
+        }
+      }
+      return;
+    }
+  }
+#endif
+  index_t k = 0;
+  for (index_t t = 0; t < n; t += sum_tile, ++k)
+    visit(k, tile_positive_sum(t, t + sum_tile < n ? t + sum_tile : n, w));
+}
+
+}  // namespace detail
+
 template <class WeightFn>
 SPECULA_HOST_DEVICE constexpr double positive_mass(index_t n, WeightFn&& w) noexcept {
   double total = 0.0;
-  for (index_t t = 0; t < n; t += detail::sum_tile)
-    total += detail::tile_positive_sum(t, t + detail::sum_tile < n ? t + detail::sum_tile : n, w);
+  detail::for_each_tile_sum(n, w, [&](index_t, double tile) { total += tile; });
   return total;
 }
 
@@ -174,12 +227,10 @@ template <class WeightFn>
 SPECULA_HOST_DEVICE void summarize_weights(index_t n, WeightFn&& w, weight_summary& s) noexcept {
   s.total = 0.0;
   s.recorded = 0;
-  for (index_t t = 0; t < n; t += detail::sum_tile) {
-    const double tile =
-        detail::tile_positive_sum(t, t + detail::sum_tile < n ? t + detail::sum_tile : n, w);
+  detail::for_each_tile_sum(n, w, [&](index_t, double tile) {
     if (s.recorded < weight_summary::max_tiles) s.tile_sum[s.recorded++] = tile;
     s.total += tile;
-  }
+  });
 }
 
 /// A record of a weight row's mass and tile sums, as weight_summary: `total`, `recorded` (how
@@ -248,6 +299,11 @@ namespace specula {
 /// lowest index; NaN entries are never chosen. Returns -1 for an empty row or an all-NaN row.
 template <class T>
 SPECULA_HOST_DEVICE constexpr index_t argmax_lowest(row_view<const T> row) noexcept {
+#if !SPECULA_IS_DEVICE_CODE
+  if constexpr (std::is_same_v<std::remove_cv_t<T>, float>) {
+    if (!std::is_constant_evaluated()) return detail::argmax_f32(row.data, row.size);
+  }
+#endif
   index_t best = -1;
   double best_value = 0.0;
   for (index_t i = 0; i < row.size; ++i) {

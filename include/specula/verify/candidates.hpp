@@ -25,6 +25,7 @@
 /// Nothing is allocated.
 
 #include <cstdint>
+#include <type_traits>
 
 #include "specula/core/config.hpp"
 #include "specula/core/numeric.hpp"
@@ -103,6 +104,26 @@ SPECULA_HOST_DEVICE constexpr index_t candidates_workspace_size(index_t k) noexc
 }
 
 namespace detail {
+
+/// Whether the candidate recursion of `Rule` over rows of `T` with `Proposal` has the dense float
+/// form of core/simd.hpp (the exact rule over float rows), so the host passes use SIMD kernels.
+template <class Rule, class T, class Proposal>
+inline constexpr bool dense_candidate_form =
+    residual_is_positive_difference<Rule>&& std::is_same_v<T, float> &&
+    (std::is_same_v<Proposal, without_replacement<float>> ||
+     std::is_same_v<Proposal, with_replacement<float>> ||
+     std::is_same_v<Proposal, one_hot_candidates>);
+
+/// The proposal row of a dense candidate form (nullptr for one-hot candidates).
+template <class Proposal>
+[[nodiscard]] constexpr const float* dense_proposal_row(const Proposal& proposal) noexcept {
+  if constexpr (std::is_same_v<Proposal, one_hot_candidates>) {
+    (void)proposal;
+    return nullptr;
+  } else {
+    return proposal.q.data;
+  }
+}
 
 /// Pointwise residual targets p^(k)(x) for the candidate recursion.
 template <class Rule, class T, class Proposal>
@@ -192,6 +213,55 @@ struct candidate_residual {
       if (c >= begin && c < end) out[c - begin] = rec.residual(k, c);
     }
   }
+
+  /// The dense form (core/simd.hpp): k steps, the candidates as skip indices.
+  [[nodiscard]] dense_f32_weights dense_f32() const noexcept
+      requires(dense_candidate_form<Rule, T, Proposal>) {
+    return {.p = rec.p.data,
+            .q = dense_proposal_row(rec.proposal),
+            .scale = std::is_same_v<Proposal, without_replacement<float>> ? rec.renorm : nullptr,
+            .inv_z = rec.inv_z,
+            .steps = k,
+            .skip = rec.cand,
+            .num_skip = k};
+  }
+};
+
+/// The first step's residual when the proposal has a row: residual_weight(p(x), q^(1)(x)),
+/// the same for every x (no candidate removed yet).
+template <class Rule, class T, class Proposal>
+struct first_candidate_residual {
+  const Rule& rule;
+  row_view<const T> p;
+  const Proposal& proposal;
+  token_t c1;
+  const double* renorm;  // renorm[0]: 1 / q's mass (1 at the first step)
+  SPECULA_HOST_DEVICE constexpr double operator()(index_t x) const noexcept {
+    return static_cast<double>(
+        rule.residual_weight(static_cast<double>(p[x]), proposal.prob(x, false, c1, renorm[0])));
+  }
+  [[nodiscard]] dense_f32_weights dense_f32() const noexcept
+      requires(dense_candidate_form<Rule, T, Proposal>) {
+    constexpr bool one_hot = std::is_same_v<Proposal, one_hot_candidates>;
+    return {.p = p.data,
+            .q = dense_proposal_row(proposal),
+            .scale = std::is_same_v<Proposal, without_replacement<float>> ? renorm : nullptr,
+            .skip = one_hot ? &c1 : nullptr,  // q^(1) is one at c1 only
+            .num_skip = one_hot ? 1 : 0};
+  }
+};
+
+/// The proposal row's mass weights, proposal.mass(x).
+template <class Proposal>
+struct proposal_mass_weights {
+  const Proposal& proposal;
+  SPECULA_HOST_DEVICE constexpr double operator()(index_t x) const noexcept {
+    return proposal.mass(x);
+  }
+  [[nodiscard]] dense_f32_weights dense_f32() const noexcept
+      requires(std::is_same_v<Proposal, without_replacement<float>>) {
+    return {.p = proposal.q.data};
+  }
 };
 
 }  // namespace detail
@@ -226,7 +296,7 @@ verify_candidates(const Rule& rule, Source& src, row_view<const T> p, const Prop
       // 1 - removed mass: float rows do not sum to 1, and when the earlier candidates hold
       // nearly all of q that difference cancels catastrophically). Where even this leaves
       // little (1e-9 of the total), the remaining entries are summed directly.
-      if (total < 0.0) total = passes.mass(n, [&](index_t x) { return proposal.mass(x); });
+      if (total < 0.0) total = passes.mass(n, detail::proposal_mass_weights<Proposal>{proposal});
       double rest = total - removed_mass;
       if (!(rest > 1e-9 * total))
         rest = passes.mass(n, [&](index_t x) {
@@ -275,12 +345,8 @@ verify_candidates(const Rule& rule, Source& src, row_view<const T> p, const Prop
     bool done = false;
     if (j == 1 && !requires { Proposal::zero_off_candidates; }) {
       // First step: p^(1) = p and no earlier candidates, a simple loop the compiler vectorises.
-      const double scale = renorm[0];
-      const token_t c1 = cand[0];
-      done = finish_step([&](index_t x) {
-        return static_cast<double>(
-            rule.residual_weight(static_cast<double>(p[x]), proposal.prob(x, false, c1, scale)));
-      });
+      done = finish_step(
+          detail::first_candidate_residual<Rule, T, Proposal>{rule, p, proposal, cand[0], renorm});
     } else {
       done = finish_step(detail::candidate_residual<Rule, T, Proposal>{rec, j});
     }

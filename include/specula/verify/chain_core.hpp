@@ -82,6 +82,16 @@ struct chain_residual {
   SPECULA_HOST_DEVICE double operator()(index_t y) const noexcept {
     return static_cast<double>(rule.residual_weight_at(y, static_cast<double>(p[y]), q(y)));
   }
+  /// The exact rule's residual over float rows, max(p - q, 0), for the host's SIMD passes.
+  [[nodiscard]] dense_f32_weights dense_f32() const noexcept requires(
+      residual_is_positive_difference<BoundRule>&& std::is_same_v<Row, row_view<const float>> &&
+      (std::is_same_v<Proposal, dense_proposal<float>> ||
+       std::is_same_v<Proposal, one_hot_proposal>)) {
+    if constexpr (std::is_same_v<Proposal, one_hot_proposal>)
+      return {.p = p.data, .skip = &q.token, .num_skip = 1};
+    else
+      return {.p = p.data, .q = q.row.data};
+  }
 };
 
 }  // namespace detail

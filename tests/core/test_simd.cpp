@@ -1,0 +1,212 @@
+// The explicit SIMD kernels of core/simd.hpp give the bits of the scalar definitions they
+// replace, on every instruction set this CPU supports (each one forced in turn): tile sums of
+// rows and residuals, the candidate recursion, the validation pass and argmax, on rows with
+// lengths that are not multiples of the vector and tile sizes and with NaN, -0, negative,
+// subnormal and infinite entries.
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "specula/core/rng.hpp"
+#include "specula/core/simd.hpp"
+#include "specula/core/validate.hpp"
+#include "specula/rules/exact.hpp"
+#include "specula/sample/categorical.hpp"
+#include "specula/verify/candidates.hpp"
+#include "specula/verify/chain_core.hpp"
+
+using namespace specula;
+
+namespace {
+
+/// The instruction sets to test: every one this build and CPU support.
+std::vector<simd::isa> testable_isas() {
+  std::vector<simd::isa> out = {simd::isa::scalar};
+  for (simd::isa i : {simd::isa::sse2, simd::isa::avx2}) {
+    if (static_cast<int>(i) <= static_cast<int>(simd::supported_isa()))
+      out.push_back(i);
+    else
+      WARN("instruction set " << simd::name(i) << " not supported here: its path is not tested");
+  }
+  return out;
+}
+
+/// Restores the default instruction set at scope exit.
+struct isa_guard {
+  simd::isa saved = simd::active_isa();
+  ~isa_guard() { simd::force_isa(saved); }
+};
+
+/// A float row of length n: mostly small positive values, with special entries when asked.
+std::vector<float> make_row(index_t n, std::uint32_t id, bool special) {
+  std::vector<float> row(static_cast<std::size_t>(n));
+  for (index_t i = 0; i < n; ++i) {
+    const double u = uniform_at(request_rng{91, id, 0}, draw_id{static_cast<std::uint32_t>(i), 0});
+    row[static_cast<std::size_t>(i)] = static_cast<float>(u * u / static_cast<double>(n));
+  }
+  if (special && n > 0) {
+    const float specials[] = {0.0f,
+                              -0.0f,
+                              -1e-3f,
+                              std::numeric_limits<float>::quiet_NaN(),
+                              std::numeric_limits<float>::denorm_min(),
+                              1e-40f,
+                              std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()};
+    for (std::size_t k = 0; k < std::size(specials); ++k)
+      row[(k * 37 + static_cast<std::size_t>(id)) % row.size()] = specials[k];
+  }
+  return row;
+}
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+/// Hides a weight function's dense form: the passes then take the element calls.
+template <class W>
+struct element_calls {
+  const W& w;
+  double operator()(index_t i) const { return w(i); }
+};
+
+template <class W>
+void check_passes_match_element_calls(index_t n, const W& w, const char* what = "") {
+  INFO(what);
+  const element_calls<W> ref{w};
+  const double expected = positive_mass(n, ref);
+  weight_summary s_ref, s;
+  summarize_weights(n, ref, s_ref);
+  for (simd::isa path : testable_isas()) {
+    isa_guard guard;
+    simd::force_isa(path);
+    INFO("isa " << simd::name(path) << ", n = " << n);
+    CHECK(same_bits(positive_mass(n, w), expected));
+    summarize_weights(n, w, s);
+    CHECK(same_bits(s.total, s_ref.total));
+    REQUIRE(s.recorded == s_ref.recorded);
+    for (index_t k = 0; k < s.recorded; ++k) CHECK(same_bits(s.tile_sum[k], s_ref.tile_sum[k]));
+    for (double u : {1e-9, 0.25, 0.5, 0.999999}) {
+      CHECK(sample_inverse_cdf(n, w, s, u) == sample_inverse_cdf(n, ref, s_ref, u));
+      CHECK(sample_inverse_cdf(n, w, expected, u) == sample_inverse_cdf(n, ref, expected, u));
+    }
+  }
+}
+
+const index_t lengths[] = {1, 7, 8, 9, 255, 256, 257, 511, 512, 1000, 4099, 131072 + 777};
+
+}  // namespace
+
+TEST_CASE("force_isa picks a supported instruction set", "[core][simd]") {
+  isa_guard guard;
+  CHECK(simd::force_isa(simd::isa::scalar) == simd::isa::scalar);
+  CHECK(simd::active_isa() == simd::isa::scalar);
+  const simd::isa best = simd::force_isa(simd::isa::avx2);
+  CHECK(best == simd::supported_isa());
+  CHECK(simd::active_isa() == best);
+}
+
+TEST_CASE("SIMD row and residual tile sums equal the element calls bit for bit", "[core][simd]") {
+  for (index_t n : lengths)
+    for (bool special : {false, true}) {
+      const auto p = make_row(n, 1, special);
+      const auto q = make_row(n, 2, special);
+      const row_view<const float> pr(p), qr(q);
+      check_passes_match_element_calls(n, detail::row_weights<float>{pr});
+
+      using bound = detail::scalar_bound_rule<exact_rule>;
+      const bound rule{};
+      const dense_proposal<float> dense{qr};
+      check_passes_match_element_calls(
+          n, detail::chain_residual<bound, row_view<const float>, dense_proposal<float>>{rule, pr,
+                                                                                         dense});
+      for (token_t x : {token_t{0}, static_cast<token_t>(n / 2), static_cast<token_t>(n - 1)}) {
+        const one_hot_proposal one_hot{x};
+        check_passes_match_element_calls(
+            n, detail::chain_residual<bound, row_view<const float>, one_hot_proposal>{rule, pr,
+                                                                                      one_hot});
+      }
+    }
+}
+
+TEST_CASE("SIMD candidate recursion equals the element calls bit for bit", "[core][simd]") {
+  for (index_t n : {9, 257, 1000, 4099}) {
+    const auto p = make_row(n, 3, false);
+    const auto q = make_row(n, 4, false);
+    const row_view<const float> pr(p), qr(q);
+    const std::vector<token_t> cand = {1, static_cast<token_t>(n - 1), 5, 1};  // a repeat
+    const std::vector<double> inv_z = {1.7, 2.3, 0.9, 1.1};
+    const std::vector<double> renorm = {1.0, 1.25, 1.5, 2.0};
+    const exact_rule rule{};
+    auto run = [&](const auto& proposal) {
+      using prop = std::remove_cvref_t<decltype(proposal)>;
+      const detail::candidate_recursion<exact_rule, float, prop> rec{
+          rule, pr, proposal, cand.data(), inv_z.data(), renorm.data()};
+      for (index_t k = 1; k <= 4; ++k)
+        check_passes_match_element_calls(
+            n, detail::candidate_residual<exact_rule, float, prop>{rec, k}, "candidate residual");
+      check_passes_match_element_calls(n,
+                                       detail::first_candidate_residual<exact_rule, float, prop>{
+                                           rule, pr, proposal, cand[0], renorm.data() + 1},
+                                       "first step");
+    };
+    run(without_replacement<float>{qr});
+    run(with_replacement<float>{qr});
+    run(one_hot_candidates{});
+    check_passes_match_element_calls(
+        n,
+        detail::proposal_mass_weights<without_replacement<float>>{without_replacement<float>{qr}},
+        "proposal mass");
+  }
+}
+
+TEST_CASE("SIMD validation pass and argmax equal the scalar loops", "[core][simd]") {
+  for (index_t n : lengths)
+    for (bool special : {false, true}) {
+      auto row = make_row(n, 5, special);
+      // Ties for the maximum, with -0 and +0 among them when the row is all zeros.
+      if (n > 10)
+        row[static_cast<std::size_t>(n / 3)] = row[static_cast<std::size_t>(n - 2)] = 7.0f;
+      double low_ref = 0.0;
+      const double sum_ref = detail::row_sum_and_min_scalar(row.data(), n, low_ref);
+      const index_t arg_ref = detail::argmax_f32_scalar(row.data(), n);
+      for (simd::isa path : testable_isas()) {
+        isa_guard guard;
+        simd::force_isa(path);
+        INFO("isa " << simd::name(path) << ", n = " << n << ", special = " << special);
+        double low = 0.0;
+        CHECK(same_bits(detail::row_sum_and_min(row.data(), n, low), sum_ref));
+        CHECK(same_bits(low, low_ref));
+        CHECK(argmax_lowest(row_view<const float>(row)) == arg_ref);
+        const auto d = check_probability_row(row_view<const float>(row), 1e-3, 4);
+        const auto d_ref = [&] {
+          std::vector<double> wide(row.begin(), row.end());  // the generic loop, double rows
+          return check_probability_row(row_view<const double>(wide), 1e-3, 4);
+        }();
+        CHECK(d.code == d_ref.code);
+        CHECK(d.column == d_ref.column);
+        CHECK(
+            (same_bits(d.value, d_ref.value) || (std::isnan(d.value) && std::isnan(d_ref.value))));
+      }
+    }
+  // Edge rows for argmax: all NaN, NaN first, all -inf, signed zeros.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> rows = {
+      std::vector<float>(19, nan),
+      {nan, -inf, -inf, nan},
+      std::vector<float>(33, -inf),
+      {-0.0f, 0.0f, 0.0f, -0.0f, -1.0f, -0.0f, 0.0f, 0.0f, 0.0f},
+      {}};
+  for (const auto& r : rows)
+    for (simd::isa path : testable_isas()) {
+      isa_guard guard;
+      simd::force_isa(path);
+      CHECK(argmax_lowest(row_view<const float>(r)) ==
+            detail::argmax_f32_scalar(r.data(), static_cast<index_t>(r.size())));
+    }
+  CHECK(detail::argmax_f32_scalar(rows[0].data(), 19) == -1);
+  CHECK(detail::argmax_f32_scalar(rows[1].data(), 4) == 1);
+  CHECK(detail::argmax_f32_scalar(rows[3].data(), 9) == 0);
+}
