@@ -135,4 +135,13 @@ inline void validate_extent(index_t actual, index_t expected, const char* argume
                   detail_text.c_str());
 }
 
+namespace detail {
+
+/// The verifiers' extent check: throws unless `actual == expected` (see validate_extent).
+inline void require_size(index_t actual, index_t expected, const char* argument, const char* what) {
+  validate_extent(actual, expected, argument, what);
+}
+
+}  // namespace detail
+
 }  // namespace specula

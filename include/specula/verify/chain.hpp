@@ -127,10 +127,6 @@ run_segment(const Rule& rule, const request_rng& rng, const chain_segment& s, co
                               out, acc, passes);
 }
 
-inline void require_size(index_t actual, index_t expected, const char* argument, const char* what) {
-  validate_extent(actual, expected, argument, what);
-}
-
 /// Validates drafted tokens of a segment and their proposal probabilities.
 template <class T>
 void validate_segment_drafts(const chain_segment& s, index_t b, const token_t* tokens,
