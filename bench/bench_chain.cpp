@@ -18,7 +18,16 @@
 //   accept_all  p = q at every drafted position: every draft is accepted, a bonus is sampled;
 //   reject_mid  the draft at position L/2 has p(x) = 0: rejection there, residual sample.
 //
-// Names: chain/<checked|unchecked>/<seq|par>/<scenario>/V:<V>/L:<L>/B:<B>, plus
+// Policies (B > 1 only for all but seq):
+//   seq      host::seq
+//   par      host::par: the process-wide persistent pool (default_pool), caller included
+//   on_pool  host::on(pool) with a host::thread_pool of one thread per hardware thread, built
+//            once: the bring-your-own-executor path
+//   spawn    host::on(spawn) with an executor that starts its threads per call (one per hardware
+//            thread, at most one per task) and joins them: what host::par did before the pool
+//   omp      host::on(omp) with an executor over an OpenMP parallel for (builds with OpenMP)
+//
+// Names: chain/<checked|unchecked>/<policy>/<scenario>/V:<V>/L:<L>/B:<B>, plus
 // smoke/chain (tiny case for ctest) and stream_read/bytes:<n> (the baseline alone).
 
 #include <benchmark/benchmark.h>
@@ -29,7 +38,12 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
+
+#if defined(SPECULA_BENCH_HAVE_OPENMP)
+#include <omp.h>
+#endif
 
 #include "specula/verify/chain.hpp"
 #include "stream_baseline.hpp"
@@ -39,6 +53,87 @@ using namespace specula;
 namespace {
 
 enum class scenario { accept_all, reject_mid };
+
+enum class policy_kind { seq, par, on_pool, spawn, omp };
+
+/// Starts its threads per call, like host::par before the persistent pool: min(hardware
+/// threads, n) threads, each running a contiguous range of the tasks, the caller the first.
+struct spawning_executor {
+  void bulk(index_t n, host::bulk_task task) {
+    const index_t hw = std::max<index_t>(1, std::thread::hardware_concurrency());
+    const index_t chunks = std::min(hw, n);
+    auto run = [&](index_t c) {
+      for (index_t i = n * c / chunks; i < n * (c + 1) / chunks; ++i) task(i);
+    };
+    std::vector<std::thread> threads;
+    for (index_t c = 1; c < chunks; ++c) threads.emplace_back(run, c);
+    run(0);
+    for (auto& t : threads) t.join();
+  }
+  [[nodiscard]] static index_t concurrency() {
+    return std::max<index_t>(1, std::thread::hardware_concurrency());
+  }
+};
+
+#if defined(SPECULA_BENCH_HAVE_OPENMP)
+/// The tasks of a call as one OpenMP parallel for.
+struct omp_executor {
+  static void bulk(index_t n, host::bulk_task task) {
+#pragma omp parallel for schedule(static)
+    for (index_t i = 0; i < n; ++i) task(i);
+  }
+  [[nodiscard]] static index_t concurrency() { return omp_get_max_threads(); }
+};
+#endif
+
+host::thread_pool& bench_pool() {
+  static host::thread_pool pool;
+  return pool;
+}
+
+/// Calls f(policy) with the policy object of `kind`.
+template <class F>
+void with_policy(policy_kind kind, F&& f) {
+  static spawning_executor spawn;
+  switch (kind) {
+    case policy_kind::seq:
+      f(host::seq);
+      break;
+    case policy_kind::par:
+      f(host::par);
+      break;
+    case policy_kind::on_pool:
+      f(host::on(bench_pool()));
+      break;
+    case policy_kind::spawn:
+      f(host::on(spawn));
+      break;
+    case policy_kind::omp:
+#if defined(SPECULA_BENCH_HAVE_OPENMP)
+    {
+      static omp_executor omp;
+      f(host::on(omp));
+    }
+#endif
+    break;
+  }
+}
+
+const char* name_of(policy_kind kind) {
+  switch (kind) {
+    case policy_kind::seq:
+      return "seq";
+    case policy_kind::par:
+      return "par";
+    case policy_kind::on_pool:
+      return "on_pool";
+    case policy_kind::spawn:
+      return "spawn";
+    case policy_kind::omp:
+      return "omp";
+  }
+  return "?";
+}
 
 /// One batch of B requests with L drafts each over vocabulary V, in the flattened layout.
 struct chain_fixture {
@@ -130,7 +225,7 @@ struct case_spec {
   index_t vocab, length, batch;
   scenario sc;
   bool checked;
-  bool parallel;
+  policy_kind policy;
 };
 
 std::unique_ptr<chain_fixture> current;
@@ -151,17 +246,12 @@ void run_case(benchmark::State& state, case_spec c) {
   const auto in = f.input();
   const auto out = f.output();
   auto call = [&] {
-    if (c.parallel) {
+    with_policy(c.policy, [&](const auto& pol) {
       if (c.checked)
-        verify_chain(host::par, in, out);
+        verify_chain(pol, in, out);
       else
-        verify_chain_unchecked(host::par, in, out);
-    } else {
-      if (c.checked)
-        verify_chain(host::seq, in, out);
-      else
-        verify_chain_unchecked(host::seq, in, out);
-    }
+        verify_chain_unchecked(pol, in, out);
+    });
   };
   call();
   const double bytes = c.checked ? f.checked_bytes() : f.unchecked_bytes();
@@ -179,8 +269,7 @@ void stream_case(benchmark::State& state) {
 }
 
 std::string name_of(const case_spec& c) {
-  return std::string("chain/") + (c.checked ? "checked/" : "unchecked/") +
-         (c.parallel ? "par/" : "seq/") +
+  return std::string("chain/") + (c.checked ? "checked/" : "unchecked/") + name_of(c.policy) + "/" +
          (c.sc == scenario::accept_all ? "accept_all" : "reject_mid") +
          "/V:" + std::to_string(c.vocab) + "/L:" + std::to_string(c.length) +
          "/B:" + std::to_string(c.batch);
@@ -188,16 +277,23 @@ std::string name_of(const case_spec& c) {
 
 int register_all() {
   benchmark::RegisterBenchmark("smoke/chain/V:1024/L:4/B:2", run_case,
-                               case_spec{1024, 4, 2, scenario::reject_mid, true, false});
+                               case_spec{1024, 4, 2, scenario::reject_mid, true, policy_kind::seq});
+  std::vector<policy_kind> policies{policy_kind::seq, policy_kind::par, policy_kind::on_pool,
+                                    policy_kind::spawn};
+#if defined(SPECULA_BENCH_HAVE_OPENMP)
+  policies.push_back(policy_kind::omp);
+#endif
   for (index_t v : {16384, 32000, 128256})
     for (index_t l : {1, 4, 8, 64})
-      for (index_t b : {1, 16})
+      for (index_t b : {1, 16, 64})
         for (scenario sc : {scenario::accept_all, scenario::reject_mid})
           for (bool checked : {false, true})
-            for (bool par : {false, true}) {
-              if (par && b == 1) continue;                          // nothing to split
+            for (policy_kind pk : policies) {
+              if (pk != policy_kind::seq && b == 1) continue;       // nothing to split
               if (checked && sc == scenario::reject_mid) continue;  // validation dominates
-              const case_spec c{v, l, b, sc, checked, par};
+              // B = 64: the scaling cases, unchecked, short and medium chains, V <= 32000.
+              if (b == 64 && (checked || v > 32000 || l > 8 || l == 4)) continue;
+              const case_spec c{v, l, b, sc, checked, pk};
               benchmark::RegisterBenchmark(name_of(c).c_str(), run_case, c)
                   ->Unit(benchmark::kMicrosecond);
             }

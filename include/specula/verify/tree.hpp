@@ -252,7 +252,7 @@ void verify_tree_unchecked(const Policy& policy, const tree_batch_input<T>& in,
                            const tree_options& options = {}, const Rule& rule = {}) {
   const index_t batch = in.trees.size;
   index_t threads = 1;
-  if constexpr (std::is_same_v<Policy, host::parallel_policy>) threads = batch;
+  if constexpr (host::is_concurrent_policy<Policy>) threads = batch;
   ws.prepare(batch, threads, detail::max_width(in.trees));
   index_t* offsets = ws.offsets();
   offsets[0] = 0;
