@@ -27,8 +27,11 @@
 //            thread, at most one per task) and joins them: what host::par did before the pool
 //   omp      host::on(omp) with an executor over an OpenMP parallel for (builds with OpenMP)
 //
-// Names: chain/<checked|unchecked>/<policy>/<scenario>/V:<V>/L:<L>/B:<B>, plus
-// smoke/chain (tiny case for ctest) and stream_read/bytes:<n> (the baseline alone).
+// Names: chain/<checked|unchecked>/<policy>/<scenario>/V:<V>/L:<L>/B:<B>;
+// chain_policies/<checked|unchecked>/<scenario>/V:<V>/L:<L>/B:<B>: seq, par, on_pool and spawn
+// called in turn in every iteration (31), counters <policy>_us (median per call) and
+// <policy>_over_seq; smoke/chain (tiny case for ctest) and stream_read/bytes:<n> (the baseline
+// alone).
 
 #include <benchmark/benchmark.h>
 
@@ -261,6 +264,48 @@ void run_case(benchmark::State& state, case_spec c) {
       static_cast<double>(c.batch);
 }
 
+/// Side by side: each iteration calls seq, par, on_pool and spawn once each, in turn, so that
+/// the four see the same machine load; reports the median time per call of each (µs) and the
+/// ratios to seq. (The OpenMP executor is left out: libgomp's threads spin after a region and
+/// would slow the calls that follow it.)
+void interleaved_case(benchmark::State& state, case_spec c) {
+  chain_fixture& f = fixture_for(c);
+  const auto in = f.input();
+  const auto out = f.output();
+  const std::vector<policy_kind> kinds{policy_kind::seq, policy_kind::par, policy_kind::on_pool,
+                                       policy_kind::spawn};
+  std::vector<std::vector<double>> samples(kinds.size());
+  auto call = [&](policy_kind k) {
+    with_policy(k, [&](const auto& pol) {
+      if (c.checked)
+        verify_chain(pol, in, out);
+      else
+        verify_chain_unchecked(pol, in, out);
+    });
+  };
+  for (const auto k : kinds) call(k);  // warm-up: starts the pools
+  for (auto _ : state) {
+    double total = 0.0;
+    for (std::size_t k = 0; k < kinds.size(); ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      call(kinds[k]);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      samples[k].push_back(s);
+      total += s;
+    }
+    state.SetIterationTime(total);
+  }
+  std::vector<double> median(kinds.size());
+  for (std::size_t k = 0; k < kinds.size(); ++k) {
+    auto& v = samples[k];
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    median[k] = v[v.size() / 2];
+    state.counters[std::string(name_of(kinds[k])) + "_us"] = 1e6 * median[k];
+  }
+  for (std::size_t k = 1; k < kinds.size(); ++k)
+    state.counters[std::string(name_of(kinds[k])) + "_over_seq"] = median[k] / median[0];
+}
+
 void stream_case(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0)) / sizeof(float);
   std::vector<float> buf(n, 1.0f);
@@ -297,6 +342,24 @@ int register_all() {
               benchmark::RegisterBenchmark(name_of(c).c_str(), run_case, c)
                   ->Unit(benchmark::kMicrosecond);
             }
+  // Side-by-side policy comparisons (see interleaved_case).
+  for (index_t v : {16384, 32000, 128256})
+    for (index_t l : {1, 8})
+      for (index_t b : {4, 16, 64})
+        for (scenario sc : {scenario::accept_all, scenario::reject_mid})
+          for (bool checked : {false, true}) {
+            if (checked && sc == scenario::reject_mid) continue;
+            if (v == 128256 && b == 64) continue;
+            const case_spec c{v, l, b, sc, checked, policy_kind::seq};
+            const std::string name =
+                std::string("chain_policies/") + (checked ? "checked/" : "unchecked/") +
+                (sc == scenario::accept_all ? "accept_all" : "reject_mid") +
+                "/V:" + std::to_string(v) + "/L:" + std::to_string(l) + "/B:" + std::to_string(b);
+            benchmark::RegisterBenchmark(name.c_str(), interleaved_case, c)
+                ->Iterations(31)
+                ->UseManualTime()
+                ->Unit(benchmark::kMicrosecond);
+          }
   for (std::int64_t bytes :
        {std::int64_t{1} << 16, std::int64_t{1} << 20, std::int64_t{1} << 24, std::int64_t{1} << 28})
     benchmark::RegisterBenchmark(("stream_read/bytes:" + std::to_string(bytes)).c_str(),

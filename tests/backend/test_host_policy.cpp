@@ -3,6 +3,8 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cstdint>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -92,8 +94,10 @@ TEST_CASE("for_each_index visits every index exactly once", "[core][backend]") {
   counting_executor counting;
   inline_executor serial;
   for (index_t n : {0, 1, 2, 7, 100, 1001}) {
-    for (unsigned threads : {0u, 1u, 2u, 3u, 8u})
+    for (unsigned threads : {0u, 1u, 2u, 3u, 8u}) {
       check_every_index_once(host::par.with_threads(threads), n);
+      check_every_index_once(host::par.with_threads(threads).with_serial_below_ns(0), n);
+    }
     check_every_index_once(host::seq, n);
     check_every_index_once(host::on(pool), n);
     check_every_index_once(host::on(serial), n);
@@ -108,8 +112,13 @@ TEST_CASE("the lowest failing index's exception is rethrown", "[core][backend]")
   for (const index_t n : {64, 2000}) {
     const std::vector<index_t> failing{10, 60, n - 1};
     CHECK(first_error(host::seq, n, failing) == "index 10");
-    for (unsigned threads : {1u, 2u, 4u})
+    for (unsigned threads : {1u, 2u, 4u}) {
       CHECK(first_error(host::par.with_threads(threads), n, failing) == "index 10");
+      CHECK(first_error(host::par.with_threads(threads).with_serial_below_ns(0), n, failing) ==
+            "index 10");
+    }
+    // An exception in the first block, which the caller runs alone before deciding to split.
+    CHECK(first_error(host::par, n, {0, 5}) == "index 0");
     CHECK(first_error(host::on(pool), n, failing) == "index 10");
     CHECK(first_error(host::on(serial), n, failing) == "index 10");
     CHECK(first_error(host::on(counting), n, {n - 1, 33}) == "index 33");
@@ -172,9 +181,12 @@ TEST_CASE("the thread pool runs every task once, on the caller when limited to o
   };
   pool.bulk(50, host::bulk_task(where), 1);
   CHECK(elsewhere.load() == 0);
-  // par limited to one thread, or given one request, stays on the caller too.
+  // par limited to one thread, given one request, or told that no call is worth splitting,
+  // stays on the caller too.
   host::for_each_index(host::par.with_threads(1), 50, [&](index_t i) { where(i); });
   host::for_each_index(host::par, 1, [&](index_t i) { where(i); });
+  const auto never_split = host::par.with_serial_below_ns(std::numeric_limits<std::int64_t>::max());
+  host::for_each_index(never_split, 500, [&](index_t i) { where(i); });
   CHECK(elsewhere.load() == 0);
 
   host::thread_pool single(1);
@@ -187,9 +199,10 @@ TEST_CASE("nested and concurrent calls from several threads complete", "[core][b
   host::thread_pool pool(3);
   for (int round = 0; round < 20; ++round) {
     std::atomic<long> total{0};
+    const auto split = host::par.with_serial_below_ns(0);  // always use the pool
     auto outer = [&](auto policy) {
       host::for_each_index(policy, 24, [&](index_t) {
-        host::for_each_index(host::par, 8, [&](index_t) { total++; });
+        host::for_each_index(split, 8, [&](index_t) { total++; });
         host::for_each_index(host::on(pool), 5, [&](index_t) { total++; });
       });
     };
@@ -197,7 +210,7 @@ TEST_CASE("nested and concurrent calls from several threads complete", "[core][b
     for (int t = 0; t < 4; ++t)
       callers.emplace_back([&, t] {
         if (t % 2 == 0)
-          outer(host::par);
+          outer(split);
         else
           outer(host::on(pool));
       });

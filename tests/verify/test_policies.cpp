@@ -139,6 +139,7 @@ TEST_CASE("verifiers give the same output under seq, par and a caller's executor
         counting_executor ex;
         CHECK(run_chain(host::par, c, checked, greedy) == ref);
         CHECK(run_chain(host::par.with_threads(2), c, checked, greedy) == ref);
+        CHECK(run_chain(host::par.with_serial_below_ns(0), c, checked, greedy) == ref);
         CHECK(run_chain(host::on(pool), c, checked, greedy) == ref);
         CHECK(run_chain(host::on(ex), c, checked, greedy) == ref);
         CHECK((ex.tasks.load() > 0) == (batch > 1));  // the executor did the work
@@ -147,6 +148,7 @@ TEST_CASE("verifiers give the same output under seq, par and a caller's executor
     const chain_result ref = run_tree(host::seq, t);
     counting_executor ex;
     CHECK(run_tree(host::par, t) == ref);
+    CHECK(run_tree(host::par.with_serial_below_ns(0), t) == ref);
     CHECK(run_tree(host::on(pool), t) == ref);
     CHECK(run_tree(host::on(ex), t) == ref);
     CHECK(ex.tasks.load() > 0);  // at least the validation of the 7 B rows
@@ -168,6 +170,7 @@ TEST_CASE("validation errors under an executor are the sequential ones", "[verif
   host::thread_pool pool(4);
   counting_executor ex;
   CHECK_THROWS_WITH(run_chain(host::par, c, true, false), seq_message);
+  CHECK_THROWS_WITH(run_chain(host::par.with_serial_below_ns(0), c, true, false), seq_message);
   CHECK_THROWS_WITH(run_chain(host::on(pool), c, true, false), seq_message);
   CHECK_THROWS_WITH(run_chain(host::on(ex), c, true, false), seq_message);
   CHECK(ex.tasks.load() > 0);

@@ -21,7 +21,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <concepts>
+#include <cstdint>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -47,16 +49,28 @@ concept executor = requires(E& ex, index_t n, bulk_task task) {
 struct sequential_policy {};
 
 /// Runs the per-request loop on `default_pool()` with at most `threads` threads (0: all of the
-/// pool's, one per hardware thread, caller included) and at least `min_requests_per_thread`
-/// requests per thread.
+/// pool's, one per hardware thread, caller included), at least `min_requests_per_thread`
+/// requests per thread, and on the calling thread alone when the call is too small to split
+/// (`serial_below_ns`).
 struct parallel_policy {
   unsigned threads = 0;
   index_t min_requests_per_thread = 1;
+  /// The calling thread runs the first block of requests alone and keeps the whole call when
+  /// the rest would take less than this at the same pace (waking a worker costs a few to tens
+  /// of microseconds); 0 always splits.
+  std::int64_t serial_below_ns = 50'000;
 
   /// The same policy with a different thread limit.
   [[nodiscard]] constexpr parallel_policy with_threads(unsigned n) const noexcept {
     parallel_policy p = *this;
     p.threads = n;
+    return p;
+  }
+
+  /// The same policy with a different threshold for keeping a call on the calling thread.
+  [[nodiscard]] constexpr parallel_policy with_serial_below_ns(std::int64_t ns) const noexcept {
+    parallel_policy p = *this;
+    p.serial_below_ns = ns;
     return p;
   }
 };
@@ -109,39 +123,66 @@ inline constexpr bool is_concurrent_policy =
 
 namespace detail {
 
+/// Hardware threads, at least 1 (queried once: the query reads a system file on Linux).
+inline index_t hardware_threads() {
+  static const index_t n =
+      std::max<index_t>(1, static_cast<index_t>(std::thread::hardware_concurrency()));
+  return n;
+}
+
 /// Runs f(0..n-1) through `submit(tasks, task)`, which must call task(0..tasks-1) and return
 /// when all have returned. Every task claims blocks of indices until none is left. An exception
 /// from f(i) ends i's block; blocks after the lowest failing index are skipped, blocks before it
 /// still run, and the exception of the lowest failing index is rethrown here, as under `seq`.
+///
+/// With `serial_below_ns` > 0 the calling thread first runs block 0 alone and times it; when
+/// the remaining blocks at that pace would take less than `serial_below_ns`, it runs them too
+/// and `submit` is not called (splitting would cost more than it saves).
 template <class F, class Submit>
-void run_blocks(index_t n, index_t tasks, F& f, Submit&& submit) {
+void run_blocks(index_t n, index_t tasks, F& f, Submit&& submit, std::int64_t serial_below_ns = 0) {
   const index_t block = std::max<index_t>(1, n / (16 * tasks));
   const index_t blocks = (n + block - 1) / block;
   std::atomic<index_t> next{0};
   std::atomic<index_t> lowest_failure{n};
   std::mutex error_mutex;
   std::exception_ptr error;
-  auto body = [&](index_t) noexcept {
-    for (;;) {
-      const index_t k = next.fetch_add(1, std::memory_order_relaxed);
-      const index_t begin = k * block;
-      if (k >= blocks || begin > lowest_failure.load(std::memory_order_relaxed)) return;
-      const index_t end = std::min(n, begin + block);
-      for (index_t i = begin; i < end; ++i) {
-        try {
-          f(i);
-        } catch (...) {
-          const std::lock_guard<std::mutex> lock(error_mutex);
-          if (i < lowest_failure.load(std::memory_order_relaxed)) {
-            lowest_failure.store(i, std::memory_order_relaxed);
-            error = std::current_exception();
-          }
-          break;
+  auto run_block = [&](index_t k) noexcept {
+    const index_t begin = k * block;
+    const index_t end = std::min(n, begin + block);
+    for (index_t i = begin; i < end; ++i) {
+      try {
+        f(i);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(error_mutex);
+        if (i < lowest_failure.load(std::memory_order_relaxed)) {
+          lowest_failure.store(i, std::memory_order_relaxed);
+          error = std::current_exception();
         }
+        return;
       }
     }
   };
-  submit(std::min(tasks, blocks), bulk_task(body));
+  auto body = [&](index_t) noexcept {
+    for (;;) {
+      const index_t k = next.fetch_add(1, std::memory_order_relaxed);
+      if (k >= blocks || k * block > lowest_failure.load(std::memory_order_relaxed)) return;
+      run_block(k);
+    }
+  };
+  bool split = true;
+  if (serial_below_ns > 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run_block(next.fetch_add(1, std::memory_order_relaxed));
+    const auto first =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+    split = !error && static_cast<double>(first) * static_cast<double>(blocks - 1) >=
+                          static_cast<double>(serial_below_ns);
+  }
+  if (split)
+    submit(std::min(tasks, blocks), bulk_task(body));
+  else
+    body(0);
   if (error) std::rethrow_exception(error);
 }
 
@@ -157,17 +198,17 @@ void for_each_index(sequential_policy, index_t n, F&& f) {
 
 template <class F>
 void for_each_index(const parallel_policy& pol, index_t n, F&& f) {
-  const index_t hw =
-      std::max<index_t>(1, static_cast<index_t>(std::thread::hardware_concurrency()));
-  const index_t wanted = pol.threads == 0 ? hw : static_cast<index_t>(pol.threads);
+  const index_t wanted =
+      pol.threads == 0 ? detail::hardware_threads() : static_cast<index_t>(pol.threads);
   const index_t per = std::max<index_t>(1, pol.min_requests_per_thread);
   const index_t tasks = std::min(wanted, (n + per - 1) / per);
   if (tasks <= 1) {
     for (index_t i = 0; i < n; ++i) f(i);
     return;
   }
-  thread_pool& pool = default_pool();
-  detail::run_blocks(n, tasks, f, [&](index_t t, bulk_task task) { pool.bulk(t, task); });
+  detail::run_blocks(
+      n, tasks, f, [](index_t t, bulk_task task) { default_pool().bulk(t, task); },
+      pol.serial_below_ns);
 }
 
 template <class E, class F>

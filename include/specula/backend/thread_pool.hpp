@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <concepts>
 #include <condition_variable>
 #include <cstddef>
@@ -98,14 +99,24 @@ class thread_pool {
     else
       wake_.notify_all();
     drain(j);
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (job** p = &jobs_; *p != nullptr; p = &(*p)->next_job)
-      if (*p == &j) {
-        *p = j.next_job;
-        break;
-      }
-    // No worker joins once the job is unlisted; wait for those still running its tasks.
-    done_.wait(lock, [&] { return j.active == 0; });
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      for (job** p = &jobs_; *p != nullptr; p = &(*p)->next_job)
+        if (*p == &j) {
+          *p = j.next_job;
+          break;
+        }
+    }
+    // No worker joins once the job is unlisted; wait for those still running its tasks, first
+    // briefly without sleeping (they are usually finishing their last task).
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+    while (j.active.load(std::memory_order_acquire) != 0 &&
+           std::chrono::steady_clock::now() < spin_until)
+      std::this_thread::yield();
+    if (j.active.load(std::memory_order_acquire) != 0) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_.wait(lock, [&] { return j.active.load(std::memory_order_acquire) == 0; });
+    }
   }
 
  private:
@@ -114,8 +125,8 @@ class thread_pool {
     index_t count;
     index_t max_helpers;
     std::atomic<index_t> next{0};
-    index_t helpers = 0;  // workers that joined (under mutex_)
-    index_t active = 0;   // workers still running its tasks (under mutex_)
+    index_t helpers = 0;             // workers that joined (under mutex_)
+    std::atomic<index_t> active{0};  // workers still running its tasks (joined under mutex_)
     job* next_job = nullptr;
 
     job(bulk_task t, index_t n, index_t h) : task(t), count(n), max_helpers(h) {}
@@ -142,11 +153,13 @@ class thread_pool {
       wake_.wait(lock, [&] { return stopping_ || (j = joinable()) != nullptr; });
       if (stopping_) return;
       ++j->helpers;
-      ++j->active;
+      j->active.fetch_add(1, std::memory_order_relaxed);
       lock.unlock();
       drain(*j);
+      // The caller may return as soon as this reaches 0: j is not touched afterwards.
+      const bool last = j->active.fetch_sub(1, std::memory_order_acq_rel) == 1;
       lock.lock();
-      if (--j->active == 0) done_.notify_all();
+      if (last) done_.notify_all();
     }
   }
 
