@@ -2,6 +2,8 @@
 // replacement and for deterministic candidates; negative controls; K = 1 equals the chain.
 
 #include <catch2/catch.hpp>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "chain_test_util.hpp"
@@ -178,5 +180,85 @@ TEST_CASE("one candidate draws and decides exactly like chain verification", "[v
                                          default_residual_floor, out, nullptr);
     REQUIRE(ch.num_accepted == (c.accepted == 0 ? 1 : 0));
     if (ch.num_accepted == 0) REQUIRE(out[0] == c.token);
+  }
+}
+
+TEST_CASE("verify_candidates_checked rejects bad input, naming the argument",
+          "[verify][bad_input]") {
+  const std::vector<float> p = {0.1f, 0.2f, 0.3f, 0.4f};
+  const std::vector<float> q = {0.4f, 0.3f, 0.2f, 0.1f};
+  std::vector<token_t> cand = {1, 3};
+  std::vector<double> ws(static_cast<std::size_t>(candidates_workspace_size(2)));
+  const request_rng rng{9, 0, 0};
+  auto call = [&](const std::vector<float>& pr, const std::vector<float>& qr,
+                  const std::vector<token_t>& c, std::vector<double>& w,
+                  check_level level = check_level::reads) {
+    candidates_options o;
+    o.check = level;
+    return verify_candidates_checked(exact_rule{}, rng, row_view<const float>(pr),
+                                     without_replacement<float>{row_view<const float>(qr)},
+                                     row_view<const token_t>(c), row_view<double>(w), 0, o);
+  };
+  auto expect = [](auto&& f, status code, const std::string& argument) {
+    try {
+      f();
+      FAIL("no exception; expected " << argument << ": " << describe(code));
+    } catch (const invalid_input& e) {
+      INFO(e.what());
+      CHECK(e.code() == code);
+      CHECK(e.argument() == argument);
+    }
+  };
+  SECTION("valid input gives the unchecked result") {
+    std::vector<double> ws2 = ws;
+    philox_source src{rng};
+    const auto want = verify_candidates(exact_rule{}, src, row_view<const float>(p),
+                                        without_replacement<float>{row_view<const float>(q)},
+                                        cand.data(), 2, default_residual_floor, 0, ws2.data());
+    for (check_level level : {check_level::reads, check_level::full}) {
+      const auto got = call(p, q, cand, ws, level);
+      CHECK(got.token == want.token);
+      CHECK(got.accepted == want.accepted);
+      CHECK(got.flags == want.flags);
+    }
+  }
+  for (check_level level : {check_level::reads, check_level::full}) {
+    SECTION("candidate -1, at either level") {
+      std::vector<token_t> bad = {1, -1};
+      expect([&] { call(p, q, bad, ws, level); }, status::token_out_of_range, "candidates");
+    }
+    SECTION("candidate >= vocab, at either level") {
+      std::vector<token_t> bad = {4};
+      expect([&] { call(p, q, bad, ws, level); }, status::token_out_of_range, "candidates");
+    }
+    SECTION("workspace too small, at either level") {
+      std::vector<double> small(3);
+      expect([&] { call(p, q, cand, small, level); }, status::length_mismatch, "workspace");
+    }
+    SECTION("repeated candidate drawn without replacement") {
+      std::vector<token_t> rep = {3, 3};
+      expect([&] { call(p, q, rep, ws, level); }, status::invalid_parameter, "candidates");
+    }
+    SECTION("q(c) = 0") {
+      std::vector<float> q0 = {0.5f, 0.0f, 0.4f, 0.1f};
+      expect([&] { call(p, q0, cand, ws, level); }, status::zero_draft_probability, "q");
+    }
+    SECTION("NaN at p(c)") {
+      std::vector<float> pn = p;
+      pn[3] = std::numeric_limits<float>::quiet_NaN();
+      expect([&] { call(pn, q, cand, ws, level); }, status::nan_value, "p");
+    }
+    SECTION("q row of another length") {
+      std::vector<float> q5 = {0.2f, 0.2f, 0.2f, 0.2f, 0.2f};
+      expect([&] { call(p, q5, cand, ws, level); }, status::length_mismatch, "q");
+    }
+  }
+  SECTION("a negative p entry away from the candidates: read after a rejection") {
+    // p(1) = p(3) = 0: both candidates are rejected, so p and q are read in full.
+    std::vector<float> pr = {0.6f, 0.0f, 0.5f, 0.0f};
+    pr[2] = -0.1f;
+    pr[0] = 1.1f;
+    for (check_level level : {check_level::reads, check_level::full})
+      expect([&] { call(pr, q, cand, ws, level); }, status::negative_value, "p");
   }
 }

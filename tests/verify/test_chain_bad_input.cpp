@@ -71,9 +71,11 @@ TEST_CASE("the fixture itself is valid", "[verify][bad_input]") {
   REQUIRE_NOTHROW(verify_chain(host::seq, f.in(), f.output()));
 }
 
-TEST_CASE("bad probability rows", "[verify][bad_input]") {
+TEST_CASE("bad probability rows (check_level::full scans every row)", "[verify][bad_input]") {
   fixture f;
-  auto run = [&] { verify_chain(host::seq, f.in(), f.output()); };
+  chain_options full;
+  full.check = check_level::full;
+  auto run = [&] { verify_chain(host::seq, f.in(), f.output(), full); };
   SECTION("NaN in target_probs") {
     f.target[4 * 3 + 2] = std::numeric_limits<float>::quiet_NaN();
     require_error(run, {status::nan_value, "target_probs", 3, 2});
@@ -93,7 +95,7 @@ TEST_CASE("bad probability rows", "[verify][bad_input]") {
   }
   SECTION("a looser tolerance accepts that row") {
     f.target[4 * 4 + 1] = 0.9f;
-    chain_options o;
+    chain_options o = full;
     o.sum_tolerance = 0.2;
     REQUIRE_NOTHROW(verify_chain(host::seq, f.in(), f.output(), o));
   }
@@ -290,4 +292,100 @@ TEST_CASE("parallel validation reports the same first error as sequential", "[ve
   for (unsigned threads : {1u, 2u, 3u, 5u})
     require_error([&] { verify_chain(host::par.with_threads(threads), f.in(), f.output()); },
                   {status::nan_value, "target_probs", 1, 0});
+}
+
+namespace {
+
+/// One request, V = 6, two drafts whose q(x) equals p(x): both are accepted with probability
+/// one, so the verifier reads p(x) and q(x) at the drafts and the bonus row p_3 in full (row 2
+/// of target_probs), nothing else. With `reject`, p(x) = 0 at the first draft instead: it is
+/// rejected and the verifier reads p_1 and q_1 in full (row 0 of both), nothing else.
+struct reads_fixture {
+  index_t vocab = 6;
+  std::vector<index_t> offsets = {0, 2};
+  std::vector<token_t> tokens = {1, 4};
+  std::vector<float> draft = {0.1f, 0.3f, 0.1f, 0.2f, 0.2f, 0.1f,  //
+                              0.2f, 0.1f, 0.1f, 0.1f, 0.4f, 0.1f};
+  std::vector<float> target = {0.2f, 0.3f, 0.2f, 0.1f, 0.1f, 0.1f,  //
+                               0.1f, 0.2f, 0.1f, 0.1f, 0.4f, 0.1f,  //
+                               0.5f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f};
+  std::vector<request_rng> rng = {{3, 0, 0}};
+  std::vector<token_t> out = std::vector<token_t>(3);
+  std::vector<std::int32_t> n = std::vector<std::int32_t>(1);
+
+  explicit reads_fixture(bool reject) {
+    if (reject) {
+      target[1] = 0.0f;  // p_1(x_1) = 0: certain rejection
+      target[0] = 0.5f;
+    }
+  }
+  [[nodiscard]] chain_batch_input<float> in() const {
+    return {vocab, offsets, tokens, {draft.data(), 2, 6}, {target.data(), 3, 6}, rng};
+  }
+  chain_batch_output output() { return {out, n, {}, {}}; }
+};
+
+chain_options at(check_level level) {
+  chain_options o;
+  o.check = level;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("check_level::reads checks the rows the verifier reads, as it reads them",
+          "[verify][bad_input]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  SECTION("the fixtures are valid and behave as described") {
+    reads_fixture accept(false), reject(true);
+    verify_chain(host::seq, accept.in(), accept.output(), at(check_level::full));
+    CHECK(accept.n[0] == 2);
+    verify_chain(host::seq, reject.in(), reject.output(), at(check_level::full));
+    CHECK(reject.n[0] == 0);
+  }
+  for (const check_level level : {check_level::reads, check_level::full}) {
+    INFO("level " << (level == check_level::reads ? "reads" : "full"));
+    SECTION("a NaN in the bonus row, which is read in full") {
+      reads_fixture f(false);
+      f.target[2 * 6 + 3] = nan;
+      require_error([&] { verify_chain(host::seq, f.in(), f.output(), at(level)); },
+                    {status::nan_value, "target_probs", 2, 3});
+    }
+    SECTION("a bad sum in the bonus row") {
+      reads_fixture f(false);
+      f.target[2 * 6 + 0] = 0.9f;
+      require_error([&] { verify_chain(host::seq, f.in(), f.output(), at(level)); },
+                    {status::bad_row_sum, "target_probs", 2, -1});
+    }
+    SECTION("a negative entry in the proposal row of a rejected draft, which is read in full") {
+      reads_fixture f(true);
+      f.draft[5] = -0.1f;
+      f.draft[4] = 0.4f;
+      require_error([&] { verify_chain(host::seq, f.in(), f.output(), at(level)); },
+                    {status::negative_value, "draft_probs", 0, 5});
+    }
+    SECTION("a NaN at a drafted token's target probability, which is read pointwise") {
+      reads_fixture f(false);
+      f.target[6 + 4] = nan;
+      require_error([&] { verify_chain(host::seq, f.in(), f.output(), at(level)); },
+                    {status::nan_value, "target_probs", 1, 4});
+    }
+    SECTION("an infinite proposal probability at a drafted token") {
+      reads_fixture f(false);
+      f.draft[1] = std::numeric_limits<float>::infinity();
+      require_error([&] { verify_chain(host::seq, f.in(), f.output(), at(level)); },
+                    {status::inf_value, "draft_probs", 0, 1});
+    }
+  }
+  SECTION("a row that is only read pointwise is scanned at full but not at reads") {
+    reads_fixture f(false);
+    f.target[6 + 0] = nan;  // p_2 away from the drafted token 4
+    require_error([&] { verify_chain(host::seq, f.in(), f.output(), at(check_level::full)); },
+                  {status::nan_value, "target_probs", 1, 0});
+    reads_fixture clean(false);
+    verify_chain(host::seq, clean.in(), clean.output(), at(check_level::reads));
+    REQUIRE_NOTHROW(verify_chain(host::seq, f.in(), f.output(), at(check_level::reads)));
+    CHECK(f.out == clean.out);  // the entry that was never read cannot change the result
+    CHECK(f.n == clean.n);
+  }
 }

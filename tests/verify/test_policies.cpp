@@ -151,7 +151,8 @@ TEST_CASE("verifiers give the same output under seq, par and a caller's executor
     CHECK(run_tree(host::par.with_serial_below_ns(0), t) == ref);
     CHECK(run_tree(host::on(pool), t) == ref);
     CHECK(run_tree(host::on(ex), t) == ref);
-    CHECK(ex.tasks.load() > 0);  // at least the validation of the 7 B rows
+    // The executor did the work (with check_level::reads, a single request runs no row scans).
+    CHECK((ex.tasks.load() > 0) == (batch > 1));
   }
 }
 

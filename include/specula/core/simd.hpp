@@ -228,42 +228,33 @@ template <bool HasQ>
   return finish_tile<HasQ>(p, q, i, len, lane);
 }
 
-/// Two full tiles at once (independent lane chains, twice the instruction-level parallelism of
-/// one tile); out[0], out[1] get their sums.
-template <bool HasQ>
-__attribute__((target("avx2"))) inline void tile_pair_avx2(const float* p, const float* q,
-                                                           index_t tile, double* out) noexcept {
+/// G full tiles at once (independent lane chains: G times the instruction-level and
+/// memory-level parallelism of one tile); out[0 .. G) get their sums.
+template <bool HasQ, int G>
+__attribute__((target("avx2"))) inline void tile_group_avx2(const float* p, const float* q,
+                                                            index_t tile, double* out) noexcept {
   const __m256d zero = _mm256_setzero_pd();
-  __m256d a0 = zero, a1 = zero, b0 = zero, b1 = zero;
-  const float* pb = p + tile;
-  const float* qb = HasQ ? q + tile : nullptr;
-  for (index_t i = 0; i < tile; i += 8) {
-    const __m256 pa = _mm256_loadu_ps(p + i);
-    const __m256 pv = _mm256_loadu_ps(pb + i);
-    __m256d da0 = _mm256_cvtps_pd(_mm256_castps256_ps128(pa));
-    __m256d da1 = _mm256_cvtps_pd(_mm256_extractf128_ps(pa, 1));
-    __m256d db0 = _mm256_cvtps_pd(_mm256_castps256_ps128(pv));
-    __m256d db1 = _mm256_cvtps_pd(_mm256_extractf128_ps(pv, 1));
-    if constexpr (HasQ) {
-      const __m256 qa = _mm256_loadu_ps(q + i);
-      const __m256 qv = _mm256_loadu_ps(qb + i);
-      da0 = _mm256_sub_pd(da0, _mm256_cvtps_pd(_mm256_castps256_ps128(qa)));
-      da1 = _mm256_sub_pd(da1, _mm256_cvtps_pd(_mm256_extractf128_ps(qa, 1)));
-      db0 = _mm256_sub_pd(db0, _mm256_cvtps_pd(_mm256_castps256_ps128(qv)));
-      db1 = _mm256_sub_pd(db1, _mm256_cvtps_pd(_mm256_extractf128_ps(qv, 1)));
+  __m256d lo[G], hi[G];  // lanes 0-3 and 4-7 of each tile
+  for (int g = 0; g < G; ++g) lo[g] = hi[g] = zero;
+  for (index_t i = 0; i < tile; i += 8)
+    for (int g = 0; g < G; ++g) {
+      const __m256 pv = _mm256_loadu_ps(p + g * tile + i);
+      __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(pv));
+      __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(pv, 1));
+      if constexpr (HasQ) {
+        const __m256 qv = _mm256_loadu_ps(q + g * tile + i);
+        d0 = _mm256_sub_pd(d0, _mm256_cvtps_pd(_mm256_castps256_ps128(qv)));
+        d1 = _mm256_sub_pd(d1, _mm256_cvtps_pd(_mm256_extractf128_ps(qv, 1)));
+      }
+      lo[g] = _mm256_add_pd(lo[g], _mm256_max_pd(d0, zero));
+      hi[g] = _mm256_add_pd(hi[g], _mm256_max_pd(d1, zero));
     }
-    a0 = _mm256_add_pd(a0, _mm256_max_pd(da0, zero));
-    a1 = _mm256_add_pd(a1, _mm256_max_pd(da1, zero));
-    b0 = _mm256_add_pd(b0, _mm256_max_pd(db0, zero));
-    b1 = _mm256_add_pd(b1, _mm256_max_pd(db1, zero));
-  }
   alignas(32) double lane[8];
-  _mm256_store_pd(lane, a0);
-  _mm256_store_pd(lane + 4, a1);
-  out[0] = combine_lanes(lane);
-  _mm256_store_pd(lane, b0);
-  _mm256_store_pd(lane + 4, b1);
-  out[1] = combine_lanes(lane);
+  for (int g = 0; g < G; ++g) {
+    _mm256_store_pd(lane, lo[g]);
+    _mm256_store_pd(lane + 4, hi[g]);
+    out[g] = combine_lanes(lane);
+  }
 }
 
 template <bool HasQ>
@@ -445,16 +436,16 @@ inline void dense_tile_sums(const dense_f32_weights& f, index_t begin, index_t e
   if (f.steps == 1 && f.scale == nullptr && simd::active_isa() == simd::isa::avx2) {
     index_t t = begin;
     index_t k = 0;
-    // Pairs of full tiles without skip indices run interleaved.
-    for (; t + 2 * tile <= n && t < end; t += 2 * tile, k += 2) {
-      if (holds_skip(f, t, t + 2 * tile)) break;
-      double pair[2];
+    // Groups of full tiles without skip indices run interleaved.
+    constexpr int group = 4;
+    for (; t + group * tile <= n && t < end; t += group * tile, k += group) {
+      if (holds_skip(f, t, t + group * tile)) break;
+      double sums[group];
       if (f.q != nullptr)
-        tile_pair_avx2<true>(f.p + t, f.q + t, tile, pair);
+        tile_group_avx2<true, group>(f.p + t, f.q + t, tile, sums);
       else
-        tile_pair_avx2<false>(f.p + t, nullptr, tile, pair);
-      out[k] = pair[0];
-      if (t + tile < end) out[k + 1] = pair[1];
+        tile_group_avx2<false, group>(f.p + t, nullptr, tile, sums);
+      for (int g = 0; g < group && t + g * tile < end; ++g) out[k + g] = sums[g];
     }
     begin = t;
     out += k;

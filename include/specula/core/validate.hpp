@@ -137,6 +137,14 @@ inline void validate_extent(index_t actual, index_t expected, const char* argume
 
 namespace detail {
 
+/// Checks one probability entry that a verifier reads pointwise (p(x) or q(x)): not NaN, finite,
+/// not negative; throws naming the argument, row and column.
+inline void check_entry(double v, const char* argument, index_t row, index_t col) {
+  if (is_nan(v)) throw_if_failed({status::nan_value, row, col, v}, argument);
+  if (!is_finite(v)) throw_if_failed({status::inf_value, row, col, v}, argument);
+  if (v < 0.0) throw_if_failed({status::negative_value, row, col, v}, argument);
+}
+
 /// The verifiers' extent check: throws unless `actual == expected` (see validate_extent).
 inline void require_size(index_t actual, index_t expected, const char* argument, const char* what) {
   validate_extent(actual, expected, argument, what);

@@ -22,7 +22,9 @@
 
 #include "specula/core/config.hpp"
 #include "specula/core/row.hpp"
+#include "specula/core/status.hpp"
 #include "specula/core/types.hpp"
+#include "specula/core/validate.hpp"
 #include "specula/sample/categorical.hpp"
 #include "specula/sample/random_source.hpp"
 #include "specula/sample/without_replacement.hpp"
@@ -47,6 +49,75 @@ struct sequential_passes {
   }
 };
 
+/// How much of their input the checked host entry points validate.
+enum class check_level {
+  /// Shapes, extents, offsets and token ids; the probabilities of drafted tokens (p(x), q(x));
+  /// and every probability row the verifier reads in full, checked as it is read (no NaN, no
+  /// Inf, no negative entry, |sum - 1| within the tolerance). Rows the verifier never reads
+  /// cannot change its output and are not scanned, so a checked call costs about what an
+  /// unchecked one does. Applies to the exact rule over float rows; other rules and row types
+  /// are checked at the `full` level.
+  reads,
+  /// Every row of every input is validated before anything is verified.
+  full,
+};
+
+/// The first failure found by checking_passes, and the rows already checked (each row is
+/// checked once even when several passes read it, as the K-candidate recursion does).
+struct row_read_log {
+  static constexpr int max_remembered = 8;
+  double sum_tolerance = 1e-3;
+  const float* remembered[max_remembered] = {};
+  int count = 0;
+  const float* failed_row = nullptr;  ///< the first row that failed, or nullptr
+  diagnostic failure{};               ///< its diagnostic (row index not set)
+};
+
+/// Host passes that validate every float probability row they read (check_level::reads): the
+/// rows named by a weight function's dense form (core/simd.hpp) are checked with
+/// check_probability_row before the pass, while they are about to be read anyway. The first
+/// failure is recorded in the log; the caller turns it into an error after the request.
+struct checking_passes {
+  using summary_type = weight_summary;
+  row_read_log* log = nullptr;
+
+  template <class WeightFn>
+  [[nodiscard]] double mass(index_t n, WeightFn&& w) const noexcept {
+    note(n, w);
+    return positive_mass(n, w);
+  }
+  template <class WeightFn>
+  void summarize(index_t n, WeightFn&& w, summary_type& s) const noexcept {
+    note(n, w);
+    summarize_weights(n, w, s);
+  }
+  template <class Row>
+  [[nodiscard]] index_t argmax(const Row& row) const noexcept {
+    return argmax_lowest(row);
+  }
+
+ private:
+  template <class WeightFn>
+  void note(index_t n, const WeightFn& w) const noexcept {
+    if constexpr (detail::dense_f32_weight_function<std::remove_cvref_t<WeightFn>>) {
+      const dense_f32_weights f = w.dense_f32();
+      check(f.p, n);
+      if (f.q != nullptr) check(f.q, n);
+    }
+  }
+  void check(const float* row, index_t n) const noexcept {
+    for (int k = 0; k < log->count; ++k)
+      if (log->remembered[k] == row) return;
+    if (log->count < row_read_log::max_remembered) log->remembered[log->count++] = row;
+    if (log->failed_row != nullptr) return;
+    const diagnostic d = check_probability_row(row_view<const float>{row, n}, log->sum_tolerance);
+    if (!d.ok()) {
+      log->failed_row = row;
+      log->failure = d;
+    }
+  }
+};
+
 /// The interface of a row-passes object (see file comment).
 template <class P>
 concept row_passes = tile_summary<typename P::summary_type> &&
@@ -58,5 +129,6 @@ concept row_passes = tile_summary<typename P::summary_type> &&
 };
 
 static_assert(row_passes<sequential_passes>);
+static_assert(row_passes<checking_passes>);
 
 }  // namespace specula

@@ -28,9 +28,11 @@
 #include <type_traits>
 
 #include "specula/core/config.hpp"
+#include "specula/core/error.hpp"
 #include "specula/core/numeric.hpp"
 #include "specula/core/row.hpp"
 #include "specula/core/types.hpp"
+#include "specula/core/validate.hpp"
 #include "specula/rules/rule.hpp"
 #include "specula/sample/categorical.hpp"
 #include "specula/sample/random_source.hpp"
@@ -364,6 +366,87 @@ verify_candidates(const Rule& rule, Source& src, row_view<const T> p, const Prop
     result.flags |= chain_valid;
   }
   return result;
+}
+
+/// Options of verify_candidates_checked.
+struct candidates_options {
+  double sum_tolerance = default_sum_tolerance;    ///< |sum - 1| allowed in p and q
+  double residual_floor = default_residual_floor;  ///< as in verify_candidates
+  /// check_level::reads (default): p and q are checked as the verification reads them in full
+  /// (only after a rejection) plus p(c), q(c) of every candidate; full: both rows first.
+  check_level check = check_level::reads;
+};
+
+/// Checked verify_candidates (host): validates the candidates (each in [0, vocab), distinct when
+/// drawn without replacement), the workspace size (candidates_workspace_size(k) doubles), p(c)
+/// and q(c) of every candidate (q(c) > 0 when the proposal has a row), and the rows at the
+/// chosen check level, then verifies. Throws invalid_input naming the argument ("p", "q",
+/// "candidates", "workspace") and index; the result is unspecified when it throws.
+template <class Rule, class T, class Proposal>
+candidates_result verify_candidates_checked(const Rule& rule, const request_rng& rng,
+                                            row_view<const T> p, const Proposal& proposal,
+                                            row_view<const token_t> candidates,
+                                            row_view<double> workspace, std::uint32_t position,
+                                            const candidates_options& options = {}) {
+  require_parameter(options.sum_tolerance >= 0.0, "options.sum_tolerance", options.sum_tolerance,
+                    "must be >= 0");
+  require_parameter(options.residual_floor >= 0.0, "options.residual_floor", options.residual_floor,
+                    "must be >= 0");
+  const index_t vocab = p.size;
+  if (vocab <= 0 || p.data == nullptr)
+    throw_if_failed({status::empty_input, -1, -1, static_cast<double>(vocab)}, "p",
+                    "needs a non-empty row");
+  constexpr bool has_row = !std::is_same_v<Proposal, one_hot_candidates>;
+  row_view<const T> q{};
+  if constexpr (has_row) {
+    q = proposal.q;
+    detail::require_size(q.size, vocab, "q", "length must equal the length of p");
+    if (q.data == nullptr) throw_if_failed({status::empty_input, -1, -1, 0.0}, "q", "null data");
+  }
+  const index_t k = candidates.size;
+  if (workspace.size < candidates_workspace_size(k) || (k > 0 && workspace.data == nullptr))
+    throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(workspace.size)},
+                    "workspace", "needs candidates_workspace_size(k) = 2k doubles");
+  for (index_t j = 0; j < k; ++j) {
+    const token_t c = candidates[j];
+    if (c < 0 || static_cast<index_t>(c) >= vocab)
+      throw_if_failed({status::token_out_of_range, j, -1, static_cast<double>(c)}, "candidates",
+                      ("must be in [0, " + std::to_string(vocab) + ")").c_str());
+    detail::check_entry(static_cast<double>(p[c]), "p", -1, c);
+    if constexpr (has_row) {
+      const auto qc = static_cast<double>(q[c]);
+      detail::check_entry(qc, "q", -1, c);
+      if (!(qc > 0.0))
+        throw_if_failed({status::zero_draft_probability, -1, c, qc}, "q",
+                        "a candidate must have positive proposal probability");
+    }
+    if constexpr (std::is_same_v<Proposal, without_replacement<T>>)
+      for (index_t i = 0; i < j; ++i)
+        if (candidates[i] == c)
+          throw_if_failed({status::invalid_parameter, j, -1, static_cast<double>(c)}, "candidates",
+                          "candidates drawn without replacement must be distinct");
+  }
+  constexpr bool reads = detail::residual_is_positive_difference<Rule> && std::is_same_v<T, float>;
+  const bool scan = options.check == check_level::full || !reads;
+  if (scan) {
+    throw_if_failed(check_probability_row(p, options.sum_tolerance), "p");
+    if constexpr (has_row) throw_if_failed(check_probability_row(q, options.sum_tolerance), "q");
+  }
+  philox_source src{rng};
+  if constexpr (reads) {
+    if (!scan) {
+      row_read_log log;
+      log.sum_tolerance = options.sum_tolerance;
+      const auto r =
+          verify_candidates(rule, src, p, proposal, candidates.data, k, options.residual_floor,
+                            position, workspace.data, checking_passes{&log});
+      if (log.failed_row != nullptr)
+        throw_if_failed(log.failure, log.failed_row == p.data ? "p" : "q");
+      return r;
+    }
+  }
+  return verify_candidates(rule, src, p, proposal, candidates.data, k, options.residual_floor,
+                           position, workspace.data);
 }
 
 }  // namespace specula

@@ -38,6 +38,9 @@ struct chain_options {
   /// A residual whose mass is at or below this is treated as empty; the emitted token is then
   /// sampled from p and the request is flagged chain_residual_fallback.
   double residual_floor = default_residual_floor;
+  /// What checked entry points validate (see check_level): by default the rows the verifier
+  /// reads, checked as they are read; check_level::full scans every row first.
+  check_level check = check_level::reads;
 };
 
 /// Inputs in the flattened (ragged) layout. B = draft_offsets.size - 1.
@@ -127,11 +130,12 @@ run_segment(const Rule& rule, const request_rng& rng, const chain_segment& s, co
                               out, acc, passes);
 }
 
-/// Validates drafted tokens of a segment and their proposal probabilities.
+/// Validates drafted tokens of a segment and the probabilities the verifier reads at them:
+/// q(x) (positive) and p(x) at every drafted position.
 template <class T>
 void validate_segment_drafts(const chain_segment& s, index_t b, const token_t* tokens,
-                             batch_view<const T> draft_probs, index_t vocab, bool padded,
-                             index_t max_draft) {
+                             batch_view<const T> draft_probs, batch_view<const T> target_probs,
+                             index_t vocab, bool padded, index_t max_draft) {
   for (index_t i = 0; i < s.length; ++i) {
     const token_t x = tokens[s.draft_row + i];
     const index_t row = padded ? b : s.draft_row + i;
@@ -142,10 +146,15 @@ void validate_segment_drafts(const chain_segment& s, index_t b, const token_t* t
     if (x < 0 || static_cast<index_t>(x) >= vocab)
       throw_if_failed({status::token_out_of_range, row, col, static_cast<double>(x)},
                       "draft_tokens", ("vocab_size is " + std::to_string(vocab)).c_str());
-    if (draft_probs.rows > 0 && !(static_cast<double>(draft_probs.row(s.draft_row + i)[x]) > 0.0))
-      throw_if_failed({status::zero_draft_probability, s.draft_row + i, x,
-                       static_cast<double>(draft_probs.row(s.draft_row + i)[x])},
-                      "draft_probs", "a drafted token must have positive proposal probability");
+    if (draft_probs.rows > 0) {
+      const auto qx = static_cast<double>(draft_probs.row(s.draft_row + i)[x]);
+      check_entry(qx, "draft_probs", s.draft_row + i, x);
+      if (!(qx > 0.0))
+        throw_if_failed({status::zero_draft_probability, s.draft_row + i, x, qx}, "draft_probs",
+                        "a drafted token must have positive proposal probability");
+    }
+    check_entry(static_cast<double>(target_probs.row(s.target_row + i)[x]), "target_probs",
+                s.target_row + i, x);
   }
   if (padded) {
     for (index_t i = s.length; i < max_draft; ++i)
@@ -157,9 +166,9 @@ void validate_segment_drafts(const chain_segment& s, index_t b, const token_t* t
 
 /// Shape checks, then every row checked under `policy` (rows split over threads with `par`; the
 /// error reported is the first failing row in row order either way).
-template <host::policy Policy, class T>
-void validate_rows(const Policy& policy, batch_view<const T> rows, index_t expected_rows,
-                   index_t vocab, const char* argument, double tolerance) {
+template <class T>
+void validate_row_shape(batch_view<const T> rows, index_t expected_rows, index_t vocab,
+                        const char* argument) {
   require_size(rows.rows, expected_rows, argument, "number of rows");
   require_size(rows.cols, vocab, argument, "row length must equal vocab_size");
   if (rows.rows > 1 && rows.row_stride < rows.cols)
@@ -167,9 +176,58 @@ void validate_rows(const Policy& policy, batch_view<const T> rows, index_t expec
                     argument, "row_stride must be at least the row length");
   if (rows.rows > 0 && rows.data == nullptr)
     throw_if_failed({status::empty_input, -1, -1, 0.0}, argument, "null data pointer");
+}
+
+/// Shape checks, then (unless `shape_only`) every row checked under `policy`.
+template <host::policy Policy, class T>
+void validate_rows(const Policy& policy, batch_view<const T> rows, index_t expected_rows,
+                   index_t vocab, const char* argument, double tolerance, bool shape_only = false) {
+  validate_row_shape(rows, expected_rows, vocab, argument);
+  if (shape_only) return;
   host::for_each_index(policy, rows.rows, [&](index_t r) {
     throw_if_failed(check_probability_row<T>(rows.row(r), tolerance, r), argument);
   });
+}
+
+/// Whether check_level::reads can check the rows a verifier reads as it reads them: the rows
+/// must reach the passes through a dense form (core/simd.hpp), which the exact rule over float
+/// rows provides. Other rules and row types are validated at check_level::full.
+template <class Rule, class T>
+inline constexpr bool checks_reads = [] {
+  if constexpr (is_per_request<Rule>::value)
+    return residual_is_positive_difference<typename is_per_request<Rule>::rule_type> &&
+           std::is_same_v<T, float>;
+  else
+    return residual_is_positive_difference<Rule> && std::is_same_v<T, float>;
+}();
+
+/// Whether a checked call with these options scans every row before verifying.
+template <class Rule, class T>
+[[nodiscard]] constexpr bool scans_all_rows(check_level level) noexcept {
+  return level == check_level::full || !checks_reads<Rule, T>;
+}
+
+/// Throws the failure recorded by checking_passes, naming the argument and row it belongs to.
+template <class T>
+void throw_read_failure(const row_read_log& log, batch_view<const T> target_probs,
+                        batch_view<const T> draft_probs) {
+  if (log.failed_row == nullptr) return;
+  diagnostic d = log.failure;
+  auto row_in = [&](batch_view<const T> rows) -> index_t {
+    if (rows.rows == 0 || rows.data == nullptr) return -1;
+    const auto* first = reinterpret_cast<const float*>(rows.data);
+    const std::ptrdiff_t offset = log.failed_row - first;
+    const index_t stride = rows.row_stride > 0 ? rows.row_stride : rows.cols;
+    if (offset < 0 || offset >= static_cast<std::ptrdiff_t>(rows.rows * stride)) return -1;
+    return static_cast<index_t>(offset) / stride;
+  };
+  const index_t target_row = row_in(target_probs);
+  if (target_row >= 0) {
+    d.row = target_row;
+    throw_if_failed(d, "target_probs");
+  }
+  d.row = row_in(draft_probs);
+  throw_if_failed(d, "draft_probs");
 }
 
 inline void validate_options(const chain_options& o) {
@@ -240,29 +298,34 @@ inline void validate_flattened_outputs(const chain_batch_output& out, index_t nu
 
 }  // namespace detail
 
-/// Validates flattened-layout inputs and outputs; throws invalid_input on the first problem.
+namespace detail {
+
+/// Validates flattened-layout inputs and outputs; scans every row only when `scan_rows`.
 template <host::policy Policy, class T>
-void validate_chain_batch(const Policy& policy, const chain_batch_input<T>& in,
-                          const chain_batch_output& out, const chain_options& options = {}) {
+void validate_chain_input(const Policy& policy, const chain_batch_input<T>& in,
+                          const chain_batch_output& out, const chain_options& options,
+                          bool scan_rows) {
   detail::validate_options(options);
   const index_t batch = detail::validate_flattened_shape(in);
   const index_t num_draft = in.draft_offsets[batch];
   detail::require_size(in.rng.size, batch, "rng", "one random stream per request");
   detail::validate_rows(policy, in.target_probs, num_draft + batch, in.vocab_size, "target_probs",
-                        options.sum_tolerance);
+                        options.sum_tolerance, !scan_rows);
   if (in.draft_probs.rows > 0)
     detail::validate_rows(policy, in.draft_probs, num_draft, in.vocab_size, "draft_probs",
-                          options.sum_tolerance);
+                          options.sum_tolerance, !scan_rows);
   for (index_t b = 0; b < batch; ++b)
     detail::validate_segment_drafts(detail::flattened_segment(in.draft_offsets, b), b,
-                                    in.draft_tokens.data, in.draft_probs, in.vocab_size, false, 0);
+                                    in.draft_tokens.data, in.draft_probs, in.target_probs,
+                                    in.vocab_size, false, 0);
   detail::validate_flattened_outputs(out, num_draft, batch);
 }
 
-/// Validates padded-layout inputs and outputs; throws invalid_input on the first problem.
+/// Validates padded-layout inputs and outputs; scans every row only when `scan_rows`.
 template <host::policy Policy, class T>
-void validate_chain_batch(const Policy& policy, const padded_chain_input<T>& in,
-                          const padded_chain_output& out, const chain_options& options = {}) {
+void validate_chain_input(const Policy& policy, const padded_chain_input<T>& in,
+                          const padded_chain_output& out, const chain_options& options,
+                          bool scan_rows) {
   detail::validate_options(options);
   require_parameter(in.vocab_size > 0, "vocab_size", static_cast<double>(in.vocab_size),
                     "must be positive");
@@ -284,14 +347,15 @@ void validate_chain_batch(const Policy& policy, const padded_chain_input<T>& in,
   }
   detail::require_size(in.rng.size, batch, "rng", "one random stream per request");
   detail::validate_rows(policy, in.target_probs, batch * (len + 1), in.vocab_size, "target_probs",
-                        options.sum_tolerance);
+                        options.sum_tolerance, !scan_rows);
   if (in.draft_probs.rows > 0)
     detail::validate_rows(policy, in.draft_probs, batch * len, in.vocab_size, "draft_probs",
-                          options.sum_tolerance);
+                          options.sum_tolerance, !scan_rows);
   for (index_t b = 0; b < batch; ++b) {
     const index_t n = detail::padded_length(in.draft_tokens, in.draft_lengths, len, b);
     detail::validate_segment_drafts(detail::chain_segment{n, b * len, b * (len + 1)}, b,
-                                    in.draft_tokens.data, in.draft_probs, in.vocab_size, true, len);
+                                    in.draft_tokens.data, in.draft_probs, in.target_probs,
+                                    in.vocab_size, true, len);
   }
   detail::require_size(out.output_tokens.size, batch * (len + 1), "output_tokens",
                        "length must be B * (L + 1)");
@@ -301,6 +365,24 @@ void validate_chain_batch(const Policy& policy, const padded_chain_input<T>& in,
   if (!out.flags.empty()) detail::require_size(out.flags.size, batch, "flags", "length must be B");
 }
 
+}  // namespace detail
+
+/// Validates flattened-layout inputs and outputs, every row included; throws invalid_input on
+/// the first problem.
+template <host::policy Policy, class T>
+void validate_chain_batch(const Policy& policy, const chain_batch_input<T>& in,
+                          const chain_batch_output& out, const chain_options& options = {}) {
+  detail::validate_chain_input(policy, in, out, options, true);
+}
+
+/// Validates padded-layout inputs and outputs, every row included; throws invalid_input on the
+/// first problem.
+template <host::policy Policy, class T>
+void validate_chain_batch(const Policy& policy, const padded_chain_input<T>& in,
+                          const padded_chain_output& out, const chain_options& options = {}) {
+  detail::validate_chain_input(policy, in, out, options, true);
+}
+
 /// Validates inputs and outputs of either layout on the calling thread.
 template <class Input, class Output>
 requires requires(const Input& in, const Output& out) { validate_chain_batch(host::seq, in, out); }
@@ -308,37 +390,61 @@ void validate_chain_batch(const Input& in, const Output& out, const chain_option
   validate_chain_batch(host::seq, in, out, options);
 }
 
-/// Chain verification without input validation (flattened layout). Undefined behaviour on
-/// invalid input; use verify_chain unless the inputs are valid by construction.
-template <host::policy Policy, class T, batch_chain_rule Rule = exact_rule>
-void verify_chain_unchecked(const Policy& policy, const chain_batch_input<T>& in,
-                            const chain_batch_output& out, const chain_options& options = {},
-                            const Rule& rule = {}) {
+namespace detail {
+
+/// Runs `run(passes)` for one request with plain passes, or, when CheckReads, with passes that
+/// validate every row read (check_level::reads) and throw the first failure afterwards.
+template <bool CheckReads, class T, class Run>
+chain_request_result with_passes(double sum_tolerance, batch_view<const T> target_probs,
+                                 batch_view<const T> draft_probs, Run&& run) {
+  if constexpr (CheckReads) {
+    row_read_log log;
+    log.sum_tolerance = sum_tolerance;
+    const chain_request_result r = run(checking_passes{&log});
+    throw_read_failure(log, target_probs, draft_probs);
+    return r;
+  } else {
+    (void)sum_tolerance;
+    (void)target_probs;
+    (void)draft_probs;
+    return run(sequential_passes{});
+  }
+}
+
+template <bool CheckReads, host::policy Policy, class T, class Rule>
+void run_chain_batch(const Policy& policy, const chain_batch_input<T>& in,
+                     const chain_batch_output& out, const chain_options& options,
+                     const Rule& rule) {
   const index_t batch = in.draft_offsets.size - 1;
   std::uint8_t* accepted = out.accepted.empty() ? nullptr : out.accepted.data;
   host::for_each_index(policy, batch, [&](index_t b) {
-    const auto s = detail::flattened_segment(in.draft_offsets, b);
-    const auto r = detail::run_segment(detail::request_rule(rule, b), in.rng[b], s,
-                                       in.draft_tokens.data, in.draft_probs, in.target_probs,
-                                       options.residual_floor, out.output_tokens.data, accepted);
-    detail::write_result(r, b, out.num_accepted, out.flags);
+    const auto s = flattened_segment(in.draft_offsets, b);
+    const auto r = with_passes<CheckReads>(
+        options.sum_tolerance, in.target_probs, in.draft_probs, [&](const auto& passes) {
+          return run_segment(request_rule(rule, b), in.rng[b], s, in.draft_tokens.data,
+                             in.draft_probs, in.target_probs, options.residual_floor,
+                             out.output_tokens.data, accepted, passes);
+        });
+    write_result(r, b, out.num_accepted, out.flags);
   });
 }
 
-/// Chain verification without input validation (padded layout).
-template <host::policy Policy, class T, batch_chain_rule Rule = exact_rule>
-void verify_chain_unchecked(const Policy& policy, const padded_chain_input<T>& in,
-                            const padded_chain_output& out, const chain_options& options = {},
-                            const Rule& rule = {}) {
+template <bool CheckReads, host::policy Policy, class T, class Rule>
+void run_chain_batch(const Policy& policy, const padded_chain_input<T>& in,
+                     const padded_chain_output& out, const chain_options& options,
+                     const Rule& rule) {
   const index_t len = in.max_draft;
   std::uint8_t* accepted = out.accepted.empty() ? nullptr : out.accepted.data;
   host::for_each_index(policy, in.batch_size, [&](index_t b) {
-    const index_t n = detail::padded_length(in.draft_tokens, in.draft_lengths, len, b);
-    const detail::chain_segment s{n, b * len, b * (len + 1)};
-    const auto r = detail::run_segment(detail::request_rule(rule, b), in.rng[b], s,
-                                       in.draft_tokens.data, in.draft_probs, in.target_probs,
-                                       options.residual_floor, out.output_tokens.data, accepted);
-    detail::write_result(r, b, out.num_accepted, out.flags);
+    const index_t n = padded_length(in.draft_tokens, in.draft_lengths, len, b);
+    const chain_segment s{n, b * len, b * (len + 1)};
+    const auto r = with_passes<CheckReads>(
+        options.sum_tolerance, in.target_probs, in.draft_probs, [&](const auto& passes) {
+          return run_segment(request_rule(rule, b), in.rng[b], s, in.draft_tokens.data,
+                             in.draft_probs, in.target_probs, options.residual_floor,
+                             out.output_tokens.data, accepted, passes);
+        });
+    write_result(r, b, out.num_accepted, out.flags);
     // Slots past the request's L_b + 1 outputs and L_b flags belong to padding.
     for (index_t i = n + 1; i <= len; ++i) out.output_tokens[b * (len + 1) + i] = no_token;
     if (accepted != nullptr)
@@ -346,17 +452,46 @@ void verify_chain_unchecked(const Policy& policy, const padded_chain_input<T>& i
   });
 }
 
+}  // namespace detail
+
+/// Chain verification without input validation (flattened layout). Undefined behaviour on
+/// invalid input; use verify_chain unless the inputs are valid by construction.
+template <host::policy Policy, class T, batch_chain_rule Rule = exact_rule>
+void verify_chain_unchecked(const Policy& policy, const chain_batch_input<T>& in,
+                            const chain_batch_output& out, const chain_options& options = {},
+                            const Rule& rule = {}) {
+  detail::run_chain_batch<false>(policy, in, out, options, rule);
+}
+
+/// Chain verification without input validation (padded layout).
+template <host::policy Policy, class T, batch_chain_rule Rule = exact_rule>
+void verify_chain_unchecked(const Policy& policy, const padded_chain_input<T>& in,
+                            const padded_chain_output& out, const chain_options& options = {},
+                            const Rule& rule = {}) {
+  detail::run_chain_batch<false>(policy, in, out, options, rule);
+}
+
 /// Checked chain verification (either layout): validates inputs and outputs, then verifies every
-/// request under `policy` with `rule` (the exact rule by default).
+/// request under `policy` with `rule` (the exact rule by default). At check_level::reads (the
+/// default) the rows are checked as the verifier reads them; a bad row then throws after the
+/// requests before it were verified, so outputs are unspecified whenever the call throws.
 template <host::policy Policy, class Input, class Output, batch_chain_rule Rule = exact_rule>
 requires requires(const Policy& p, const Input& in, const Output& out) {
   validate_chain_batch(p, in, out);
 }
 void verify_chain(const Policy& policy, const Input& in, const Output& out,
                   const chain_options& options = {}, const Rule& rule = {}) {
-  validate_chain_batch(policy, in, out, options);
+  using T = typename decltype(in.target_probs)::value_type;
+  const bool scan = detail::scans_all_rows<Rule, T>(options.check);
+  detail::validate_chain_input(policy, in, out, options, scan);
   detail::validate_rule(rule, in.vocab_size, detail::batch_size_of(in));
-  verify_chain_unchecked(policy, in, out, options, rule);
+  if constexpr (detail::checks_reads<Rule, T>) {
+    if (!scan) {
+      detail::run_chain_batch<true>(policy, in, out, options, rule);
+      return;
+    }
+  }
+  detail::run_chain_batch<false>(policy, in, out, options, rule);
 }
 
 }  // namespace specula

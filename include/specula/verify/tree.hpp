@@ -49,6 +49,9 @@ struct tree_options {
   double sum_tolerance = default_sum_tolerance;
   double residual_floor = default_residual_floor;
   sibling_sampling sampling = sibling_sampling::without_replacement;
+  /// What checked entry points validate (see check_level): by default the rows the verifier
+  /// reads, checked as they are read; check_level::full scans every row first.
+  check_level check = check_level::reads;
 };
 
 /// Result of verifying one request's tree.
@@ -191,10 +194,15 @@ inline index_t total_nodes(row_view<const token_tree> trees) {
 
 }  // namespace detail
 
-/// Validates batched tree-verification inputs and outputs; throws invalid_input.
+namespace detail {
+
+/// Validates batched tree-verification inputs and outputs; scans every row only when
+/// `scan_rows` (the entries the verifier reads pointwise, p_u(c) and q_u(c) of every child c of
+/// every node u, are always checked).
 template <host::policy Policy, class T>
-void validate_tree_batch(const Policy& policy, const tree_batch_input<T>& in,
-                         const tree_batch_output& out, const tree_options& options = {}) {
+void validate_tree_input(const Policy& policy, const tree_batch_input<T>& in,
+                         const tree_batch_output& out, const tree_options& options,
+                         bool scan_rows) {
   detail::validate_options(chain_options{options.sum_tolerance, options.residual_floor});
   require_parameter(in.vocab_size > 0, "vocab_size", static_cast<double>(in.vocab_size),
                     "must be positive");
@@ -205,11 +213,11 @@ void validate_tree_batch(const Policy& policy, const tree_batch_input<T>& in,
   const index_t nodes = detail::total_nodes(in.trees);
   detail::require_size(in.rng.size, batch, "rng", "one random stream per request");
   detail::validate_rows(policy, in.target_probs, nodes, in.vocab_size, "target_probs",
-                        options.sum_tolerance);
+                        options.sum_tolerance, !scan_rows);
   const bool dense = in.draft_probs.rows > 0;
   if (dense)
     detail::validate_rows(policy, in.draft_probs, nodes, in.vocab_size, "draft_probs",
-                          options.sum_tolerance);
+                          options.sum_tolerance, !scan_rows);
   index_t base = 0;
   for (index_t b = 0; b < batch; ++b) {
     const token_tree& t = in.trees[b];
@@ -221,8 +229,11 @@ void validate_tree_batch(const Policy& policy, const tree_batch_input<T>& in,
                          std::to_string(in.vocab_size) + ")")
                             .c_str());
       const index_t parent = t.parent(i);
+      check_entry(static_cast<double>(in.target_probs.row(base + parent)[x]), "target_probs",
+                  base + parent, x);
       if (dense) {
         const double qx = static_cast<double>(in.draft_probs.row(base + parent)[x]);
+        check_entry(qx, "draft_probs", base + parent, x);
         if (!(qx > 0.0))
           throw_if_failed({status::zero_draft_probability, base + parent, x, qx}, "draft_probs",
                           "a drafted child must have positive probability in its parent's row");
@@ -245,11 +256,22 @@ void validate_tree_batch(const Policy& policy, const tree_batch_input<T>& in,
   if (!out.flags.empty()) detail::require_size(out.flags.size, batch, "flags", "length must be B");
 }
 
-/// Tree verification without input validation. `ws` is reused across calls.
-template <host::policy Policy, class T, batch_tree_rule Rule = exact_rule>
-void verify_tree_unchecked(const Policy& policy, const tree_batch_input<T>& in,
-                           const tree_batch_output& out, tree_workspace& ws,
-                           const tree_options& options = {}, const Rule& rule = {}) {
+}  // namespace detail
+
+/// Validates batched tree-verification inputs and outputs, every row included; throws
+/// invalid_input.
+template <host::policy Policy, class T>
+void validate_tree_batch(const Policy& policy, const tree_batch_input<T>& in,
+                         const tree_batch_output& out, const tree_options& options = {}) {
+  detail::validate_tree_input(policy, in, out, options, true);
+}
+
+namespace detail {
+
+template <bool CheckReads, host::policy Policy, class T, class Rule>
+void run_tree_batch(const Policy& policy, const tree_batch_input<T>& in,
+                    const tree_batch_output& out, tree_workspace& ws, const tree_options& options,
+                    const Rule& rule) {
   const index_t batch = in.trees.size;
   index_t threads = 1;
   if constexpr (host::is_concurrent_policy<Policy>) threads = batch;
@@ -262,11 +284,19 @@ void verify_tree_unchecked(const Policy& policy, const tree_batch_input<T>& in,
     philox_source src{in.rng[b]};
     auto target_row = [&](index_t u) { return in.target_probs.row(base + u); };
     index_t* nodes = out.accepted_nodes.empty() ? nullptr : out.accepted_nodes.data + base;
+    [[maybe_unused]] row_read_log log;
+    log.sum_tolerance = options.sum_tolerance;
     auto run = [&](auto proposal_for) {
-      return verify_tree_request(detail::request_rule(rule, b), src, in.trees[b].view(), target_row,
-                                 proposal_for, options.residual_floor,
-                                 out.output_tokens.data + base, nodes,
-                                 ws.slot(threads == 1 ? 0 : b));
+      auto request = [&](const auto& passes) {
+        return verify_tree_request(detail::request_rule(rule, b), src, in.trees[b].view(),
+                                   target_row, proposal_for, options.residual_floor,
+                                   out.output_tokens.data + base, nodes,
+                                   ws.slot(threads == 1 ? 0 : b), passes);
+      };
+      if constexpr (CheckReads)
+        return request(checking_passes{&log});
+      else
+        return request(sequential_passes{});
     };
     tree_request_result r;
     if (in.draft_probs.rows == 0)
@@ -275,18 +305,38 @@ void verify_tree_unchecked(const Policy& policy, const tree_batch_input<T>& in,
       r = run([&](index_t u) { return with_replacement<T>{in.draft_probs.row(base + u)}; });
     else
       r = run([&](index_t u) { return without_replacement<T>{in.draft_probs.row(base + u)}; });
+    if constexpr (CheckReads) throw_read_failure(log, in.target_probs, in.draft_probs);
     out.num_accepted[b] = r.num_accepted;
     if (!out.flags.empty()) out.flags[b] = r.flags;
   });
 }
 
-/// Checked tree verification: validates, then verifies every request under `policy`.
+}  // namespace detail
+
+/// Tree verification without input validation. `ws` is reused across calls.
+template <host::policy Policy, class T, batch_tree_rule Rule = exact_rule>
+void verify_tree_unchecked(const Policy& policy, const tree_batch_input<T>& in,
+                           const tree_batch_output& out, tree_workspace& ws,
+                           const tree_options& options = {}, const Rule& rule = {}) {
+  detail::run_tree_batch<false>(policy, in, out, ws, options, rule);
+}
+
+/// Checked tree verification: validates, then verifies every request under `policy`. At
+/// check_level::reads (the default) the rows are checked as the verifier reads them, so outputs
+/// are unspecified whenever the call throws.
 template <host::policy Policy, class T, batch_tree_rule Rule = exact_rule>
 void verify_tree(const Policy& policy, const tree_batch_input<T>& in, const tree_batch_output& out,
                  tree_workspace& ws, const tree_options& options = {}, const Rule& rule = {}) {
-  validate_tree_batch(policy, in, out, options);
+  const bool scan = detail::scans_all_rows<Rule, T>(options.check);
+  detail::validate_tree_input(policy, in, out, options, scan);
   detail::validate_rule(rule, in.vocab_size, in.trees.size);
-  verify_tree_unchecked(policy, in, out, ws, options, rule);
+  if constexpr (detail::checks_reads<Rule, T>) {
+    if (!scan) {
+      detail::run_tree_batch<true>(policy, in, out, ws, options, rule);
+      return;
+    }
+  }
+  detail::run_tree_batch<false>(policy, in, out, ws, options, rule);
 }
 
 /// Checked tree verification with a workspace allocated for this call.
