@@ -145,6 +145,10 @@ struct demo_options {
   index_t pool_size = 4;
   index_t ngram = 16;
   bool mix_order = false;
+  // diffusion (ar, ssd): the dual cache
+  std::string cache = "none";
+  index_t refresh = 8;
+  bool fallback = false;
 
   std::vector<std::string> given;  // flags present on the command line, in order
   [[nodiscard]] bool has(std::string_view flag) const {
@@ -346,6 +350,9 @@ specula::ssd_options ssd_options_of(const demo_options& o) {
   so.block_size = o.block_size;
   so.draft_length = std::max<index_t>(1, o.draft_length);
   so.tree = o.mix_order ? specula::ssd_tree::mix_order : specula::ssd_tree::chain;
+  so.cache = o.cache == "dual" ? specula::ssd_cache::dual : specula::ssd_cache::none;
+  so.refresh_interval = o.refresh;
+  so.fallback = o.fallback;
   return so;
 }
 
@@ -364,8 +371,11 @@ std::vector<token_t> run_ar(const run_input& in, decode_stats& st) {
 
 json params_ar(const demo_options& o) {
   if (o.task == task_kind::diffusion)
-    return {
-        {"stepwise", "low-confidence remasking"}, {"block_size", o.block_size}, {"greedy", true}};
+    return {{"stepwise", "low-confidence remasking"},
+            {"block_size", o.block_size},
+            {"cache", o.cache},
+            {"refresh_interval", o.refresh},
+            {"greedy", true}};
   json p = {{"greedy", o.greedy}};
   if (!o.greedy) p.update(sampling_json(o));
   return p;
@@ -529,6 +539,9 @@ json params_ssd(const demo_options& o) {
   return {{"draft_length", std::max<index_t>(1, o.draft_length)},
           {"block_size", o.block_size},
           {"tree", o.mix_order ? "mix-order" : "chain"},
+          {"cache", o.cache},
+          {"refresh_interval", o.refresh},
+          {"fallback", o.fallback},
           {"greedy", true}};
 }
 
@@ -542,7 +555,7 @@ const std::vector<method_entry>& methods() {
       {"ar",
        text_bit | image_bit | diffusion_bit,
        0,
-       {"--greedy", "--block-size"},
+       {"--greedy", "--block-size", "--cache", "--refresh"},
        run_ar,
        params_ar,
        "autoregressive sampling with the target model, one forward pass per token"},
@@ -593,7 +606,7 @@ const std::vector<method_entry>& methods() {
       {"ssd",
        diffusion_bit,
        0,
-       {"--draft-length", "--block-size", "--mix-order"},
+       {"--draft-length", "--block-size", "--mix-order", "--cache", "--refresh", "--fallback"},
        run_ssd,
        params_ssd,
        "self-speculative decoding of the masked diffusion model (greedy, = stepwise)"},
@@ -662,6 +675,11 @@ void print_help() {
       "  --pool-size N        multiblock: recycled candidates per step (default 4)\n"
       "  --ngram N            multiblock: tokens per recycled candidate (default 16)\n"
       "  --mix-order          ssd: the mix-order verification tree (2N nodes)\n"
+      "  --cache none|dual    ssd, diffusion ar: evaluate through the dual (prefix and suffix)\n"
+      "                       KV cache (default none: whole sequences every pass)\n"
+      "  --refresh R          ssd, diffusion ar with --cache dual: refresh the cache at every\n"
+      "                       block start and every R steps within a block (default 8)\n"
+      "  --fallback           ssd: decode stepwise once fewer than N positions are masked\n"
       "\n"
       "exit codes: 0 success, 1 runtime error, 2 bad arguments, 3 method not available yet\n");
 }
@@ -702,7 +720,7 @@ demo_options parse_args(int argc, char** argv) {
   std::string task;
   const std::vector<std::string_view> switches = {"--greedy",       "--draft-greedy", "--no-ac",
                                                   "--no-pd",        "--json",         "--quiet",
-                                                  "--no-recycling", "--mix-order"};
+                                                  "--no-recycling", "--mix-order",    "--fallback"};
   const std::vector<std::string_view> valued = {"--task",
                                                 "--method",
                                                 "--temperature",
@@ -731,7 +749,9 @@ demo_options parse_args(int argc, char** argv) {
                                                 "--blocks",
                                                 "--spawn-ratio",
                                                 "--pool-size",
-                                                "--ngram"};
+                                                "--ngram",
+                                                "--cache",
+                                                "--refresh"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -827,6 +847,12 @@ demo_options parse_args(int argc, char** argv) {
       o.no_recycling = true;
     } else if (flag == "--mix-order") {
       o.mix_order = true;
+    } else if (flag == "--cache") {
+      o.cache = value;
+    } else if (flag == "--refresh") {
+      o.refresh = parse_int(flag, value);
+    } else if (flag == "--fallback") {
+      o.fallback = true;
     } else if (flag == "--greedy") {
       o.greedy = true;
     } else if (flag == "--draft-greedy") {
@@ -883,7 +909,7 @@ void resolve(demo_options& o, const method_entry& m) {
       "--init",          "--pd-width",     "--pd-depth",     "--no-ac",        "--no-pd",
       "--cool-schedule", "--delta",        "--nu",           "--ell",          "--resampling",
       "--block-size",    "--blocks",       "--spawn-ratio",  "--no-recycling", "--pool-size",
-      "--ngram",         "--mix-order"};
+      "--ngram",         "--mix-order",    "--cache",        "--refresh",      "--fallback"};
   for (const auto& f : o.given)
     if (std::find(method_flags.begin(), method_flags.end(), f) != method_flags.end() &&
         std::find(m.flags.begin(), m.flags.end(), f) == m.flags.end())
@@ -948,6 +974,13 @@ void resolve(demo_options& o, const method_entry& m) {
   require(o.pool_size >= 0 && o.pool_size <= 64, "--pool-size", "must be in [0, 64]");
   require(o.ngram >= 1 && o.ngram <= 256, "--ngram", "must be in [1, 256]");
   if (o.method == "ssd") require(o.draft_length >= 1, "--draft-length", "must be >= 1 for ssd");
+  if ((o.has("--cache") || o.has("--refresh")) && o.task != task_kind::diffusion)
+    throw usage_error(std::string(o.has("--cache") ? "--cache" : "--refresh") +
+                      ": only used by task diffusion");
+  require(o.cache == "none" || o.cache == "dual", "--cache",
+          "must be none or dual, got '" + o.cache + "'");
+  require(o.refresh >= 1, "--refresh", "must be >= 1");
+  if (o.has("--refresh") && o.cache != "dual") throw usage_error("--refresh: needs --cache dual");
   require(o.pd_width >= 1 && o.pd_width <= 60, "--pd-width", "must be in [1, 60]");
   require(o.pd_depth >= 1, "--pd-depth", "must be >= 1");
   if (o.no_pd && (o.has("--pd-width") || o.has("--pd-depth")))

@@ -2,7 +2,10 @@
 
 // Shared helpers of the decoding-loop tests.
 
+#include <algorithm>
+#include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -10,6 +13,7 @@
 
 #include <specula/decode/speculative.hpp>
 #include <specula/testing/goodness_of_fit.hpp>
+#include <specula/testing/toy_models.hpp>
 #include <specula/verify/tree.hpp>
 
 namespace specula::decode_testing {
@@ -62,6 +66,78 @@ inline void check_sequence_law(const std::vector<std::uint64_t>& counts,
   CHECK(st.tokens == tokens);
   CHECK(st.step_compression() > 1.0);
 }
+
+/// A toy masked model with a dual cache (`dual_cache_model`). A row is testing::toy_masked_model's
+/// row with the seed mixed with a hash of the sequence the model's state comes from: the node's
+/// own sequence for a whole-sequence evaluation (and a refresh), the last refresh's sequence for
+/// a window row. So window rows go stale once the window changed since the refresh, like a
+/// transformer's, and a loop that evaluated a node against another refresh than its stepwise
+/// step's would see other rows. Misuse of the cache throws std::logic_error.
+class toy_dual_cache_model {
+ public:
+  struct dual_cache {
+    std::vector<token_t> tokens;  // the last refresh's sequence
+    index_t begin = 0, end = 0;
+  };
+
+  toy_dual_cache_model(index_t vocab, std::uint64_t seed) : vocab_(vocab), seed_(seed) {}
+  [[nodiscard]] index_t vocab_size() const noexcept { return vocab_; }
+  [[nodiscard]] token_t mask_token() const noexcept { return static_cast<token_t>(vocab_ - 1); }
+
+  void evaluate_sequences(std::span<const token_t> tokens, index_t length,
+                          batch_view<float> logits) const {
+    for (std::size_t at = 0; at < tokens.size(); at += static_cast<std::size_t>(length)) {
+      const auto seq = tokens.subspan(at, static_cast<std::size_t>(length));
+      rows(seq, seq, 0, length, logits.data + static_cast<index_t>(at) * logits.row_stride);
+    }
+  }
+
+  void evaluate_cached(std::span<const dual_cache_pass<dual_cache>> passes,
+                       batch_view<float> logits) const {
+    index_t row = 0;
+    for (const auto& p : passes) {
+      const auto L = static_cast<std::size_t>(p.length);
+      if (!p.refresh && (p.cache->tokens.size() != L || p.cache->begin != p.window_begin ||
+                         p.cache->end != p.window_end))
+        throw std::logic_error("toy_dual_cache_model: window pass without its refresh");
+      for (index_t u = 0; u < p.nodes(); ++u) {
+        const auto seq = p.tokens.subspan(static_cast<std::size_t>(u) * L, L);
+        float* out = logits.data + row * logits.row_stride;
+        if (p.refresh && u == 0) {
+          rows(seq, seq, 0, p.length, out);
+          p.cache->tokens.assign(seq.begin(), seq.end());
+          p.cache->begin = p.window_begin;
+          p.cache->end = p.window_end;
+          row += p.length;
+          continue;
+        }
+        for (index_t j = 0; j < p.length; ++j)
+          if ((j < p.window_begin || j >= p.window_end) &&
+              seq[static_cast<std::size_t>(j)] != p.cache->tokens[static_cast<std::size_t>(j)])
+            throw std::logic_error("toy_dual_cache_model: a node changed outside the window");
+        rows(seq, p.cache->tokens, p.window_begin, p.window_end, out);
+        row += p.window_end - p.window_begin;
+      }
+    }
+  }
+
+ private:
+  /// Rows [begin, end) of `seq` with the state of `source`.
+  void rows(std::span<const token_t> seq, std::span<const token_t> source, index_t begin,
+            index_t end, float* out) const {
+    std::uint64_t h = seed_;
+    for (const token_t t : source) h = (h ^ static_cast<std::uint64_t>(t + 1)) * 0x100000001b3ull;
+    const auto L = static_cast<index_t>(seq.size());
+    std::vector<float> all(static_cast<std::size_t>(L * vocab_));
+    testing::toy_masked_model(vocab_, h).evaluate_sequences(
+        seq, L, batch_view<float>(all.data(), L, vocab_));
+    std::copy(all.begin() + begin * vocab_, all.begin() + end * vocab_, out);
+  }
+
+  index_t vocab_;
+  std::uint64_t seed_;
+};
+static_assert(dual_cache_model<toy_dual_cache_model>);
 
 /// Code-like prompts for the shipped byte-level text models.
 inline const std::vector<std::string>& text_prompts() {

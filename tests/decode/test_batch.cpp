@@ -172,6 +172,29 @@ TEST_CASE("batched Jacobi and multi-block decoding equal each request decoded al
   }
 }
 
+namespace {
+
+/// Batched SSD and stepwise decoding equal each prompt decoded alone (outputs and statistics),
+/// and each other.
+template <class Model>
+void check_diffusion_batch(const Model& m, const std::vector<std::vector<token_t>>& prompts,
+                           const ssd_options& opt) {
+  std::vector<decode_stats> st(prompts.size()), sw(prompts.size());
+  const auto out = ssd_decode_batch(m, prompts, opt, st);
+  const auto ref = diffusion_stepwise_decode_batch(m, prompts, opt, sw);
+  for (std::size_t r = 0; r < prompts.size(); ++r) {
+    INFO("request " << r);
+    decode_stats one, one_sw;
+    CHECK(out[r] == ssd_decode(m, prompts[r], opt, &one));
+    CHECK(ref[r] == diffusion_stepwise_decode(m, prompts[r], opt, &one_sw));
+    CHECK(out[r] == ref[r]);
+    check_same_stats(st[r], one);
+    check_same_stats(sw[r], one_sw);
+  }
+}
+
+}  // namespace
+
 TEST_CASE("batched SSD and stepwise decoding equal each prompt decoded alone", "[decode]") {
   const toy_masked_model m(6, 5);
   // Two prompt lengths: sequences of equal length share a call.
@@ -182,17 +205,44 @@ TEST_CASE("batched SSD and stepwise decoding equal each prompt decoded alone", "
     opt.block_size = 4;
     opt.draft_length = 3;
     opt.tree = tree;
-    std::vector<decode_stats> st(prompts.size()), sw(prompts.size());
-    const auto out = ssd_decode_batch(m, prompts, opt, st);
-    const auto ref = diffusion_stepwise_decode_batch(m, prompts, opt, sw);
-    for (std::size_t r = 0; r < prompts.size(); ++r) {
-      decode_stats one, one_sw;
-      CHECK(out[r] == ssd_decode(m, prompts[r], opt, &one));
-      CHECK(ref[r] == diffusion_stepwise_decode(m, prompts[r], opt, &one_sw));
-      CHECK(out[r] == ref[r]);
-      check_same_stats(st[r], one);
-      check_same_stats(sw[r], one_sw);
+    check_diffusion_batch(m, prompts, opt);
+  }
+}
+
+TEST_CASE("batched SSD and stepwise decoding under the dual cache equal each prompt alone",
+          "[decode]") {
+  const decode_testing::toy_dual_cache_model m(6, 7);
+  const std::vector<std::vector<token_t>> prompts{{1, 2}, {3, 0, 4}, {2, 2}, {4, 1, 0}, {0, 3}};
+  for (const index_t refresh : {2, 8})
+    for (const ssd_tree tree : {ssd_tree::chain, ssd_tree::mix_order}) {
+      ssd_options opt;
+      opt.gen_length = 11;
+      opt.block_size = 4;
+      opt.draft_length = 3;
+      opt.tree = tree;
+      opt.cache = ssd_cache::dual;
+      opt.refresh_interval = refresh;
+      opt.fallback = tree == ssd_tree::chain;
+      INFO("R " << refresh);
+      check_diffusion_batch(m, prompts, opt);
     }
+  // On the shipped diffusion model, prompts of different lengths in one call.
+  const std::filesystem::path dir{SPECULA_MODELS_DIR};
+  const auto model = example::transformer::load(dir / "text-diffusion.safetensors");
+  std::vector<std::vector<token_t>> texts;
+  for (std::size_t i = 0; i < 3; ++i)
+    texts.push_back(decode_testing::bytes(decode_testing::text_prompts()[i]));
+  ssd_options opt;
+  opt.gen_length = 16;
+  opt.block_size = 8;
+  opt.draft_length = 3;
+  opt.tree = ssd_tree::mix_order;
+  opt.cache = ssd_cache::dual;
+  const auto out = ssd_decode_batch(model, texts, opt);
+  const auto ref = diffusion_stepwise_decode_batch(model, texts, opt);
+  for (std::size_t r = 0; r < texts.size(); ++r) {
+    CHECK(out[r] == ssd_decode(model, texts[r], opt));
+    CHECK(ref[r] == out[r]);
   }
 }
 

@@ -61,10 +61,21 @@ inline transformer_weights random_weights(const transformer_config& c, std::uint
   return w;
 }
 
+/// Every layer's keys (after RoPE) and values at every position of a reference evaluation.
+struct reference_kv {
+  std::vector<std::vector<std::vector<double>>> k, v;  // [layer][position][kv_dim]
+};
+
 /// Naive reference: logits (T x V, double) of one whole sequence at positions 0..T-1, each
 /// position attending to every position (bidirectional) or to itself and earlier ones (causal).
+/// With `kept`, every layer's keys/values are stored there. With `frozen`, the keys/values of the
+/// positions outside [begin, end) are taken from it instead (a dual cache's prefix and suffix);
+/// then only the rows of [begin, end) are meaningful.
 inline std::vector<double> reference_logits(const transformer_weights& w,
-                                            std::span<const token_t> tokens) {
+                                            std::span<const token_t> tokens,
+                                            reference_kv* kept = nullptr,
+                                            const reference_kv* frozen = nullptr, index_t begin = 0,
+                                            index_t end = 0) {
   const transformer_config& c = w.config;
   const auto T = static_cast<index_t>(tokens.size());
   const index_t d = c.d_model, hd = c.head_dim(), V = c.vocab_size;
@@ -115,6 +126,17 @@ inline std::vector<double> reference_logits(const transformer_weights& w,
       v[static_cast<std::size_t>(t)] = matvec(l.wv, c.kv_dim(), d, xn);
       rope(q[static_cast<std::size_t>(t)], c.n_heads, t);
       rope(k[static_cast<std::size_t>(t)], c.n_kv_heads, t);
+    }
+    const auto layer = static_cast<std::size_t>(&l - w.layers.data());
+    if (frozen != nullptr)
+      for (index_t t = 0; t < T; ++t)
+        if (t < begin || t >= end) {
+          k[static_cast<std::size_t>(t)] = frozen->k[layer][static_cast<std::size_t>(t)];
+          v[static_cast<std::size_t>(t)] = frozen->v[layer][static_cast<std::size_t>(t)];
+        }
+    if (kept != nullptr) {
+      kept->k.push_back(k);
+      kept->v.push_back(v);
     }
     for (index_t t = 0; t < T; ++t) {
       std::vector<double> att(static_cast<std::size_t>(c.q_dim()), 0.0);

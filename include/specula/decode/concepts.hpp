@@ -91,6 +91,48 @@ concept masked_model = requires(const M& m, std::span<const token_t> tokens, ind
   m.evaluate_sequences(tokens, length, logits);
 };
 
+/// One request's part of a dual-cache pass (`dual_cache_model::evaluate_cached`): `tokens` holds
+/// `tokens.size() / length` node sequences of `length` tokens that differ only inside the window
+/// [window_begin, window_end) (the active block).
+/// - `refresh`: node 0 is evaluated over its whole sequence, exactly as `evaluate_sequences`
+///   would (`length` logit rows), and `*cache` then holds its state at every position outside the
+///   window (a transformer: each layer's keys and values there); the other nodes are evaluated
+///   as below against that fresh state, in the same call.
+/// - otherwise every node is evaluated over the window only (window_end - window_begin rows): its
+///   window tokens attend to each other and to the cached state outside the window, which must
+///   come from a refresh with the same length and window and the same tokens outside it.
+template <class Cache>
+struct dual_cache_pass {
+  Cache* cache = nullptr;
+  std::span<const token_t> tokens;
+  index_t length = 0;
+  index_t window_begin = 0;
+  index_t window_end = 0;
+  bool refresh = false;
+
+  [[nodiscard]] index_t nodes() const noexcept {
+    return length > 0 ? static_cast<index_t>(tokens.size()) / length : 0;
+  }
+  /// Logit rows the pass writes: `length` for a refreshed node 0, the window for every other node.
+  [[nodiscard]] index_t rows() const noexcept {
+    const index_t n = nodes();
+    const index_t w = window_end - window_begin;
+    return n == 0 ? 0 : refresh ? length + (n - 1) * w : n * w;
+  }
+};
+
+/// A masked model that opts into the dual (prefix and suffix) cache of Fast-dLLM: a per-request
+/// `dual_cache` type and `evaluate_cached(passes, logits)`, which evaluates several requests'
+/// `dual_cache_pass`es in one call and writes their rows concatenated in order (each pass's rows
+/// in node order). The diffusion loops use it when `ssd_options::cache` is `ssd_cache::dual`;
+/// a masked model without it runs them uncached only.
+template <class M>
+concept dual_cache_model = masked_model<M> && std::default_initializable<typename M::dual_cache> &&
+    requires(const M& m, std::span<const dual_cache_pass<typename M::dual_cache>> passes,
+             batch_view<float> logits) {
+  m.evaluate_cached(passes, logits);
+};
+
 /// A proposal (see file comment).
 template <class P>
 concept proposal = requires(P& p, std::span<const token_t> context, token_tree& tree,

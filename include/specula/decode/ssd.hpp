@@ -26,7 +26,22 @@
 ///    N + 1 when the whole chain is accepted, unless that fills the last masked position). The next
 ///    drafts are the last accepted node's rows.
 ///
-/// The first iteration has no drafts and evaluates the root alone.
+/// The first iteration has no drafts and evaluates the root alone. With `ssd_options::fallback`
+/// (Algorithm 1, lines 8-9), once fewer than N masked positions remain the rest is decoded
+/// stepwise (root alone).
+///
+/// **Dual cache** (`ssd_options::cache = ssd_cache::dual`, for a `dual_cache_model`), in the style
+/// of Fast-dLLM's dual cache: step t (t tokens decoded so far) *refreshes* when it is the first
+/// step of a block or every `refresh_interval` (R) steps within a block, i.e. when
+/// (t mod block_size) mod R = 0. A refreshing step evaluates the whole sequence and keeps every
+/// position's keys/values; the other steps evaluate only the active block (the window), whose
+/// queries attend to the block's own fresh keys/values and to the cached ones of the prefix and
+/// suffix. Both loops follow this one schedule, so SSD stays identical to stepwise decoding under
+/// it: a tree node at depth d stands for stepwise step t + d, and SSD never builds a node past
+/// the next refreshing step (N is capped at next_refresh(t) - t - 1), so every node sees the
+/// cache of the same refresh, and the same window, as its stepwise step; every refreshing step
+/// becomes the root of an iteration, which it evaluates alone (a refresh; its fresh rows draft
+/// the next iteration).
 
 #include <algorithm>
 #include <cmath>
@@ -48,12 +63,39 @@ enum class ssd_tree {
   mix_order,  ///< chain plus one out-of-order leaf below every chain node with a grandchild
 };
 
+/// What the diffusion loops evaluate through (see file comment).
+enum class ssd_cache {
+  none,  ///< every pass evaluates whole sequences (`evaluate_sequences`)
+  dual,  ///< the dual (prefix and suffix) cache of a `dual_cache_model`
+};
+
 /// Options of ssd_decode and diffusion_stepwise_decode.
 struct ssd_options {
   index_t gen_length = 64;   ///< masked positions after the prompt, >= 1
   index_t block_size = 32;   ///< semi-autoregressive block size, >= 1
   index_t draft_length = 4;  ///< N: drafts verified per iteration, >= 1 (SSD only)
   ssd_tree tree = ssd_tree::chain;
+  ssd_cache cache = ssd_cache::none;
+  /// R: with the dual cache, refresh at every block start and every R steps within a block, >= 1.
+  index_t refresh_interval = 8;
+  /// Algorithm 1, lines 8-9: once fewer than N masked positions remain, decode them stepwise
+  /// (SSD only; the output is the same either way).
+  bool fallback = false;
+
+  /// The SSD paper's setting (§4.1, Algorithm 1): blocks of 8, 256 new tokens, draft length 4
+  /// (the paper uses 3 to 5), the greedy chain, the dual cache refreshed every 8 decoded tokens,
+  /// and the fallback to stepwise decoding.
+  [[nodiscard]] static ssd_options paper() {
+    ssd_options o;
+    o.gen_length = 256;
+    o.block_size = 8;
+    o.draft_length = 4;
+    o.tree = ssd_tree::chain;
+    o.cache = ssd_cache::dual;
+    o.refresh_interval = 8;
+    o.fallback = true;
+    return o;
+  }
 };
 
 namespace detail {
@@ -84,18 +126,71 @@ inline row_top top_of(std::span<const float> row) {
   return t;
 }
 
+/// A range of positions [begin, end).
+struct position_range {
+  index_t begin = 0;
+  index_t end = 0;
+  [[nodiscard]] index_t size() const { return end - begin; }
+};
+
 /// The semi-autoregressive layout of a request.
 struct diffusion_layout {
   index_t prompt_len = 0;
   index_t length = 0;  ///< prompt + generated positions
   index_t block_size = 1;
   [[nodiscard]] index_t block_of(index_t pos) const { return (pos - prompt_len) / block_size; }
+  /// The block stepwise decoding works on at step t (t tokens decoded): blocks fill in order.
+  [[nodiscard]] position_range window_of_step(index_t t) const {
+    const index_t begin = prompt_len + t / block_size * block_size;
+    return {begin, std::min(begin + block_size, length)};
+  }
+};
+
+/// The dual cache's refresh schedule over stepwise steps (see file comment).
+struct refresh_schedule {
+  index_t gen_length = 1;
+  index_t block_size = 1;
+  index_t interval = 1;
+  /// Step t refreshes: a block's first step, and every `interval` steps within the block.
+  [[nodiscard]] bool refresh_at(index_t t) const { return t % block_size % interval == 0; }
+  /// The first refreshing step after t (gen_length when none is left).
+  [[nodiscard]] index_t next_refresh(index_t t) const {
+    const index_t start = t - t % block_size;
+    const index_t next =
+        std::min(start + ((t - start) / interval + 1) * interval, start + block_size);
+    return std::min(next, gen_length);
+  }
+};
+
+/// One pass of a diffusion loop at step t: whole sequences, or a dual-cache pass (a refresh or
+/// the window only), and where each node's rows sit in the pass's logits.
+struct diffusion_pass_plan {
+  index_t length = 0;
+  index_t vocab = 0;
+  bool cached = false;
+  bool refresh = false;
+  position_range window;
+
+  /// Node u's rows cover the whole sequence, or the window.
+  [[nodiscard]] bool whole(index_t u) const { return !cached || (refresh && u == 0); }
+  /// The first position node u has a row for.
+  [[nodiscard]] index_t first_position(index_t u) const { return whole(u) ? 0 : window.begin; }
+  /// Node u's rows in `logits` (positions first_position(u) onwards).
+  [[nodiscard]] std::span<const float> rows(std::span<const float> logits, index_t u) const {
+    index_t at = u * length;
+    if (cached) at = refresh ? (u == 0 ? 0 : length + (u - 1) * window.size()) : u * window.size();
+    const index_t count = whole(u) ? length : window.size();
+    return logits.subspan(static_cast<std::size_t>(at * vocab),
+                          static_cast<std::size_t>(count * vocab));
+  }
 };
 
 /// The stepwise rule: the most confident masked position of the first unfinished block, and its
-/// argmax. `rows` are the sequence's logit rows (length x V).
+/// argmax. `rows` are the sequence's logit rows from position `first_row` on (the whole sequence,
+/// or at least the first unfinished block).
 inline diffusion_pick stepwise_choice(std::span<const token_t> seq, std::span<const float> rows,
-                                      index_t vocab, token_t mask, const diffusion_layout& lay) {
+                                      index_t vocab, token_t mask, const diffusion_layout& lay,
+                                      index_t first_row = 0) {
   diffusion_pick pick;
   index_t block = -1;
   double best = -1.0;
@@ -103,8 +198,8 @@ inline diffusion_pick stepwise_choice(std::span<const token_t> seq, std::span<co
     if (seq[static_cast<std::size_t>(pos)] != mask) continue;
     if (block < 0) block = lay.block_of(pos);
     if (lay.block_of(pos) != block) break;
-    const auto t = top_of(
-        rows.subspan(static_cast<std::size_t>(pos * vocab), static_cast<std::size_t>(vocab)));
+    const auto t = top_of(rows.subspan(static_cast<std::size_t>((pos - first_row) * vocab),
+                                       static_cast<std::size_t>(vocab)));
     if (t.confidence > best) {
       best = t.confidence;
       pick = {pos, static_cast<token_t>(t.token)};
@@ -122,6 +217,10 @@ inline void check_diffusion_input(std::span<const token_t> prompt, const ssd_opt
                     "must be >= 1");
   require_parameter(o.draft_length >= 1, "draft_length", static_cast<double>(o.draft_length),
                     "must be >= 1");
+  require_parameter(o.refresh_interval >= 1, "refresh_interval",
+                    static_cast<double>(o.refresh_interval), "must be >= 1");
+  require_parameter(o.cache == ssd_cache::none || o.cache == ssd_cache::dual, "cache",
+                    static_cast<double>(static_cast<int>(o.cache)), "not an ssd_cache value");
   require_parameter(mask >= 0 && mask < vocab, "mask_token", static_cast<double>(mask),
                     "the model has no mask token in [0, vocab_size)");
   for (std::size_t i = 0; i < prompt.size(); ++i)
@@ -131,19 +230,55 @@ inline void check_diffusion_input(std::span<const token_t> prompt, const ssd_opt
           "prompt", "token outside [0, vocab_size) or the mask token");
 }
 
-/// A request's start: input checked, layout, and the prompt followed by the masks.
+/// Stands in for the dual cache of a model without one.
+struct no_dual_cache {};
+template <class Model>
+struct dual_cache_of {
+  using type = no_dual_cache;
+};
+template <dual_cache_model Model>
+struct dual_cache_of<Model> {
+  using type = typename Model::dual_cache;
+};
+
+/// A request's start: input checked, layout, the prompt followed by the masks, its refresh
+/// schedule, and its dual cache (unused without one).
+template <class Model>
 struct diffusion_start {
   diffusion_layout lay;
   std::vector<token_t> seq;
+  refresh_schedule schedule;
+  bool cached = false;
+  typename dual_cache_of<Model>::type cache{};
+
+  /// The plan of the pass at step t.
+  [[nodiscard]] diffusion_pass_plan plan(index_t t, index_t vocab) const {
+    return {lay.length, vocab, cached, cached && schedule.refresh_at(t), lay.window_of_step(t)};
+  }
+  /// The pass of `plan` over the node sequences `tokens`.
+  pass_awaiter pass(const diffusion_pass_plan& plan, std::span<const token_t> tokens,
+                    std::vector<float>& logits, decode_stats& st) {
+    if (plan.cached)
+      return cached_pass(cache, tokens, lay.length, plan.window.begin, plan.window.end,
+                         plan.refresh, logits, st);
+    return sequences_pass(tokens, lay.length, logits, st);
+  }
 };
 template <class Model>
-diffusion_start start_diffusion(const Model& m, std::span<const token_t> prompt,
-                                const ssd_options& o) {
+diffusion_start<Model> start_diffusion(const Model& m, std::span<const token_t> prompt,
+                                       const ssd_options& o) {
   check_diffusion_input(prompt, o, m.vocab_size(), m.mask_token());
-  diffusion_start s{{static_cast<index_t>(prompt.size()),
-                     static_cast<index_t>(prompt.size()) + o.gen_length, o.block_size},
-                    std::vector<token_t>(prompt.begin(), prompt.end())};
+  if (o.cache == ssd_cache::dual && !dual_cache_model<Model>)
+    throw_if_failed(
+        {status::invalid_parameter, -1, -1, static_cast<double>(static_cast<int>(o.cache))},
+        "cache", "the model has no dual cache (see dual_cache_model)");
+  diffusion_start<Model> s;
+  s.lay = {static_cast<index_t>(prompt.size()), static_cast<index_t>(prompt.size()) + o.gen_length,
+           o.block_size};
+  s.seq.assign(prompt.begin(), prompt.end());
   s.seq.resize(static_cast<std::size_t>(s.lay.length), m.mask_token());
+  s.schedule = {o.gen_length, o.block_size, o.refresh_interval};
+  s.cached = o.cache == ssd_cache::dual;
   return s;
 }
 
@@ -162,9 +297,11 @@ decode_task stepwise_task(const Model& m, std::span<const token_t> prompt, ssd_o
   const token_t mask = m.mask_token();
   std::vector<float> logits;
   for (index_t i = 0; i < options.gen_length; ++i) {
-    co_await detail::sequences_pass(seq, lay.length, logits, st);
+    const auto plan = start.plan(i, V);
+    co_await start.pass(plan, seq, logits, st);
     detail::scoped_timer timer(st.verify_seconds);
-    const auto pick = detail::stepwise_choice(seq, logits, V, mask, lay);
+    const auto pick =
+        detail::stepwise_choice(seq, plan.rows(logits, 0), V, mask, lay, plan.first_position(0));
     seq[static_cast<std::size_t>(pick.position)] = pick.token;
     st.record_step(0);
     st.step_tokens.push_back(1);
@@ -193,6 +330,8 @@ decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_option
   index_t masked = options.gen_length;
 
   while (masked > 0) {
+    const index_t step = options.gen_length - masked;  // the stepwise step of the root
+    const auto plan = start.plan(step, V);
     // --- 1. Candidates in semi-autoregressive order, and the tree's node states.
     token_tree tree;
     placed.assign(1, {});
@@ -206,8 +345,14 @@ decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_option
         if (lay.block_of(a) != lay.block_of(b)) return lay.block_of(a) < lay.block_of(b);
         return drafts[sz(a)].confidence > drafts[sz(b)].confidence;
       });
-      const auto n = static_cast<index_t>(
+      auto n = static_cast<index_t>(
           std::min<std::size_t>(order.size(), static_cast<std::size_t>(options.draft_length)));
+      // Never past the next refresh: node depth d is stepwise step `step + d`. A refreshing
+      // root goes alone: its fresh rows draft the next iteration (the drafts of a new block
+      // would otherwise come from the last refresh).
+      if (plan.cached)
+        n = plan.refresh ? 0 : std::min(n, start.schedule.next_refresh(step) - step - 1);
+      if (options.fallback && masked < options.draft_length) n = 0;
       tree = n == 0 ? token_tree()
                     : (options.tree == ssd_tree::mix_order ? trees::ssd_mix_order(n)
                                                            : trees::chain(n));
@@ -229,20 +374,18 @@ decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_option
         if (u > 0) node_seq[sz(placed[sz(u)].position)] = placed[sz(u)].token;
       }
     }
-    // --- 2. One forward pass over every node's sequence.
-    co_await detail::sequences_pass(batch, lay.length, logits, st);
+    // --- 2. One forward pass over every node's sequence (or its window, with the dual cache).
+    co_await start.pass(plan, batch, logits, st);
     // --- 3. Verification against the stepwise rule, from the root.
     detail::scoped_timer timer(st.verify_seconds);
-    const auto rows_of = [&](index_t u) {
-      return std::span<const float>(logits.data() + sz(u) * L * sz(V), L * sz(V));
-    };
     const auto seq_of = [&](index_t u) {
       return std::span<const token_t>(batch.data() + sz(u) * L, L);
     };
     index_t u = 0, accepted = 0;
     detail::diffusion_pick pick;
     for (;;) {
-      pick = detail::stepwise_choice(seq_of(u), rows_of(u), V, mask, lay);
+      pick = detail::stepwise_choice(seq_of(u), plan.rows(logits, u), V, mask, lay,
+                                     plan.first_position(u));
       index_t next = -1;
       for (index_t c = tree.first_child(u); c >= 0 && next < 0; c = tree.next_sibling(c))
         if (placed[sz(c)] == pick) next = c;
@@ -258,11 +401,15 @@ decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_option
     st.record_step(accepted);
     st.step_tokens.push_back(emitted);
     st.tokens += emitted;
-    // The next drafts: the accepted node's rows.
-    drafts.assign(L, {});
-    const auto rows = rows_of(u);
-    for (index_t pos = lay.prompt_len; pos < lay.length; ++pos)
-      if (seq[sz(pos)] == mask) drafts[sz(pos)] = detail::top_of(rows.subspan(sz(pos * V), sz(V)));
+    // The next drafts: the accepted node's rows (its window with the dual cache; the other
+    // positions keep their drafts from the last rows that covered them).
+    drafts.resize(L);
+    const auto rows = plan.rows(logits, u);
+    const index_t first = plan.first_position(u);
+    const auto covered = static_cast<index_t>(rows.size()) / V;
+    for (index_t pos = std::max(first, lay.prompt_len); pos < first + covered; ++pos)
+      if (seq[sz(pos)] == mask)
+        drafts[sz(pos)] = detail::top_of(rows.subspan(sz((pos - first) * V), sz(V)));
   }
   result.assign(seq.begin() + lay.prompt_len, seq.end());
 }

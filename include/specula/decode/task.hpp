@@ -15,7 +15,8 @@
 /// - `detail::run_batch` drives several tasks against a `batched_model` (and a batched draft
 ///   model): each round it evaluates every task waiting for the draft model in one batched call,
 ///   then every task waiting for the target, then (masked models) every task waiting for whole
-///   sequences — one call per distinct sequence length — and resumes them. Tasks that finished
+///   sequences — one call per distinct sequence length — then every task waiting for a
+///   dual-cache pass (one `evaluate_cached` call), and resumes them. Tasks that finished
 ///   drop out; the others keep going.
 ///
 /// A request's randomness comes from its own `request_rng`, and a batched pass computes each
@@ -46,12 +47,16 @@ enum class pass_kind {
   target,     ///< the target model over `tree`
   draft,      ///< the draft model over `tree`
   sequences,  ///< the (masked) target model over whole sequences `tokens` of `length`
+  cached,     ///< the (masked) target model over node sequences through a dual cache
 };
 
 /// What a suspended task asks for. The driver resizes `*logits` to one row per node (per token
 /// for sequences) and fills it; target and sequence passes are timed into `stats->
 /// forward_seconds` and counted in `stats->target_forwards`, draft passes counted in
-/// `stats->draft_forwards` (their time belongs to the task's drafting).
+/// `stats->draft_forwards` (their time belongs to the task's drafting). A cached pass is a
+/// `dual_cache_pass` whose cache, of the model's `dual_cache` type, lives in the task (`cache`
+/// points to it; only a driver whose model is a `dual_cache_model` serves such a pass, and it
+/// casts back to that type); it is timed and counted as a target pass.
 struct pass_request {
   pass_kind kind = pass_kind::target;
   const token_tree* tree = nullptr;
@@ -59,6 +64,16 @@ struct pass_request {
   index_t length = 0;
   std::vector<float>* logits = nullptr;
   decode_stats* stats = nullptr;
+  void* cache = nullptr;
+  index_t window_begin = 0;
+  index_t window_end = 0;
+  bool refresh = false;
+
+  /// The pass as the model's `dual_cache_pass` (cached passes only).
+  template <class Cache>
+  [[nodiscard]] dual_cache_pass<Cache> as_cached() const {
+    return {static_cast<Cache*>(cache), tokens, length, window_begin, window_end, refresh};
+  }
 };
 
 /// A decoding loop over one request, suspended at each forward pass (see file comment).
@@ -125,6 +140,15 @@ inline pass_awaiter sequences_pass(std::span<const token_t> tokens, index_t leng
                                    std::vector<float>& logits, decode_stats& st) {
   return {{pass_kind::sequences, nullptr, tokens, length, &logits, &st}};
 }
+/// A dual-cache pass (see `dual_cache_pass`) over the node sequences `tokens` of `length`;
+/// `cache` is the task's own `Model::dual_cache`.
+template <class Cache>
+pass_awaiter cached_pass(Cache& cache, std::span<const token_t> tokens, index_t length,
+                         index_t window_begin, index_t window_end, bool refresh,
+                         std::vector<float>& logits, decode_stats& st) {
+  return {{pass_kind::cached, nullptr, tokens, length, &logits, &st, &cache, window_begin,
+           window_end, refresh}};
+}
 
 /// A single request's model as the handle a loop uses for everything but evaluation.
 template <class M>
@@ -170,6 +194,18 @@ void serve_solo(M& m, const pass_request& rq) {
       rq.logits->resize(static_cast<std::size_t>(rows * V));
       scoped_timer timer(st.forward_seconds);
       m.evaluate_sequences(rq.tokens, rq.length, batch_view<float>(rq.logits->data(), rows, V));
+      ++st.target_forwards;
+      return;
+    }
+    unservable_pass();
+  }
+  if (rq.kind == pass_kind::cached) {
+    if constexpr (dual_cache_model<M>) {
+      const auto pass = rq.as_cached<typename M::dual_cache>();
+      const index_t rows = pass.rows();
+      rq.logits->resize(static_cast<std::size_t>(rows * V));
+      scoped_timer timer(st.forward_seconds);
+      m.evaluate_cached(std::span(&pass, 1), batch_view<float>(rq.logits->data(), rows, V));
       ++st.target_forwards;
       return;
     }
@@ -274,6 +310,35 @@ void serve_sequences(const M& m, std::span<decode_task> tasks, std::span<const i
   }
 }
 
+/// Serves the cached passes of `waiting` on `m` in one `evaluate_cached` call.
+template <dual_cache_model M>
+void serve_cached(const M& m, std::span<decode_task> tasks, std::span<const index_t> waiting,
+                  std::vector<float>& rows) {
+  const index_t V = m.vocab_size();
+  std::vector<dual_cache_pass<typename M::dual_cache>> passes;
+  index_t total = 0;
+  for (const index_t r : waiting) {
+    passes.push_back(
+        tasks[static_cast<std::size_t>(r)].pending().template as_cached<typename M::dual_cache>());
+    total += passes.back().rows();
+  }
+  rows.resize(static_cast<std::size_t>(total * V));
+  const auto t0 = std::chrono::steady_clock::now();
+  m.evaluate_cached(std::span<const dual_cache_pass<typename M::dual_cache>>(passes),
+                    batch_view<float>(rows.data(), total, V));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::ptrdiff_t at = 0;
+  for (std::size_t i = 0; i < waiting.size(); ++i) {
+    const pass_request& rq = tasks[static_cast<std::size_t>(waiting[i])].pending();
+    const auto n = static_cast<std::ptrdiff_t>(passes[i].rows()) * V;
+    rq.logits->assign(rows.begin() + at, rows.begin() + at + n);
+    at += n;
+    rq.stats->forward_seconds += seconds;
+    ++rq.stats->target_forwards;
+  }
+}
+
 /// Runs every task to its end, batching their passes (see file comment). Task i is request i of
 /// the batched models.
 template <class Target, class Draft = no_draft>
@@ -283,7 +348,8 @@ void run_batch(std::span<decode_task> tasks, Target& target, Draft* draft = null
   std::vector<token_tree> trees;
   std::vector<token_t> tokens;
   std::vector<float> rows;
-  constexpr pass_kind order[] = {pass_kind::draft, pass_kind::target, pass_kind::sequences};
+  constexpr pass_kind order[] = {pass_kind::draft, pass_kind::target, pass_kind::sequences,
+                                 pass_kind::cached};
   for (bool any = true; any;) {
     any = false;
     for (const pass_kind kind : order) {
@@ -296,6 +362,11 @@ void run_batch(std::span<decode_task> tasks, Target& target, Draft* draft = null
       if (kind == pass_kind::sequences) {
         if constexpr (masked_model<Target>)
           serve_sequences(target, tasks, waiting, tokens, rows);
+        else
+          unservable_pass();
+      } else if (kind == pass_kind::cached) {
+        if constexpr (dual_cache_model<Target>)
+          serve_cached(target, tasks, waiting, rows);
         else
           unservable_pass();
       } else if (kind == pass_kind::target) {

@@ -15,6 +15,10 @@
 ///   `specula::token_tree`.
 /// - `transformer::evaluate_sequences(tokens, length, logits)`: whole sequences without a cache,
 ///   causal or bidirectional per the model (the masked-diffusion mode).
+/// - `dual_kv_cache` and `transformer::evaluate_cached(passes, logits)`: a bidirectional model's
+///   dual (prefix and suffix) cache in the style of Fast-dLLM (`specula::dual_cache_model`): a
+///   refresh evaluates a whole sequence and keeps the keys/values outside the active window;
+///   window passes evaluate only the window's tokens against them.
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +28,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -31,6 +36,7 @@
 #include "specula/core/error.hpp"
 #include "specula/core/row.hpp"
 #include "specula/core/types.hpp"
+#include "specula/decode/concepts.hpp"
 #include "specula/tree/builders.hpp"
 #include "specula/tree/token_tree.hpp"
 #include "specula_example/kernels.hpp"
@@ -354,6 +360,33 @@ struct tree_block_storage {
   return {&cache, tree.tokens(), storage.positions, storage.mask};
 }
 
+/// One request's dual (prefix and suffix) cache for a bidirectional model, in the style of
+/// Fast-dLLM's dual cache: after a refresh (`transformer::evaluate_cached`), every layer's
+/// keys/values at the positions outside the active window, computed from the whole refreshed
+/// sequence, which window passes reuse while only the window's tokens change.
+class dual_kv_cache {
+ public:
+  /// Whether a refresh has filled the cache.
+  [[nodiscard]] bool empty() const noexcept { return tokens_.empty(); }
+  /// The sequence of the last refresh.
+  [[nodiscard]] std::span<const token_t> tokens() const noexcept { return tokens_; }
+  [[nodiscard]] index_t window_begin() const noexcept { return begin_; }
+  [[nodiscard]] index_t window_end() const noexcept { return end_; }
+  void clear() {
+    outside_.clear();
+    tokens_.clear();
+    begin_ = end_ = 0;
+  }
+
+ private:
+  friend class transformer;
+  kv_cache outside_;  // committed context: the positions outside the window, in position order
+  kv_cache full_;     // pending: the last refresh's whole sequence
+  std::vector<token_t> tokens_;
+  index_t begin_ = 0;
+  index_t end_ = 0;
+};
+
 /// The decoder. Immutable after construction: one instance serves any number of caches, and
 /// `evaluate` is safe to call from several threads on distinct caches.
 class transformer {
@@ -459,7 +492,176 @@ class transformer {
     evaluate(blocks, logits);
   }
 
+  /// The per-request cache of `evaluate_cached` (`specula::dual_cache_model`).
+  using dual_cache = dual_kv_cache;
+
+  /// Evaluates several requests' dual-cache passes in one call (bidirectional models only; see
+  /// `specula::dual_cache_pass`). A refreshing pass evaluates node 0's whole sequence — the rows
+  /// `evaluate_sequences` gives — and keeps every layer's keys/values outside the window in its
+  /// cache; its other nodes, and every node of a pass without refresh, evaluate only their window
+  /// tokens, attending to each other and to the cached keys/values (prefix and suffix). Rows are
+  /// concatenated pass by pass, node by node. The refreshed sequences go through the layers
+  /// first, then every window in one batch. Throws invalid_input naming the argument and pass on
+  /// bad input.
+  void evaluate_cached(std::span<const dual_cache_pass<dual_kv_cache>> passes,
+                       batch_view<float> logits) const {
+    const transformer_config& c = w_.config;
+    const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
+    if (c.causal)
+      throw_if_failed({status::invalid_parameter, -1, -1, 0.0}, "passes",
+                      "a causal model has no dual cache");
+    index_t total = 0, max_len = 0;
+    for (std::size_t i = 0; i < passes.size(); ++i) {
+      check_cached_pass(passes, static_cast<index_t>(i));
+      total += passes[i].rows();
+      max_len = std::max(max_len, passes[i].length);
+    }
+    if (logits.rows != total || logits.cols != c.vocab_size)
+      throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(logits.rows)}, "logits",
+                      ("needs " + std::to_string(total) + " rows of " +
+                       std::to_string(c.vocab_size) + " columns")
+                          .c_str());
+    std::vector<index_t> positions(sz(max_len));
+    for (index_t i = 0; i < max_len; ++i) positions[sz(i)] = i;
+    const auto all_visible = [&](index_t n) {
+      const index_t words = (n + 63) / 64;
+      std::vector<std::uint64_t> m(sz(n * words), 0);
+      for (index_t i = 0; i < n; ++i)
+        for (index_t j = 0; j < n; ++j) m[sz(i * words + j / 64)] |= std::uint64_t{1} << (j % 64);
+      return m;
+    };
+    std::map<index_t, std::vector<std::uint64_t>> masks;  // all-visible block masks by size
+    const auto mask_of = [&](index_t n) -> std::span<const std::uint64_t> {
+      auto it = masks.find(n);
+      if (it == masks.end()) it = masks.emplace(n, all_visible(n)).first;
+      return it->second;
+    };
+
+    // 1. Refreshes: node 0's whole sequence, then its keys/values outside the window.
+    std::vector<node_block> blocks;
+    index_t rows = 0;
+    for (const auto& p : passes) {
+      if (!p.refresh) continue;
+      const auto L = sz(p.length);
+      kv_cache& full = p.cache->full_;
+      full.clear();
+      full.shape(c.n_layers, c.kv_dim());
+      blocks.push_back(
+          {&full, p.tokens.first(L), std::span(positions).first(L), mask_of(p.length)});
+      full.begin_pending(blocks.back().positions, blocks.back().mask);
+      rows += p.length;
+    }
+    std::vector<float> refreshed(sz(rows * c.vocab_size));
+    if (rows > 0) run(blocks, rows, batch_view<float>(refreshed.data(), rows, c.vocab_size));
+    for (const auto& p : passes)
+      if (p.refresh) keep_outside(*p.cache, p);
+
+    // 2. Every window node against its cache's prefix and suffix.
+    blocks.clear();
+    rows = 0;
+    for (const auto& p : passes) {
+      const index_t w = p.window_end - p.window_begin;
+      kv_cache& outside = p.cache->outside_;
+      const auto window = std::span<const index_t>(positions).subspan(sz(p.window_begin), sz(w));
+      outside.begin_pending(window, mask_of(w));
+      for (index_t u = p.refresh ? 1 : 0; u < p.nodes(); ++u) {
+        blocks.push_back({&outside, p.tokens.subspan(sz(u * p.length + p.window_begin), sz(w)),
+                          window, mask_of(w)});
+        rows += w;
+      }
+    }
+    std::vector<float> windows(sz(rows * c.vocab_size));
+    if (rows > 0) run(blocks, rows, batch_view<float>(windows.data(), rows, c.vocab_size));
+
+    // 3. Rows in pass order.
+    const auto V = static_cast<std::ptrdiff_t>(c.vocab_size);
+    auto from_refresh = refreshed.begin();
+    auto from_window = windows.begin();
+    index_t row = 0;
+    const auto put = [&](std::vector<float>::iterator& from, index_t n) {
+      for (index_t i = 0; i < n; ++i, ++row)
+        std::copy_n(from + i * V, V, logits.data + row * logits.row_stride);
+      from += n * V;
+    };
+    for (const auto& p : passes) {
+      if (p.refresh) put(from_refresh, p.length);
+      const index_t window_nodes = p.nodes() - (p.refresh ? 1 : 0);
+      put(from_window, window_nodes * (p.window_end - p.window_begin));
+    }
+  }
+
  private:
+  void check_cached_pass(std::span<const dual_cache_pass<dual_kv_cache>> passes,
+                         index_t index) const {
+    const transformer_config& c = w_.config;
+    const auto& p = passes[static_cast<std::size_t>(index)];
+    const auto bad = [&](const char* argument, index_t column, double value, const std::string& why,
+                         status code = status::invalid_parameter) {
+      throw_if_failed({code, index, column, value}, argument, why.c_str());
+    };
+    if (p.cache == nullptr) bad("passes.cache", -1, 0.0, "cache is null");
+    for (index_t j = 0; j < index; ++j)
+      if (passes[static_cast<std::size_t>(j)].cache == p.cache)
+        bad("passes.cache", j, 0.0, "the same cache serves two passes");
+    if (p.length < 1 || p.length > c.max_seq_len)
+      bad("passes.length", -1, static_cast<double>(p.length),
+          "must be in [1, max_seq_len = " + std::to_string(c.max_seq_len) + "]");
+    if (p.tokens.empty() || p.tokens.size() % static_cast<std::size_t>(p.length) != 0)
+      bad("passes.tokens", -1, static_cast<double>(p.tokens.size()),
+          "size is not a positive multiple of length " + std::to_string(p.length),
+          status::length_mismatch);
+    if (p.window_begin < 0 || p.window_begin >= p.window_end || p.window_end > p.length)
+      bad("passes.window", -1, static_cast<double>(p.window_begin),
+          "the window [" + std::to_string(p.window_begin) + ", " + std::to_string(p.window_end) +
+              ") must be a non-empty range in [0, length]");
+    for (std::size_t i = 0; i < p.tokens.size(); ++i)
+      if (p.tokens[i] < 0 || p.tokens[i] >= c.vocab_size)
+        bad("passes.tokens", static_cast<index_t>(i), static_cast<double>(p.tokens[i]),
+            "token outside [0, vocab_size)", status::token_out_of_range);
+    const dual_kv_cache& cache = *p.cache;
+    if (!p.refresh && (cache.empty() || static_cast<index_t>(cache.tokens_.size()) != p.length ||
+                       cache.begin_ != p.window_begin || cache.end_ != p.window_end))
+      bad("passes.cache", -1, 0.0,
+          "not refreshed for this length and window (a pass without refresh needs one)");
+    // Outside the window, every node must hold the sequence the cached keys/values came from.
+    const auto reference = p.refresh ? p.tokens.first(static_cast<std::size_t>(p.length))
+                                     : std::span<const token_t>(cache.tokens_);
+    for (index_t u = p.refresh ? 1 : 0; u < p.nodes(); ++u)
+      for (index_t j = 0; j < p.length; ++j) {
+        if (j == p.window_begin) j = p.window_end;
+        if (j >= p.length) break;
+        if (p.tokens[static_cast<std::size_t>(u * p.length + j)] !=
+            reference[static_cast<std::size_t>(j)])
+          bad("passes.tokens", u * p.length + j, static_cast<double>(j),
+              "node " + std::to_string(u) +
+                  " differs outside the window from the sequence "
+                  "the cached keys/values come from");
+      }
+  }
+
+  /// After a refresh: the whole sequence's keys/values outside the window become the cache's
+  /// context, and the sequence and window are remembered.
+  void keep_outside(dual_kv_cache& cache, const dual_cache_pass<dual_kv_cache>& p) const {
+    const transformer_config& c = w_.config;
+    const auto kv = static_cast<std::ptrdiff_t>(c.kv_dim());
+    kv_cache& out = cache.outside_;
+    out.clear();
+    out.shape(c.n_layers, c.kv_dim());
+    out.reserve(p.length - (p.window_end - p.window_begin));
+    const std::ptrdiff_t before = p.window_begin * kv, after = (p.length - p.window_end) * kv;
+    for (std::size_t l = 0; l < out.k_.size(); ++l)
+      for (auto [from, to] : {std::pair{&cache.full_.pk_[l], &out.k_[l]},
+                              std::pair{&cache.full_.pv_[l], &out.v_[l]}}) {
+        std::copy_n(from->begin(), before, to->begin());
+        std::copy_n(from->begin() + p.window_end * kv, after, to->begin() + before);
+      }
+    out.size_ = p.length - (p.window_end - p.window_begin);
+    cache.full_.drop_pending();
+    cache.tokens_.assign(p.tokens.begin(), p.tokens.begin() + p.length);
+    cache.begin_ = p.window_begin;
+    cache.end_ = p.window_end;
+  }
+
   void check_block(const node_block& b, index_t index) const {
     const transformer_config& c = w_.config;
     const auto n = static_cast<index_t>(b.tokens.size());
