@@ -19,6 +19,7 @@
 #include "specula/core/error.hpp"
 #include "specula/core/rng.hpp"
 #include "specula/decode/speculative.hpp"
+#include "specula/decode/step.hpp"
 #include "specula/decode/task.hpp"
 #include "specula/verify/greedy.hpp"
 

@@ -61,6 +61,7 @@
 #include "specula/decode/jacobi.hpp"
 #include "specula/decode/sjd.hpp"
 #include "specula/decode/speculative.hpp"
+#include "specula/decode/step.hpp"
 #include "specula/decode/task.hpp"
 #include "specula/verify/greedy.hpp"
 

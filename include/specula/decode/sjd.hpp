@@ -47,6 +47,7 @@
 #include "specula/core/error.hpp"
 #include "specula/core/rng.hpp"
 #include "specula/decode/speculative.hpp"
+#include "specula/decode/step.hpp"
 #include "specula/decode/task.hpp"
 #include "specula/rules/exact.hpp"
 #include "specula/sample/random_source.hpp"
@@ -123,31 +124,6 @@ struct sjd_draft {
 /// slot would make a refilled token a copy of an earlier one, which its q row does not say).
 inline constexpr std::uint32_t sjd_init_slot = 0xFFFFFFF0u;
 inline constexpr std::uint32_t sjd_first_window_slot = 0xFFFFFFF1u;
-
-/// A sample from the probability row R with the uniform u.
-inline token_t sample_row(std::span<const float> R, double u) {
-  const auto w = [&](index_t y) { return static_cast<double>(R[static_cast<std::size_t>(y)]); };
-  const auto v = static_cast<index_t>(R.size());
-  return static_cast<token_t>(sample_inverse_cdf(v, w, positive_mass(v, w), u));
-}
-
-/// Adaptive Continuation's draw (SJD-PAC §4.2): keeps `old`, drawn from q_old, with probability
-/// min(1, R/q_old), else samples max(R − q_old, 0) (R itself when that has no mass); by the
-/// rejection lemma the result has law R. Draws: `keep_at` (Bernoulli), `resample_at`.
-inline token_t adaptive_continuation_draw(std::span<const float> R, std::span<const float> q_old,
-                                          token_t old, const request_rng& rng, draw_id keep_at,
-                                          draw_id resample_at) {
-  const exact_rule rule{};
-  const auto so = static_cast<std::size_t>(old);
-  if (philox_source{rng}.bernoulli(rule.accept_probability(R[so], q_old[so]), keep_at)) return old;
-  const auto v = static_cast<index_t>(R.size());
-  auto w = [&](index_t y) {
-    return rule.residual_weight(R[static_cast<std::size_t>(y)], q_old[static_cast<std::size_t>(y)]);
-  };
-  const double mass = positive_mass(v, w);
-  const double u = uniform_at(rng, resample_at);
-  return mass > 0.0 ? static_cast<token_t>(sample_inverse_cdf(v, w, mass, u)) : sample_row(R, u);
-}
 
 /// The token of a new child of `parent` at a position without a stale row, drawn with the
 /// uniform `u` as `init` says; writes the parent's q row (what the child is drawn from).

@@ -26,6 +26,7 @@
 #include "specula/core/rng.hpp"
 #include "specula/decode/concepts.hpp"
 #include "specula/decode/stats.hpp"
+#include "specula/decode/step.hpp"
 #include "specula/decode/task.hpp"
 #include "specula/sample/categorical.hpp"
 #include "specula/sample/random_source.hpp"
@@ -68,64 +69,6 @@ struct speculative_buffers {
   std::vector<token_t> out_tokens;
   std::vector<index_t> out_nodes;
 };
-
-/// logits (rows x V) -> probability rows, with `params`.
-inline void rows_to_probs(const sampling_params& params, std::span<float> logits,
-                          std::span<float> probs, std::span<float> scratch, index_t vocab) {
-  const auto V = static_cast<std::size_t>(vocab);
-  for (std::size_t r = 0; r * V < logits.size(); ++r)
-    logits_to_probs(params, logits.subspan(r * V, V), {}, probs.subspan(r * V, V), scratch);
-}
-
-/// Appends a step's output (the accepted path's tokens, then the emitted one: out_tokens[0..k])
-/// to `seq`, counting them in `st` (and in `st.step_tokens`); returns true when `stop_token` was
-/// emitted (tokens after it are dropped).
-inline bool emit_step(std::span<const token_t> out_tokens, index_t k, token_t stop_token,
-                      std::vector<token_t>& seq, decode_stats& st) {
-  st.record_step(k);
-  index_t emitted = 0;
-  bool stopped = false;
-  for (index_t j = 0; j <= k && !stopped; ++j) {
-    const token_t t = out_tokens[static_cast<std::size_t>(j)];
-    seq.push_back(t);
-    ++st.tokens;
-    ++emitted;
-    stopped = t == stop_token;
-  }
-  st.step_tokens.push_back(emitted);
-  return stopped;
-}
-
-/// Verifies one request's tree with `verify`: rows are nodes x V (q may be empty for one-hot
-/// drafts); fills out_tokens / out_nodes (tree.size() each) and returns the accepted count.
-template <class Verifier>
-index_t verify_one(const Verifier& verify, const token_tree& tree, index_t vocab,
-                   std::span<const float> p_rows, std::span<const float> q_rows,
-                   const request_rng& rng, std::vector<token_t>& out_tokens,
-                   std::vector<index_t>& out_nodes) {
-  const index_t nodes = tree.size();
-  out_tokens.assign(static_cast<std::size_t>(nodes), no_token);
-  out_nodes.assign(static_cast<std::size_t>(nodes), -1);
-  std::int32_t accepted = 0;
-  std::uint32_t flags = 0;
-  tree_batch_input<float> in;
-  in.vocab_size = vocab;
-  in.trees = row_view<const token_tree>(&tree, 1);
-  in.target_probs = batch_view<const float>(p_rows.data(), nodes, vocab);
-  if (!q_rows.empty()) in.draft_probs = batch_view<const float>(q_rows.data(), nodes, vocab);
-  in.rng = row_view<const request_rng>(&rng, 1);
-  tree_batch_output out;
-  out.output_tokens = row_view<token_t>(out_tokens.data(), nodes);
-  out.num_accepted = row_view<std::int32_t>(&accepted, 1);
-  out.accepted_nodes = row_view<index_t>(out_nodes.data(), nodes);
-  out.flags = row_view<std::uint32_t>(&flags, 1);
-  verify(in, out);
-  return accepted;
-}
-
-}  // namespace detail
-
-namespace detail {
 
 /// Greedy children: the `count` highest logits of `row` (ties: lowest id), best first.
 inline index_t top_tokens(std::span<const float> row, index_t count, token_t* out) {

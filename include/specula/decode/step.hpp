@@ -1,0 +1,105 @@
+#pragma once
+
+/// @file
+/// Steps that several decoding loops share: target logits to probability rows, verifying one
+/// request's draft tree, appending a step's output, and the row draws of SJD-style drafting
+/// (a sample from a row; Adaptive Continuation's keep-or-resample draw). Used by
+/// speculative.hpp, sjd.hpp, jacobi.hpp and multiblock.hpp.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "specula/core/rng.hpp"
+#include "specula/core/row.hpp"
+#include "specula/core/types.hpp"
+#include "specula/decode/stats.hpp"
+#include "specula/rules/exact.hpp"
+#include "specula/sample/categorical.hpp"
+#include "specula/sample/random_source.hpp"
+#include "specula/sample/transforms.hpp"
+#include "specula/tree/token_tree.hpp"
+#include "specula/verify/tree.hpp"
+
+namespace specula::detail {
+
+/// logits (rows x V) -> probability rows, with `params`.
+inline void rows_to_probs(const sampling_params& params, std::span<float> logits,
+                          std::span<float> probs, std::span<float> scratch, index_t vocab) {
+  const auto V = static_cast<std::size_t>(vocab);
+  for (std::size_t r = 0; r * V < logits.size(); ++r)
+    logits_to_probs(params, logits.subspan(r * V, V), {}, probs.subspan(r * V, V), scratch);
+}
+
+/// Appends a step's output (the accepted path's tokens, then the emitted one: out_tokens[0..k])
+/// to `seq`, counting them in `st` (and in `st.step_tokens`); returns true when `stop_token` was
+/// emitted (tokens after it are dropped).
+inline bool emit_step(std::span<const token_t> out_tokens, index_t k, token_t stop_token,
+                      std::vector<token_t>& seq, decode_stats& st) {
+  st.record_step(k);
+  index_t emitted = 0;
+  bool stopped = false;
+  for (index_t j = 0; j <= k && !stopped; ++j) {
+    const token_t t = out_tokens[static_cast<std::size_t>(j)];
+    seq.push_back(t);
+    ++st.tokens;
+    ++emitted;
+    stopped = t == stop_token;
+  }
+  st.step_tokens.push_back(emitted);
+  return stopped;
+}
+
+/// Verifies one request's tree with `verify`: rows are nodes x V (q may be empty for one-hot
+/// drafts); fills out_tokens / out_nodes (tree.size() each) and returns the accepted count.
+template <class Verifier>
+index_t verify_one(const Verifier& verify, const token_tree& tree, index_t vocab,
+                   std::span<const float> p_rows, std::span<const float> q_rows,
+                   const request_rng& rng, std::vector<token_t>& out_tokens,
+                   std::vector<index_t>& out_nodes) {
+  const index_t nodes = tree.size();
+  out_tokens.assign(static_cast<std::size_t>(nodes), no_token);
+  out_nodes.assign(static_cast<std::size_t>(nodes), -1);
+  std::int32_t accepted = 0;
+  std::uint32_t flags = 0;
+  tree_batch_input<float> in;
+  in.vocab_size = vocab;
+  in.trees = row_view<const token_tree>(&tree, 1);
+  in.target_probs = batch_view<const float>(p_rows.data(), nodes, vocab);
+  if (!q_rows.empty()) in.draft_probs = batch_view<const float>(q_rows.data(), nodes, vocab);
+  in.rng = row_view<const request_rng>(&rng, 1);
+  tree_batch_output out;
+  out.output_tokens = row_view<token_t>(out_tokens.data(), nodes);
+  out.num_accepted = row_view<std::int32_t>(&accepted, 1);
+  out.accepted_nodes = row_view<index_t>(out_nodes.data(), nodes);
+  out.flags = row_view<std::uint32_t>(&flags, 1);
+  verify(in, out);
+  return accepted;
+}
+
+/// A sample from the probability row R with the uniform u.
+inline token_t sample_row(std::span<const float> R, double u) {
+  const auto w = [&](index_t y) { return static_cast<double>(R[static_cast<std::size_t>(y)]); };
+  const auto v = static_cast<index_t>(R.size());
+  return static_cast<token_t>(sample_inverse_cdf(v, w, positive_mass(v, w), u));
+}
+
+/// Adaptive Continuation's draw (SJD-PAC §4.2): keeps `old`, drawn from q_old, with probability
+/// min(1, R/q_old), else samples max(R − q_old, 0) (R itself when that has no mass); by the
+/// rejection lemma the result has law R. Draws: `keep_at` (Bernoulli), `resample_at`.
+inline token_t adaptive_continuation_draw(std::span<const float> R, std::span<const float> q_old,
+                                          token_t old, const request_rng& rng, draw_id keep_at,
+                                          draw_id resample_at) {
+  const exact_rule rule{};
+  const auto so = static_cast<std::size_t>(old);
+  if (philox_source{rng}.bernoulli(rule.accept_probability(R[so], q_old[so]), keep_at)) return old;
+  const auto v = static_cast<index_t>(R.size());
+  auto w = [&](index_t y) {
+    return rule.residual_weight(R[static_cast<std::size_t>(y)], q_old[static_cast<std::size_t>(y)]);
+  };
+  const double mass = positive_mass(v, w);
+  const double u = uniform_at(rng, resample_at);
+  return mass > 0.0 ? static_cast<token_t>(sample_inverse_cdf(v, w, mass, u)) : sample_row(R, u);
+}
+
+}  // namespace specula::detail
