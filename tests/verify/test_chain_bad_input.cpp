@@ -1,5 +1,6 @@
 // Every bad input of chain verification gets an invalid_input naming the argument and index.
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "specula/verify/chain.hpp"
+#include "specula/verify/greedy.hpp"
 
 using namespace specula;
 
@@ -125,12 +127,16 @@ TEST_CASE("bad tokens and padding", "[verify][bad_input]") {
 
 TEST_CASE("bad shapes and empty inputs", "[verify][bad_input]") {
   fixture f;
-  SECTION("no requests") {
-    std::vector<index_t> off = {0};
-    auto in = f.in();
-    in.draft_offsets = off;
-    require_error([&] { verify_chain(host::seq, in, f.output()); },
-                  {status::empty_input, "draft_offsets", -1, -1});
+  SECTION("no requests (B = 0) is a no-op in every entry point, whatever the outputs") {
+    for (const std::vector<index_t>& off : {std::vector<index_t>{0}, std::vector<index_t>{}}) {
+      const chain_batch_input<float> in{f.vocab, off, {}, {}, {}, {}};
+      const chain_batch_output out{{}, {}, {}, {}};
+      REQUIRE_NOTHROW(verify_chain(host::seq, in, out));
+      REQUIRE_NOTHROW(verify_chain(host::par, in, out));
+      REQUIRE_NOTHROW(verify_chain_unchecked(host::seq, in, out));
+      REQUIRE_NOTHROW(verify_chain_greedy(host::seq, in, out));
+      REQUIRE_NOTHROW(validate_chain_batch(host::seq, in, out));
+    }
   }
   SECTION("first offset not 0") {
     f.offsets = {1, 2, 3};
@@ -265,9 +271,15 @@ TEST_CASE("bad padded-layout inputs", "[verify][bad_input]") {
     tokens[1] = 2;
     require_error(run, {status::token_out_of_range, "draft_tokens", 0, 1});
   }
-  SECTION("batch_size 0") {
+  SECTION("batch_size 0 is a no-op") {
     in.batch_size = 0;
-    require_error(run, {status::empty_input, "batch_size", -1, -1});
+    const padded_chain_output empty{{}, {}, {}, {}};
+    REQUIRE_NOTHROW(verify_chain(host::seq, in, empty));
+    REQUIRE_NOTHROW(verify_chain_unchecked(host::seq, in, empty));
+  }
+  SECTION("negative batch_size") {
+    in.batch_size = -1;
+    require_error(run, {status::invalid_parameter, "batch_size", -1, -1});
   }
   SECTION("negative max_draft") {
     in.max_draft = -1;
@@ -388,4 +400,23 @@ TEST_CASE("check_level::reads checks the rows the verifier reads, as it reads th
     CHECK(f.out == clean.out);  // the entry that was never read cannot change the result
     CHECK(f.n == clean.n);
   }
+}
+
+TEST_CASE("int32 offsets and lengths give the results of int64 ones", "[verify]") {
+  fixture f;
+  verify_chain(host::seq, f.in(), f.output());
+  const auto want_out = f.out;
+  const auto want_n = f.n;
+  const std::vector<std::int32_t> off32(f.offsets.begin(), f.offsets.end());
+  auto in = f.in();
+  in.draft_offsets = off32;
+  std::fill(f.out.begin(), f.out.end(), 99);
+  verify_chain(host::seq, in, f.output());
+  CHECK(f.out == want_out);
+  CHECK(f.n == want_n);
+  // Bad int32 offsets are reported like int64 ones.
+  const std::vector<std::int32_t> decreasing = {0, 3, 2};
+  in.draft_offsets = decreasing;
+  require_error([&] { verify_chain(host::seq, in, f.output()); },
+                {status::invalid_parameter, "draft_offsets", 2, -1});
 }

@@ -357,11 +357,14 @@ TEST_CASE("tree verification rejects bad input", "[verify][tree][bad_input]") {
     CHECK_THROWS_WITH(verify_tree(host::seq, in, tree_batch_output{out, n, {}, {}}),
                       Catch::Contains("target_probs"));
   }
-  SECTION("no requests") {
+  SECTION("no requests (B = 0) is a no-op") {
     auto in = bt.input();
     in.trees.size = 0;
-    CHECK_THROWS_WITH(verify_tree(host::seq, in, tree_batch_output{out, n, {}, {}}),
-                      Catch::Contains("trees"));
+    const tree_batch_output empty{{}, {}, {}, {}};
+    REQUIRE_NOTHROW(verify_tree(host::seq, in, empty));
+    REQUIRE_NOTHROW(verify_tree_greedy(host::seq, in, empty));
+    tree_workspace ws;
+    REQUIRE_NOTHROW(verify_tree_unchecked(host::seq, in, empty, ws));
   }
   SECTION("output too short") {
     std::vector<token_t> short_out(2);

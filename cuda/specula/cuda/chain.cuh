@@ -358,6 +358,7 @@ template <class T, batch_chain_rule Rule = exact_rule>
 cudaError_t verify_chain_async(const par_policy& pol, const chain_batch_input<T>& in,
                                const chain_batch_output& out, const chain_options& options = {},
                                const Rule& rule = {}) {
+  if (specula::detail::flattened_batch(in.draft_offsets) == 0) return cudaSuccess;  // B = 0
   if (const cudaError_t e = detail::check_vocab(in.vocab_size); e != cudaSuccess) return e;
   if (const cudaError_t e = detail::check_flattened(in, out, true); e != cudaSuccess) return e;
   const index_t batch = in.draft_offsets.size - 1;
@@ -389,6 +390,7 @@ template <class T, batch_chain_rule Rule = exact_rule>
 cudaError_t verify_chain_async(const par_policy& pol, const padded_chain_input<T>& in,
                                const padded_chain_output& out, const chain_options& options = {},
                                const Rule& rule = {}) {
+  if (in.batch_size == 0) return cudaSuccess;  // B = 0 is a no-op
   if (const cudaError_t e = detail::check_vocab(in.vocab_size); e != cudaSuccess) return e;
   if (const cudaError_t e = detail::check_padded(in, out); e != cudaSuccess) return e;
   detail::chain_padded_kernel<Rule, T>
@@ -401,6 +403,7 @@ cudaError_t verify_chain_async(const par_policy& pol, const padded_chain_input<T
 template <class T>
 cudaError_t verify_chain_greedy_async(const par_policy& pol, const chain_batch_input<T>& in,
                                       const chain_batch_output& out) {
+  if (specula::detail::flattened_batch(in.draft_offsets) == 0) return cudaSuccess;  // B = 0
   if (in.vocab_size <= 0) return cudaErrorInvalidValue;
   if (const cudaError_t e = detail::check_flattened(in, out, false); e != cudaSuccess) return e;
   const index_t batch = in.draft_offsets.size - 1;

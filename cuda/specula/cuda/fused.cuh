@@ -93,6 +93,7 @@ cudaError_t verify_chain_from_logits_async(const par_policy& policy, const fused
                                            const chain_options& options = {}, const Rule& rule = {},
                                            std::uint32_t* row_status = nullptr) {
   const index_t batch = in.draft_offsets.size - 1;
+  if (in.draft_offsets.size <= 1) return cudaSuccess;  // B = 0 is a no-op
   const index_t rows = in.target_logits.rows;
   if (batch <= 0 || in.vocab_size <= 0 || in.vocab_size > chain_max_vocab ||
       in.target_logits.cols != in.vocab_size || in.target_logits.data == nullptr ||

@@ -329,13 +329,15 @@ SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
 
 /// Enqueues token-tree verification of every request (one CTA each) on pol.stream. Outputs as
 /// the host's verify_tree (tree_batch_output with device pointers, laid out like the node rows).
-/// Returns cudaErrorInvalidValue without launching for an empty batch or vocabulary; malformed
+/// An empty batch is a no-op; returns cudaErrorInvalidValue without launching for an empty
+/// vocabulary or outputs too short for the batch; malformed
 /// trees and bad tokens are reported per request (chain_invalid_input).
 template <class T, batch_tree_rule Rule = exact_rule>
 cudaError_t verify_tree_async(const par_policy& pol, const tree_device_input<T>& in,
                               const tree_batch_output& out, const tree_options& options = {},
                               const Rule& rule = {}) {
   const index_t batch = in.node_offsets.size - 1;
+  if (batch == 0 || in.node_offsets.size == 0) return cudaSuccess;  // B = 0 is a no-op
   if (batch <= 0 || in.vocab_size <= 0 || in.rng.size < batch || out.num_accepted.size < batch ||
       in.target_probs.cols != in.vocab_size ||
       (in.draft_probs.rows > 0 && in.draft_probs.cols != in.vocab_size) ||
@@ -351,6 +353,7 @@ template <class T>
 cudaError_t verify_tree_greedy_async(const par_policy& pol, const tree_device_input<T>& in,
                                      const tree_batch_output& out) {
   const index_t batch = in.node_offsets.size - 1;
+  if (batch == 0 || in.node_offsets.size == 0) return cudaSuccess;  // B = 0 is a no-op
   if (batch <= 0 || in.vocab_size <= 0 || out.num_accepted.size < batch ||
       in.target_probs.cols != in.vocab_size || (!out.flags.empty() && out.flags.size < batch))
     return cudaErrorInvalidValue;
@@ -366,6 +369,7 @@ cudaError_t verify_candidates_async(const par_policy& pol, const candidates_devi
                                     const candidates_device_output& out,
                                     const tree_options& options = {}, const Rule& rule = {}) {
   const index_t batch = in.candidate_offsets.size - 1;
+  if (batch == 0 || in.candidate_offsets.size == 0) return cudaSuccess;  // B = 0 is a no-op
   if (batch <= 0 || in.vocab_size <= 0 || in.rng.size < batch || out.tokens.size < batch ||
       out.accepted.size < batch || in.target_probs.cols != in.vocab_size ||
       (in.draft_probs.rows > 0 && in.draft_probs.cols != in.vocab_size) ||

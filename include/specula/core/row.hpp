@@ -9,7 +9,9 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "specula/core/config.hpp"
 #include "specula/core/types.hpp"
@@ -93,6 +95,44 @@ struct batch_view {
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr bool empty() const noexcept {
     return rows == 0 || cols == 0;
   }
+};
+
+/// A read-only view of integer offsets or lengths stored as int64 or int32 (engines hold either:
+/// vLLM's cu_num_draft_tokens is int32), read as index_t. Converts implicitly from row views and
+/// contiguous containers of either type.
+struct index_view {
+  const std::int64_t* data64 = nullptr;
+  const std::int32_t* data32 = nullptr;
+  index_t size = 0;
+
+  constexpr index_view() noexcept = default;
+  SPECULA_HOST_DEVICE constexpr index_view(row_view<const std::int64_t> v) noexcept  // NOLINT
+      : data64(v.data), size(v.size) {}
+  SPECULA_HOST_DEVICE constexpr index_view(row_view<std::int64_t> v) noexcept  // NOLINT
+      : data64(v.data), size(v.size) {}
+  SPECULA_HOST_DEVICE constexpr index_view(row_view<const std::int32_t> v) noexcept  // NOLINT
+      : data32(v.data), size(v.size) {}
+  SPECULA_HOST_DEVICE constexpr index_view(row_view<std::int32_t> v) noexcept  // NOLINT
+      : data32(v.data), size(v.size) {}
+  /// Any contiguous container of int64 or int32 (std::vector, std::span, ...).
+  template <class Container>
+  requires(!std::is_same_v<std::remove_cvref_t<Container>, index_view> &&
+           requires(Container & c) {
+             c.data();
+             c.size();
+           } &&
+           (std::is_same_v<std::remove_cvref_t<decltype(*std::declval<Container&>().data())>,
+                           std::int64_t> ||
+            std::is_same_v<std::remove_cvref_t<decltype(*std::declval<Container&>().data())>,
+                           std::int32_t>)) constexpr index_view(Container& c) noexcept  // NOLINT
+      : index_view(row_view<const std::remove_cvref_t<decltype(*c.data())>>{
+            c.data(), static_cast<index_t>(c.size())}) {}
+
+  /// Element i, widened to index_t.
+  SPECULA_HOST_DEVICE constexpr index_t operator[](index_t i) const noexcept {
+    return data32 != nullptr ? static_cast<index_t>(data32[i]) : static_cast<index_t>(data64[i]);
+  }
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr bool empty() const noexcept { return size == 0; }
 };
 
 }  // namespace specula

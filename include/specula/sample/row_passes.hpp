@@ -81,18 +81,24 @@ struct checking_passes {
   using summary_type = weight_summary;
   row_read_log* log = nullptr;
 
+  // Host+device only so that verifiers (host+device functions) instantiate cleanly with it in
+  // CUDA translation units; it validates on the host and is never used in device code.
   template <class WeightFn>
-  [[nodiscard]] double mass(index_t n, WeightFn&& w) const noexcept {
+  [[nodiscard]] SPECULA_HOST_DEVICE double mass(index_t n, WeightFn&& w) const noexcept {
+#if !SPECULA_IS_DEVICE_CODE
     note(n, w);
+#endif
     return positive_mass(n, w);
   }
   template <class WeightFn>
-  void summarize(index_t n, WeightFn&& w, summary_type& s) const noexcept {
+  SPECULA_HOST_DEVICE void summarize(index_t n, WeightFn&& w, summary_type& s) const noexcept {
+#if !SPECULA_IS_DEVICE_CODE
     note(n, w);
+#endif
     summarize_weights(n, w, s);
   }
   template <class Row>
-  [[nodiscard]] index_t argmax(const Row& row) const noexcept {
+  [[nodiscard]] SPECULA_HOST_DEVICE index_t argmax(const Row& row) const noexcept {
     return argmax_lowest(row);
   }
 

@@ -47,11 +47,11 @@ struct chain_options {
 template <class T>
 struct chain_batch_input {
   index_t vocab_size = 0;
-  row_view<const index_t> draft_offsets;  ///< B + 1 non-decreasing offsets, first 0
-  row_view<const token_t> draft_tokens;   ///< num_draft = draft_offsets[B] tokens
-  batch_view<const T> draft_probs;        ///< num_draft x V, or no rows for one-hot drafts
-  batch_view<const T> target_probs;       ///< (num_draft + B) x V
-  row_view<const request_rng> rng;        ///< B random streams
+  index_view draft_offsets;              ///< B + 1 non-decreasing offsets, first 0 (int64 or int32)
+  row_view<const token_t> draft_tokens;  ///< num_draft = draft_offsets[B] tokens
+  batch_view<const T> draft_probs;       ///< num_draft x V, or no rows for one-hot drafts
+  batch_view<const T> target_probs;      ///< (num_draft + B) x V
+  row_view<const request_rng> rng;       ///< B random streams
 };
 
 /// Outputs in the flattened layout, caller-allocated.
@@ -68,13 +68,13 @@ struct chain_batch_output {
 template <class T>
 struct padded_chain_input {
   index_t vocab_size = 0;
-  index_t batch_size = 0;                      ///< B
-  index_t max_draft = 0;                       ///< L
-  row_view<const token_t> draft_tokens;        ///< B x L, -1 after each request's drafts
-  row_view<const std::int32_t> draft_lengths;  ///< B lengths, or empty: count up to the first -1
-  batch_view<const T> draft_probs;             ///< (B x L) x V, or no rows for one-hot drafts
-  batch_view<const T> target_probs;            ///< (B x (L + 1)) x V
-  row_view<const request_rng> rng;             ///< B random streams
+  index_t batch_size = 0;                ///< B
+  index_t max_draft = 0;                 ///< L
+  row_view<const token_t> draft_tokens;  ///< B x L, -1 after each request's drafts
+  index_view draft_lengths;  ///< B lengths (int32 or int64), or empty: count up to the first -1
+  batch_view<const T> draft_probs;   ///< (B x L) x V, or no rows for one-hot drafts
+  batch_view<const T> target_probs;  ///< (B x (L + 1)) x V
+  row_view<const request_rng> rng;   ///< B random streams
 };
 
 /// Outputs in the padded layout, caller-allocated.
@@ -94,14 +94,14 @@ struct chain_segment {
   index_t target_row;  ///< first target row / output slot
 };
 
-SPECULA_HOST_DEVICE constexpr chain_segment flattened_segment(row_view<const index_t> offsets,
+SPECULA_HOST_DEVICE constexpr chain_segment flattened_segment(index_view offsets,
                                                               index_t b) noexcept {
   return {offsets[b + 1] - offsets[b], offsets[b], offsets[b] + b};
 }
 
 SPECULA_HOST_DEVICE constexpr index_t padded_length(row_view<const token_t> tokens,
-                                                    row_view<const std::int32_t> lengths,
-                                                    index_t max_draft, index_t b) noexcept {
+                                                    index_view lengths, index_t max_draft,
+                                                    index_t b) noexcept {
   if (!lengths.empty()) return lengths[b];
   index_t n = 0;
   while (n < max_draft && tokens[b * max_draft + n] != no_token) ++n;
@@ -249,9 +249,20 @@ void validate_rule(const Rule& rule, index_t vocab, index_t batch) {
   }
 }
 
+/// B of the flattened layout: draft_offsets holds B + 1 entries; an empty draft_offsets is an
+/// empty batch too.
+SPECULA_HOST_DEVICE constexpr index_t flattened_batch(index_view offsets) noexcept {
+  return offsets.size > 0 ? offsets.size - 1 : 0;
+}
+
+/// Drafted tokens in all of a flattened batch (draft_offsets[B]; 0 for an empty batch).
+SPECULA_HOST_DEVICE constexpr index_t flattened_drafts(index_view offsets) noexcept {
+  return offsets.size > 0 ? offsets[offsets.size - 1] : 0;
+}
+
 inline index_t batch_size_of(const auto& in) {
   if constexpr (requires { in.draft_offsets; })
-    return in.draft_offsets.size - 1;
+    return flattened_batch(in.draft_offsets);
   else
     return in.batch_size;
 }
@@ -268,10 +279,8 @@ template <class T>
 index_t validate_flattened_shape(const chain_batch_input<T>& in) {
   require_parameter(in.vocab_size > 0, "vocab_size", static_cast<double>(in.vocab_size),
                     "must be positive");
-  if (in.draft_offsets.size < 2)
-    throw_if_failed({status::empty_input, -1, -1, 0.0}, "draft_offsets",
-                    "needs B + 1 >= 2 entries (at least one request)");
-  const index_t batch = in.draft_offsets.size - 1;
+  const index_t batch = flattened_batch(in.draft_offsets);
+  if (batch == 0) return 0;  // an empty batch: nothing to check or do
   if (in.draft_offsets[0] != 0)
     throw_if_failed({status::invalid_parameter, 0, -1, static_cast<double>(in.draft_offsets[0])},
                     "draft_offsets", "the first offset must be 0");
@@ -307,6 +316,7 @@ void validate_chain_input(const Policy& policy, const chain_batch_input<T>& in,
                           bool scan_rows) {
   detail::validate_options(options);
   const index_t batch = detail::validate_flattened_shape(in);
+  if (batch == 0) return;  // B = 0 is a no-op
   const index_t num_draft = in.draft_offsets[batch];
   detail::require_size(in.rng.size, batch, "rng", "one random stream per request");
   detail::validate_rows(policy, in.target_probs, num_draft + batch, in.vocab_size, "target_probs",
@@ -329,9 +339,9 @@ void validate_chain_input(const Policy& policy, const padded_chain_input<T>& in,
   detail::validate_options(options);
   require_parameter(in.vocab_size > 0, "vocab_size", static_cast<double>(in.vocab_size),
                     "must be positive");
-  if (in.batch_size <= 0)
-    throw_if_failed({status::empty_input, -1, -1, static_cast<double>(in.batch_size)}, "batch_size",
-                    "at least one request is required");
+  require_parameter(in.batch_size >= 0, "batch_size", static_cast<double>(in.batch_size),
+                    "must be >= 0");
+  if (in.batch_size == 0) return;  // B = 0 is a no-op
   require_parameter(in.max_draft >= 0, "max_draft", static_cast<double>(in.max_draft),
                     "must be >= 0");
   const index_t batch = in.batch_size;
@@ -415,7 +425,7 @@ template <bool CheckReads, host::policy Policy, class T, class Rule>
 void run_chain_batch(const Policy& policy, const chain_batch_input<T>& in,
                      const chain_batch_output& out, const chain_options& options,
                      const Rule& rule) {
-  const index_t batch = in.draft_offsets.size - 1;
+  const index_t batch = flattened_batch(in.draft_offsets);
   std::uint8_t* accepted = out.accepted.empty() ? nullptr : out.accepted.data;
   host::for_each_index(policy, batch, [&](index_t b) {
     const auto s = flattened_segment(in.draft_offsets, b);

@@ -112,6 +112,7 @@ template <host::policy Policy, class T>
 void verify_chain_greedy(const Policy& policy, const chain_batch_input<T>& in,
                          const chain_batch_output& out) {
   const index_t batch = detail::validate_flattened_shape(in);
+  if (batch == 0) return;  // B = 0 is a no-op
   const index_t num_draft = in.draft_offsets[batch];
   for (index_t i = 0; i < num_draft; ++i) {
     const token_t x = in.draft_tokens[i];
@@ -140,9 +141,7 @@ void verify_tree_greedy(const Policy& policy, const tree_batch_input<T>& in,
                         const tree_batch_output& out) {
   require_parameter(in.vocab_size > 0, "vocab_size", static_cast<double>(in.vocab_size),
                     "must be positive");
-  if (in.trees.size < 1)
-    throw_if_failed({status::empty_input, -1, -1, 0.0}, "trees",
-                    "at least one request is required");
+  if (in.trees.size == 0) return;  // B = 0 is a no-op
   const index_t batch = in.trees.size;
   const index_t nodes = detail::total_nodes(in.trees);
   detail::validate_score_rows(policy, in.target_probs, nodes, in.vocab_size, "target_probs");

@@ -206,9 +206,7 @@ void validate_tree_input(const Policy& policy, const tree_batch_input<T>& in,
   detail::validate_options(chain_options{options.sum_tolerance, options.residual_floor});
   require_parameter(in.vocab_size > 0, "vocab_size", static_cast<double>(in.vocab_size),
                     "must be positive");
-  if (in.trees.size < 1)
-    throw_if_failed({status::empty_input, -1, -1, 0.0}, "trees",
-                    "at least one request is required");
+  if (in.trees.size == 0) return;  // B = 0 is a no-op
   const index_t batch = in.trees.size;
   const index_t nodes = detail::total_nodes(in.trees);
   detail::require_size(in.rng.size, batch, "rng", "one random stream per request");
