@@ -2,38 +2,14 @@
 
 /// @file
 /// Umbrella header: every host header of the library except the testing kit
-/// (specula/testing/*, which needs Boost.Math and, for catch2.hpp, Catch2).
+/// (specula/testing/*, which needs Boost.Math and, for catch2.hpp, Catch2). Engines that only
+/// verify drafts can include the slimmer `<specula/verify.hpp>`, which leaves out the decoding
+/// loops (specula/decode/*).
 
-#include "specula/backend/host.hpp"
-#include "specula/core/config.hpp"
-#include "specula/core/error.hpp"
-#include "specula/core/numeric.hpp"
-#include "specula/core/philox.hpp"
-#include "specula/core/rng.hpp"
-#include "specula/core/row.hpp"
-#include "specula/core/status.hpp"
-#include "specula/core/types.hpp"
-#include "specula/core/validate.hpp"
 #include "specula/decode/concepts.hpp"
 #include "specula/decode/jacobi.hpp"
 #include "specula/decode/jacobi_forcing.hpp"
 #include "specula/decode/sjd.hpp"
 #include "specula/decode/speculative.hpp"
 #include "specula/decode/stats.hpp"
-#include "specula/rules/exact.hpp"
-#include "specula/rules/lantern.hpp"
-#include "specula/rules/relaxed.hpp"
-#include "specula/rules/rule.hpp"
-#include "specula/rules/typical.hpp"
-#include "specula/sample/categorical.hpp"
-#include "specula/sample/random_source.hpp"
-#include "specula/sample/transforms.hpp"
-#include "specula/sample/without_replacement.hpp"
-#include "specula/tree/builders.hpp"
-#include "specula/tree/token_tree.hpp"
-#include "specula/verify/candidates.hpp"
-#include "specula/verify/chain.hpp"
-#include "specula/verify/chain_core.hpp"
-#include "specula/verify/greedy.hpp"
-#include "specula/verify/tree.hpp"
-#include "specula/version.hpp"
+#include "specula/verify.hpp"

@@ -11,7 +11,8 @@
 #   2. configure + build tests/package/find_package against that prefix, run it
 #   3. configure again asking for specula 99: must fail (version file check)
 # MODE=add_subdirectory:
-#   configure + build tests/package/add_subdirectory with -DSPECULA_SOURCE_DIR, run it
+#   configure + build tests/package/add_subdirectory with -DSPECULA_SOURCE_DIR, run it;
+#   install it (specula must install nothing), then again with -DSPECULA_INSTALL=ON
 cmake_minimum_required(VERSION 3.25)
 
 foreach(_v MODE WORK_DIR SPECULA_SOURCE_DIR SPECULA_BUILD_DIR SPECULA_VERSION
@@ -129,10 +130,11 @@ elseif(MODE STREQUAL "add_subdirectory")
   set(_src "${CONSUMER_SOURCE_ROOT}/add_subdirectory")
   set(_bld "${WORK_DIR}/build")
 
+  # SPECULA_ENABLE_CUDA is left to its default: on only because the consumer enables CUDA
+  # itself when HAS_CUDA (the consumer checks that specula never enables it otherwise).
   _run("configure consumer" PASS _o
     COMMAND "${CMAKE_COMMAND}" -S "${_src}" -B "${_bld}" ${_gen_args}
             "-DSPECULA_SOURCE_DIR=${SPECULA_SOURCE_DIR}"
-            "-DSPECULA_ENABLE_CUDA=${HAS_CUDA}"
             "-DSPECULA_EXPECT_CUDA=${HAS_CUDA}")
   message("${_o}")
   _run("build consumer" PASS _o
@@ -145,6 +147,25 @@ elseif(MODE STREQUAL "add_subdirectory")
   if(NOT _o MATCHES "specula ${SPECULA_VERSION}")
     message(FATAL_ERROR "[${MODE}] consumer printed '${_o}', expected version ${SPECULA_VERSION}")
   endif()
+
+  # The parent's install does not install specula unless asked (SPECULA_INSTALL=ON).
+  _run("install the consumer (specula's install rules off by default)" PASS _o
+    COMMAND "${CMAKE_COMMAND}" --install "${_bld}" --prefix "${WORK_DIR}/prefix-default"
+            --config "${CONFIG}")
+  file(GLOB_RECURSE _installed "${WORK_DIR}/prefix-default/*")
+  if(_installed)
+    message(FATAL_ERROR "[${MODE}] a subproject specula installed files by default: ${_installed}")
+  endif()
+  _run("configure consumer with SPECULA_INSTALL=ON" PASS _o
+    COMMAND "${CMAKE_COMMAND}" -S "${_src}" -B "${_bld}" -DSPECULA_INSTALL=ON)
+  _run("install the consumer with SPECULA_INSTALL=ON" PASS _o
+    COMMAND "${CMAKE_COMMAND}" --install "${_bld}" --prefix "${WORK_DIR}/prefix-on"
+            --config "${CONFIG}")
+  foreach(_f IN ITEMS include/specula/verify.hpp share/cmake/specula/specula-config.cmake)
+    if(NOT EXISTS "${WORK_DIR}/prefix-on/${_f}")
+      message(FATAL_ERROR "[${MODE}] SPECULA_INSTALL=ON did not install ${_f}")
+    endif()
+  endforeach()
 
 else()
   message(FATAL_ERROR "run_consumer.cmake: unknown MODE '${MODE}'")

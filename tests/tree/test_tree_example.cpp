@@ -24,6 +24,7 @@ TEST_CASE("docs/trees.md example", "[tree]") {
   const std::vector<float> q = {0.1f,  0.3f,  0.1f,  0.5f,  0.4f,  0.1f,  0.4f,
                                 0.1f,  0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f,
                                 0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f};
+  // The request's random stream for this decoding iteration: step must change every iteration.
   const std::vector<specula::request_rng> rng = {{/*seed=*/1, /*request_id=*/0, /*step=*/0}};
   std::vector<specula::token_t> tokens(5);
   std::vector<specula::index_t> path(5);

@@ -3,7 +3,7 @@
 #include <catch2/catch.hpp>
 #include <vector>
 
-#include <specula/specula.hpp>
+#include <specula/verify.hpp>
 
 TEST_CASE("README example: verifying a chain", "[verify]") {
   // One request, two drafted tokens over a vocabulary of 4.
@@ -14,6 +14,7 @@ TEST_CASE("README example: verifying a chain", "[verify]") {
                           0.25f, 0.25f, 0.25f, 0.25f};  // p_3: for the bonus token
   std::vector<specula::index_t> offsets = {0, 2};  // request b's drafts: [offsets[b], offsets[b+1])
   std::vector<specula::token_t> drafts = {0, 3};
+  // The request's random stream for this decoding iteration: step must change every iteration.
   std::vector<specula::request_rng> rng = {{/*seed=*/42, /*request_id=*/0, /*step=*/0}};
 
   std::vector<specula::token_t> out(3);  // accepted drafts, then correction/bonus, then -1

@@ -5,7 +5,17 @@
 ///
 /// `SPECULA_HOST_DEVICE` marks functions that are usable from both host and CUDA device code.
 /// Without a CUDA compiler it expands to nothing, so every host header compiles with a plain
-/// C++20 compiler.
+/// C++20 compiler; compiling them as an earlier standard stops with an error that says so.
+
+#if defined(_MSVC_LANG) && !defined(__clang__)
+#define SPECULA_CPLUSPLUS _MSVC_LANG
+#else
+#define SPECULA_CPLUSPLUS __cplusplus
+#endif
+// 201709L: the value of compilers whose C++20 mode predates the final standard (GCC 10).
+#if SPECULA_CPLUSPLUS < 201709L
+#error "specula requires C++20: compile with -std=c++20 (in CMake, link specula::specula)"
+#endif
 
 #if defined(__CUDACC__)
 #define SPECULA_HOST_DEVICE __host__ __device__

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "specula/core/config.hpp"
+
 namespace specula {
 
 /// A token id. Valid ids are in [0, vocab_size); `no_token` (-1) marks padding and "no output".
