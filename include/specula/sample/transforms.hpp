@@ -10,21 +10,49 @@
 /// than k tokens when several share the k-th largest logit); this keeps the result independent
 /// of the order in which equal entries appear.
 ///
-/// The scalar maths are host+device function objects; the row loops here are the host backend.
-/// Functions that need scratch space take a caller-provided span, so no call allocates.
+/// Two entry points run the pipeline: `logits_to_probs(params, logits, uncond, probs, scratch)`
+/// on one float row, and the batched `logits_to_probs(policy, logits, uncond, params, probs)`
+/// over fp32, bf16 or fp16 rows with one parameter set per row (or one for all), rows split
+/// over threads by the host policy. Neither writes to its inputs. Both run the same row code,
+/// so a row gets the same output bits from either (and from its own single-row call whatever
+/// the rest of the batch is).
+///
+/// Top-k and top-p use selection, not sorting (sample/select.hpp): the logits are re-read and
+/// re-transformed by each pass instead of being copied, and `probs` holds exp(x - max) between
+/// the passes. The results are bit for bit those of the sort-based definitions
+/// (specula::testing::reference_logits_to_probs; tests compare them): top-k keeps the logits >=
+/// the k-th largest; top-p keeps the probabilities >= the one at which the descending running
+/// sum (double) first reaches top_p times the descending total; sums are in double, in index
+/// order unless said otherwise. A top-p row whose threshold depends on the rounding of the
+/// descending sums (top_p within about V * 2^-29 of 1, or a partial sum within about
+/// V * 2^-52 of the target) takes the sort instead; it is rare and gives the same bits.
+///
+/// Cost per row (passes over V elements): softmax alone 3 (max, exp, write); top-k adds 2 to 4
+/// cheap counting passes and skips exp for the dropped logits; top-p adds 2 to 4; min-p adds 1.
+///
+/// The scalar maths are host+device function objects; the row loops here are the host backend
+/// (the device version is specula/cuda/transforms.cuh).
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <concepts>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <limits>
 #include <span>
 #include <string>
+#include <type_traits>
 
+#include "specula/backend/host.hpp"
 #include "specula/core/config.hpp"
 #include "specula/core/error.hpp"
+#include "specula/core/float16.hpp"
 #include "specula/core/numeric.hpp"
+#include "specula/core/row.hpp"
 #include "specula/core/types.hpp"
+#include "specula/sample/select.hpp"
 
 namespace specula {
 
@@ -54,14 +82,53 @@ struct sampling_params {
   float cfg_scale = 1.0f;    ///< used only when an unconditional row is given
 };
 
+/// Logit element types of the batched host transforms: float, bfloat16 and half (storage types
+/// of core/float16.hpp, layout-compatible with an engine's bf16/fp16 tensors).
+template <class T>
+concept logit_element =
+    std::same_as<T, float> || std::same_as<T, bfloat16> || std::same_as<T, half>;
+
+namespace detail {
+
+/// The first parameter out of its domain, as a diagnostic for `row` (-1: no row), with the
+/// parameter's name and requirement; ok when every parameter is valid.
+struct parameter_problem {
+  diagnostic d;
+  const char* name = "";
+  const char* requirement = "";
+};
+
+inline parameter_problem check_sampling_params(const sampling_params& s, index_t row) {
+  const auto bad = [row](double v, const char* name, const char* requirement) {
+    return parameter_problem{{status::invalid_parameter, row, -1, v}, name, requirement};
+  };
+  if (!(detail::is_finite(s.temperature) && s.temperature > 0.0f))
+    return bad(s.temperature, "temperature", "must be finite and > 0 (use greedy decoding for 0)");
+  if (s.top_k < 0) return bad(static_cast<double>(s.top_k), "top_k", "must be >= 0");
+  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) return bad(s.top_p, "top_p", "must be in (0, 1]");
+  if (!(s.min_p >= 0.0f && s.min_p <= 1.0f)) return bad(s.min_p, "min_p", "must be in [0, 1]");
+  if (!detail::is_finite(s.cfg_scale)) return bad(s.cfg_scale, "cfg_scale", "must be finite");
+  return {};
+}
+
+}  // namespace detail
+
 /// Throws invalid_input unless the parameters are in their domains.
 inline void validate_sampling_params(const sampling_params& s) {
-  require_parameter(detail::is_finite(s.temperature) && s.temperature > 0.0f, "temperature",
-                    s.temperature, "must be finite and > 0 (use greedy decoding for 0)");
-  require_parameter(s.top_k >= 0, "top_k", static_cast<double>(s.top_k), "must be >= 0");
-  require_parameter(s.top_p > 0.0f && s.top_p <= 1.0f, "top_p", s.top_p, "must be in (0, 1]");
-  require_parameter(s.min_p >= 0.0f && s.min_p <= 1.0f, "min_p", s.min_p, "must be in [0, 1]");
-  require_parameter(detail::is_finite(s.cfg_scale), "cfg_scale", s.cfg_scale, "must be finite");
+  const auto problem = detail::check_sampling_params(s, -1);
+  throw_if_failed(problem.d, problem.name, problem.requirement);
+}
+
+/// Throws invalid_input naming `argument`.<parameter> and the row (entry) of `params` unless
+/// every entry is in its domain, e.g. `specula: params.top_p[row 3]: invalid parameter ...`.
+inline void validate_sampling_params(row_view<const sampling_params> params,
+                                     const char* argument = "params") {
+  for (index_t r = 0; r < params.size; ++r) {
+    const auto problem = detail::check_sampling_params(params[r], r);
+    if (problem.d.ok()) continue;
+    throw_if_failed(problem.d, (std::string(argument) + "." + problem.name).c_str(),
+                    problem.requirement);
+  }
 }
 
 namespace detail {
@@ -92,6 +159,188 @@ inline bool renormalise(std::span<float> probs) {
   return true;
 }
 
+/// One row's logits after CFG (when Cfg) and temperature (when Scale), recomputed per read.
+template <class T, bool Cfg, bool Scale>
+struct logit_source {
+  const T* cond;
+  const T* uncond;
+  cfg_mix_op mix;
+  temperature_op temperature;
+
+  [[nodiscard]] float operator()(index_t i) const noexcept {
+    float x = to_float(cond[i]);
+    if constexpr (Cfg) x = mix(x, to_float(uncond[i]));
+    if constexpr (Scale) x = temperature(x);
+    return x;
+  }
+};
+
+/// Calls f(source) with the logit_source of row `cond` (and `uncond` unless null) for `sp`.
+template <class T, class F>
+void with_logit_source(const T* cond, const T* uncond, const sampling_params& sp, F&& f) {
+  const cfg_mix_op mix{sp.cfg_scale};
+  const temperature_op scale{1.0f / sp.temperature};
+  if (uncond != nullptr) {
+    if (sp.temperature != 1.0f)
+      f(logit_source<T, true, true>{cond, uncond, mix, scale});
+    else
+      f(logit_source<T, true, false>{cond, uncond, mix, scale});
+  } else {
+    if (sp.temperature != 1.0f)
+      f(logit_source<T, false, true>{cond, nullptr, mix, scale});
+    else
+      f(logit_source<T, false, false>{cond, nullptr, mix, scale});
+  }
+}
+
+/// The row constants of the pipeline after the passes, which give each probability from
+/// e_i = exp(x_i - max) (0 for logits dropped by top-k), what the exp pass stored: softmax, then
+/// top-p's cut and renormalisation, then min-p's.
+struct row_constants {
+  double inv_sum = 1.0;  ///< 1 / sum of e
+  bool top_p = false;
+  float thr_p = 0.0f;  ///< top-p keeps softmax probabilities >= thr_p
+  double inv_p = 1.0;  ///< 1 / their mass (1 when it is 0: the row stays as it is)
+  bool min_p = false;
+  float thr_m = 0.0f;  ///< min-p keeps probabilities >= thr_m
+  double inv_m = 1.0;
+
+  [[nodiscard]] float softmax(float e) const noexcept {
+    return static_cast<float>(static_cast<double>(e) * inv_sum);
+  }
+  [[nodiscard]] float after_top_p(float e) const noexcept {
+    float p = softmax(e);
+    if (top_p) p = p < thr_p ? 0.0f : static_cast<float>(static_cast<double>(p) * inv_p);
+    return p;
+  }
+};
+
+/// 1 / mass, or 1 when there is no mass (renormalise leaves such a row, all zeros, as it is).
+[[nodiscard]] inline double inverse_mass(double mass) noexcept {
+  return mass > 0.0 ? 1.0 / mass : 1.0;
+}
+
+/// Throws for the first NaN or +Inf logit of the row (index order), as softmax reports it.
+template <class Source>
+[[noreturn]] void throw_first_bad_logit(const Source& src, index_t n, index_t row,
+                                        const char* argument) {
+  for (index_t i = 0; i < n; ++i) {
+    const float v = src(i);
+    if (detail::is_nan(v)) throw_if_failed({status::nan_value, row, i, v}, argument);
+    if (v == std::numeric_limits<float>::infinity())
+      throw_if_failed({status::inf_value, row, i, v}, argument);
+  }
+  std::abort();  // unreachable: the scan found a bad logit
+}
+
+/// The first pass over a row of logits: returns the max; throws invalid_input naming
+/// `argument` and `row` for the first NaN or +Inf logit and for a row of -Inf only (or empty).
+template <class Source>
+float scan_logits(const Source& src, index_t n, index_t row, const char* argument) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  float m = -inf;
+  bool bad = false;
+  for (index_t i = 0; i < n; ++i) {
+    const float x = src(i);
+    bad |= !(x < inf);
+    m = std::max(m, x);
+  }
+  if (bad) throw_first_bad_logit(src, n, row, argument);
+  if (m == -inf) throw_if_failed({status::no_mass, row, -1, 0.0}, argument, "every logit is -inf");
+  return m;
+}
+
+/// The pipeline on one row of n logits given by `src` (see the file comment), writing the
+/// probabilities to out[0 .. n). `scratch`: n floats for the rare sort fallback of top-p, or
+/// null (then `out` is sorted and the exp pass rerun, so `src` must not alias `out`). Errors
+/// name `argument` and `row` (-1: none). The parameters must be valid.
+template <class Source>
+void transform_row(const sampling_params& sp, const Source& src, index_t n, float* out,
+                   float* scratch, index_t row, const char* argument) {
+  // Pass 1: the max, and the checks.
+  const float m = scan_logits(src, n, row, argument);
+
+  // Top-k threshold (top-k keeps the max, so m is also the max of what it keeps).
+  float thr_k = -std::numeric_limits<float>::infinity();
+  if (sp.top_k > 0 && sp.top_k < n) (void)kth_largest(n, sp.top_k, src, thr_k);  // no NaN here
+
+  // Pass 2: e = exp(x - m) for the kept logits, 0 for the dropped ones; their sum, their max.
+  float e_max = 0.0f;
+  const auto exp_pass = [&] {
+    double sum = 0.0;
+    for (index_t i = 0; i < n; ++i) {
+      const float x = src(i);
+      const float e = x >= thr_k ? std::exp(x - m) : 0.0f;
+      out[i] = e;
+      sum += e;
+      e_max = std::max(e_max, e);
+    }
+    return sum;
+  };
+  row_constants c;
+  c.inv_sum = 1.0 / exp_pass();
+
+  if (sp.top_p < 1.0f) {
+    const auto softmax_at = [out, inv_sum = c.inv_sum](index_t i) {
+      return static_cast<float>(static_cast<double>(out[i]) * inv_sum);
+    };
+    nucleus_cut cut;
+    if (!nucleus_threshold_selected(n, sp.top_p, softmax_at, cut)) {
+      // The sort-based definition itself, on a copy (or in `out`, whose e values are then
+      // computed again).
+      float* s = scratch != nullptr ? scratch : out;
+      for (index_t i = 0; i < n; ++i) s[i] = c.softmax(out[i]);
+      cut.threshold = nucleus_threshold_sorted(s, n, sp.top_p);
+      if (s == out) (void)exp_pass();
+      cut.kept_mass = 0.0;
+      for (index_t i = 0; i < n; ++i) {
+        const float p = softmax_at(i);
+        if (!(p < cut.threshold)) cut.kept_mass += p;
+      }
+    }
+    c.top_p = true;
+    c.thr_p = cut.threshold;
+    c.inv_p = inverse_mass(cut.kept_mass);
+  }
+
+  if (sp.min_p > 0.0f) {
+    // Every step is non-decreasing in e, so the largest probability is that of the largest e.
+    c.thr_m = sp.min_p * c.after_top_p(e_max);
+    double kept = 0.0;
+    for (index_t i = 0; i < n; ++i) {
+      const float p = c.after_top_p(out[i]);
+      if (!(p < c.thr_m)) kept += p;
+    }
+    c.min_p = true;
+    c.inv_m = inverse_mass(kept);
+  }
+
+  // Last pass: the probabilities, a loop per filter combination. The cuts compare bits (the same
+  // order as the values: both are >= +0) and mask, which compilers vectorise; `p < thr ? 0 :
+  // kept` they leave scalar.
+  const auto cut = [](float p, std::uint32_t thr_bits, double inv) {
+    const auto kept =
+        std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<double>(p) * inv));
+    return std::bit_cast<float>(std::bit_cast<std::uint32_t>(p) < thr_bits ? 0u : kept);
+  };
+  const auto thr_p_bits = std::bit_cast<std::uint32_t>(c.thr_p);
+  const auto thr_m_bits = std::bit_cast<std::uint32_t>(c.thr_m);
+  const auto write = [&](auto top_p, auto min_p) {
+    for (index_t i = 0; i < n; ++i) {
+      float p = c.softmax(out[i]);
+      if constexpr (decltype(top_p)::value) p = cut(p, thr_p_bits, c.inv_p);
+      if constexpr (decltype(min_p)::value) p = cut(p, thr_m_bits, c.inv_m);
+      out[i] = p;
+    }
+  };
+  using yes = std::true_type;
+  using no = std::false_type;
+  if (c.top_p)
+    c.min_p ? write(yes{}, yes{}) : write(yes{}, no{});
+  else
+    c.min_p ? write(no{}, yes{}) : write(no{}, no{});
+}
+
 }  // namespace detail
 
 /// out[i] = uncond[i] + scale * (cond[i] - uncond[i]). `out` may alias `cond` or `uncond`.
@@ -113,66 +362,52 @@ inline void apply_temperature(std::span<float> logits, float temperature) {
 }
 
 /// Numerically stable softmax (max subtracted, sum in double). -Inf logits get probability 0.
-/// Throws invalid_input if a logit is NaN or +Inf, or if every logit is -Inf.
+/// Throws invalid_input if a logit is NaN or +Inf, or if every logit is -Inf. `probs` may
+/// alias `logits`.
 inline void softmax(std::span<const float> logits, std::span<float> probs) {
   detail::require_same_size(probs.size(), logits.size(), "probs");
-  float m = -std::numeric_limits<float>::infinity();
-  for (std::size_t i = 0; i < logits.size(); ++i) {
-    const float v = logits[i];
-    if (detail::is_nan(v))
-      throw_if_failed({status::nan_value, -1, static_cast<index_t>(i), v}, "logits");
-    if (v == std::numeric_limits<float>::infinity())
-      throw_if_failed({status::inf_value, -1, static_cast<index_t>(i), v}, "logits");
-    m = std::max(m, v);
-  }
-  if (m == -std::numeric_limits<float>::infinity())
-    throw_if_failed({status::no_mass, -1, -1, 0.0}, "logits", "every logit is -inf");
-  double sum = 0.0;
-  for (std::size_t i = 0; i < logits.size(); ++i) {
-    const float e = std::exp(logits[i] - m);
-    probs[i] = e;
-    sum += e;
-  }
-  const double inv = 1.0 / sum;
-  for (float& v : probs) v = static_cast<float>(v * inv);
+  detail::transform_row(sampling_params{},
+                        detail::logit_source<float, false, false>{logits.data(), nullptr, {}, {}},
+                        static_cast<index_t>(logits.size()), probs.data(), nullptr, -1, "logits");
 }
 
 /// Keeps the logits >= the k-th largest and sets the others to -Inf (k >= size: no change).
-/// `scratch` needs logits.size() elements.
+/// `scratch` needs logits.size() elements (used only when a logit is NaN).
 inline void top_k_filter(std::span<float> logits, index_t k, std::span<float> scratch) {
   require_parameter(k >= 1, "top_k", static_cast<double>(k), "must be >= 1");
   if (static_cast<std::size_t>(k) >= logits.size()) return;
   const std::size_t n = logits.size();
   detail::require_scratch(scratch, n);
-  float* s = scratch.data();
-  for (std::size_t i = 0; i < n; ++i) s[i] = logits[i];
-  std::nth_element(s, s + (k - 1), s + n, std::greater<float>());
-  const float threshold = s[k - 1];
+  float threshold = 0.0f;
+  if (!detail::kth_largest(
+          static_cast<index_t>(n), k,
+          [&](index_t i) { return logits[static_cast<std::size_t>(i)]; }, threshold)) {
+    float* s = scratch.data();  // NaN present: the order is undefined; do what nth_element does
+    for (std::size_t i = 0; i < n; ++i) s[i] = logits[i];
+    std::nth_element(s, s + (k - 1), s + n, std::greater<float>());
+    threshold = s[k - 1];
+  }
   for (float& v : logits)
     if (v < threshold) v = -std::numeric_limits<float>::infinity();
 }
 
 /// Nucleus filter on a probability row: keeps the tokens whose probability is >= the smallest
 /// probability among the highest-probability tokens that first reach mass >= top_p, zeroes the
-/// rest and renormalises. `scratch` needs probs.size() elements.
+/// rest and renormalises. `scratch` needs probs.size() elements (for the rare rows the
+/// selection leaves to the sort, and rows with entries outside [0, 2)).
 inline void top_p_filter(std::span<float> probs, float top_p, std::span<float> scratch) {
   require_parameter(top_p > 0.0f && top_p <= 1.0f, "top_p", top_p, "must be in (0, 1]");
   if (top_p >= 1.0f) return;
   detail::require_scratch(scratch, probs.size());
-  auto s = scratch.first(probs.size());
-  std::copy(probs.begin(), probs.end(), s.begin());
-  std::sort(s.begin(), s.end(), std::greater<float>());
-  double total = 0.0;
-  for (float v : s) total += v;
-  const double target = static_cast<double>(top_p) * total;
-  double acc = 0.0;
-  float threshold = s.empty() ? 0.0f : s.back();
-  for (float v : s) {
-    acc += v;
-    if (acc >= target) {
-      threshold = v;
-      break;
-    }
+  const auto n = static_cast<index_t>(probs.size());
+  detail::nucleus_cut cut;
+  float threshold = 0.0f;
+  if (detail::nucleus_threshold_selected(
+          n, top_p, [&](index_t i) { return probs[static_cast<std::size_t>(i)]; }, cut)) {
+    threshold = cut.threshold;
+  } else {
+    std::copy(probs.begin(), probs.end(), scratch.begin());
+    threshold = detail::nucleus_threshold_sorted(scratch.data(), n, top_p);
   }
   for (float& v : probs)
     if (v < threshold) v = 0.0f;
@@ -191,19 +426,125 @@ inline void min_p_filter(std::span<float> probs, float min_p) {
 }
 
 /// The full pipeline on one row: optional CFG mix (when `uncond` is non-empty), temperature,
-/// top-k, softmax, top-p, min-p. Writes the probability row to `probs`; `logits` is used as
-/// working storage and is modified. `scratch` needs logits.size() elements when top-k or top-p
-/// is enabled.
-inline void logits_to_probs(const sampling_params& params, std::span<float> logits,
+/// top-k, softmax, top-p, min-p. Writes the probability row to `probs` and leaves `logits` and
+/// `uncond` unchanged (`probs` may alias either). `scratch` needs logits.size() elements when
+/// top-k or top-p is enabled. Throws invalid_input for invalid parameters, mismatched sizes, a
+/// NaN or +Inf logit (after CFG and temperature: `logits[column i]`), or a row of -Inf only.
+inline void logits_to_probs(const sampling_params& params, std::span<const float> logits,
                             std::span<const float> uncond, std::span<float> probs,
                             std::span<float> scratch) {
   validate_sampling_params(params);
-  if (!uncond.empty()) cfg_mix(logits, uncond, params.cfg_scale, logits);
-  if (params.temperature != 1.0f) apply_temperature(logits, params.temperature);
-  if (params.top_k > 0) top_k_filter(logits, params.top_k, scratch);
-  softmax(logits, probs);
-  if (params.top_p < 1.0f) top_p_filter(probs, params.top_p, scratch);
-  if (params.min_p > 0.0f) min_p_filter(probs, params.min_p);
+  const std::size_t n = logits.size();
+  if (!uncond.empty()) detail::require_same_size(uncond.size(), n, "uncond");
+  detail::require_same_size(probs.size(), n, "probs");
+  const bool top_k = params.top_k > 0 && static_cast<std::size_t>(params.top_k) < n;
+  if (top_k || params.top_p < 1.0f) detail::require_scratch(scratch, n);
+  detail::with_logit_source(logits.data(), uncond.empty() ? nullptr : uncond.data(), params,
+                            [&](const auto& src) {
+                              detail::transform_row(params, src, static_cast<index_t>(n),
+                                                    probs.data(), scratch.data(), -1, "logits");
+                            });
+}
+
+namespace detail {
+
+template <class T>
+[[nodiscard]] bool rows_overlap(batch_view<const T> a, batch_view<float> b) noexcept {
+  if (a.data == nullptr || b.data == nullptr || a.rows == 0 || b.rows == 0 || a.cols == 0)
+    return false;
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a.data);
+  const auto a1 =
+      a0 + static_cast<std::uintptr_t>((a.rows - 1) * a.row_stride + a.cols) * sizeof(T);
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b.data);
+  const auto b1 =
+      b0 + static_cast<std::uintptr_t>((b.rows - 1) * b.row_stride + b.cols) * sizeof(float);
+  return a0 < b1 && b0 < a1;
+}
+
+/// Shape checks shared by the batched transforms: `rows` x `cols` logits (and the same for
+/// `uncond` unless it has no rows), `params` of 1 entry or `params_rows`, each valid.
+template <class T>
+void validate_logit_rows_shape(batch_view<const T> logits, batch_view<const T> uncond,
+                               row_view<const sampling_params> params, index_t params_rows,
+                               const char* logits_name, const char* uncond_name,
+                               const char* params_name) {
+  const auto fail = [](status code, double v, const char* argument, const char* what) {
+    throw_if_failed({code, -1, -1, v}, argument, what);
+  };
+  if (logits.rows < 0 || logits.cols < 0)
+    fail(status::length_mismatch, static_cast<double>(std::min(logits.rows, logits.cols)),
+         logits_name, "rows and cols must be >= 0");
+  if (logits.rows > 1 && logits.row_stride < logits.cols)
+    fail(status::length_mismatch, static_cast<double>(logits.row_stride), logits_name,
+         "row_stride must be at least the row length");
+  if (!logits.empty() && logits.data == nullptr)
+    fail(status::empty_input, 0.0, logits_name, "null data pointer");
+  if (uncond.rows != 0) {
+    if (uncond.rows != logits.rows || uncond.cols != logits.cols)
+      fail(status::length_mismatch, static_cast<double>(uncond.rows), uncond_name,
+           "must have no rows (no CFG) or the shape of the logits");
+    if (uncond.rows > 1 && uncond.row_stride < uncond.cols)
+      fail(status::length_mismatch, static_cast<double>(uncond.row_stride), uncond_name,
+           "row_stride must be at least the row length");
+    if (!uncond.empty() && uncond.data == nullptr)
+      fail(status::empty_input, 0.0, uncond_name, "null data pointer");
+  }
+  if (params_rows > 0 && params.size != 1 && params.size != params_rows)
+    fail(status::length_mismatch, static_cast<double>(params.size), params_name,
+         ("needs 1 entry or " + std::to_string(params_rows)).c_str());
+  if (params.size > 0 && params.data == nullptr)
+    fail(status::empty_input, 0.0, params_name, "null data pointer");
+  validate_sampling_params(params, params_name);
+}
+
+}  // namespace detail
+
+/// Batched logits -> probabilities (see the file comment) under a host policy: row r of
+/// `probs` receives the pipeline of row r of `logits` (and of `uncond`, for CFG, unless it has
+/// no rows) with `params[r]`, or `params[0]` for every row when it has one entry.
+///
+/// - `logits`: rows x V of float, bfloat16 or half; never written.
+/// - `uncond`: the same shape, or no rows (no CFG).
+/// - `params`: 1 or `rows` entries.
+/// - `probs`: rows x V floats; must not overlap the inputs (it holds intermediate values).
+///
+/// Throws invalid_input before writing anything for mismatched shapes or strides, null
+/// pointers, overlapping output, and parameters out of their domain (`params.top_p[row r]`);
+/// then, while transforming, for a NaN or +Inf logit (after CFG and temperature:
+/// `logits[row r][column i]`) or a row of -Inf only. The error of the lowest failing row is the
+/// one thrown under every policy; rows other than it may have been written. No allocation.
+template <logit_element T, host::policy Policy>
+void logits_to_probs(const Policy& policy, batch_view<const T> logits,
+                     std::type_identity_t<batch_view<const T>> uncond,
+                     row_view<const sampling_params> params, batch_view<float> probs) {
+  detail::validate_logit_rows_shape(logits, uncond, params, logits.rows, "logits", "uncond",
+                                    "params");
+  if (probs.rows != logits.rows || probs.cols != logits.cols)
+    throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(probs.rows)}, "probs",
+                    "must have the shape of the logits");
+  if (probs.rows > 1 && probs.row_stride < probs.cols)
+    throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(probs.row_stride)},
+                    "probs", "row_stride must be at least the row length");
+  if (!probs.empty() && probs.data == nullptr)
+    throw_if_failed({status::empty_input, -1, -1, 0.0}, "probs", "null data pointer");
+  if (detail::rows_overlap(logits, probs) || detail::rows_overlap(uncond, probs))
+    throw_if_failed({status::length_mismatch, -1, -1, 0.0}, "probs",
+                    "must not overlap logits or uncond");
+  host::for_each_index(policy, logits.rows, [&](index_t r) {
+    const sampling_params& sp = params[params.size == 1 ? 0 : r];
+    detail::with_logit_source(logits.row(r).data, uncond.rows > 0 ? uncond.row(r).data : nullptr,
+                              sp, [&](const auto& src) {
+                                detail::transform_row(sp, src, logits.cols, probs.row(r).data,
+                                                      nullptr, r, "logits");
+                              });
+  });
+}
+
+/// logits_to_probs(host::seq, ...): the rows one after the other on the calling thread.
+template <logit_element T>
+void logits_to_probs(batch_view<const T> logits, std::type_identity_t<batch_view<const T>> uncond,
+                     row_view<const sampling_params> params, batch_view<float> probs) {
+  logits_to_probs<T>(host::seq, logits, uncond, params, probs);
 }
 
 }  // namespace specula
