@@ -106,6 +106,12 @@ struct index_view {
   index_t size = 0;
 
   constexpr index_view() noexcept = default;
+  SPECULA_HOST_DEVICE constexpr index_view(const std::int64_t* d, index_t n) noexcept
+      : data64(d), size(n) {}
+  SPECULA_HOST_DEVICE constexpr index_view(const std::int32_t* d, index_t n) noexcept
+      : data32(d), size(n) {}
+  /// A size without data (for extent checks that read no element).
+  SPECULA_HOST_DEVICE constexpr index_view(std::nullptr_t, index_t n) noexcept : size(n) {}
   SPECULA_HOST_DEVICE constexpr index_view(row_view<const std::int64_t> v) noexcept  // NOLINT
       : data64(v.data), size(v.size) {}
   SPECULA_HOST_DEVICE constexpr index_view(row_view<std::int64_t> v) noexcept  // NOLINT
