@@ -28,26 +28,34 @@ inline float stream_sum(const float* data, std::size_t n) {
   return s;
 }
 
-/// Bytes per second of stream_sum over a buffer of `bytes` bytes (best of five timed runs of at
-/// least 20 ms each).
-inline double stream_bytes_per_second(std::size_t bytes) {
-  const std::size_t n = std::max<std::size_t>(1, bytes / sizeof(float));
-  std::vector<float> buf(n, 1.0f);
-  benchmark::DoNotOptimize(stream_sum(buf.data(), n));  // warm
+/// `units` per call times calls per second of `call`: the best of five timed runs of at least
+/// 20 ms each.
+template <class Call>
+double best_rate(double units, Call&& call) {
   double best = 0.0;
   for (int rep = 0; rep < 5; ++rep) {
     std::size_t iters = 0;
     const auto t0 = std::chrono::steady_clock::now();
     auto t1 = t0;
     do {
-      benchmark::DoNotOptimize(stream_sum(buf.data(), n));
+      call();
       ++iters;
       t1 = std::chrono::steady_clock::now();
     } while (t1 - t0 < std::chrono::milliseconds(20));
     const double s = std::chrono::duration<double>(t1 - t0).count();
-    best = std::max(best, static_cast<double>(iters) * static_cast<double>(n * sizeof(float)) / s);
+    best = std::max(best, static_cast<double>(iters) * units / s);
   }
   return best;
+}
+
+/// Bytes per second of stream_sum over a buffer of `bytes` bytes (best of five timed runs of at
+/// least 20 ms each).
+inline double stream_bytes_per_second(std::size_t bytes) {
+  const std::size_t n = std::max<std::size_t>(1, bytes / sizeof(float));
+  std::vector<float> buf(n, 1.0f);
+  benchmark::DoNotOptimize(stream_sum(buf.data(), n));  // warm
+  return best_rate(static_cast<double>(n * sizeof(float)),
+                   [&] { benchmark::DoNotOptimize(stream_sum(buf.data(), n)); });
 }
 
 /// Times `call` in the benchmark loop and reports bytes, the streaming baseline for the same

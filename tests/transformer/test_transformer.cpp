@@ -147,7 +147,9 @@ TEST_CASE("a batch of requests equals each request evaluated alone", "[backend]"
     const token_tree& t = trees[static_cast<std::size_t>(r)];
     std::vector<float> alone(static_cast<std::size_t>(t.size() * V));
     s.evaluate(t, batch_view<float>(alone.data(), t.size(), V));
-    CHECK(max_abs_diff(alone.data(), rows.data() + offset * V, t.size() * V) < 1e-5);
+    // The built-in kernels compute each row the same way whatever else is in the pass.
+    const double tolerance = m.kernel() == matmul_kernel::builtin ? 0.0 : 1e-5;
+    CHECK(max_abs_diff(alone.data(), rows.data() + offset * V, t.size() * V) <= tolerance);
     offset += t.size();
   }
   // Committing one request's path leaves the others alone.

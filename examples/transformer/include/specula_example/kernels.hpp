@@ -1,36 +1,36 @@
 #pragma once
 
 /// @file
-/// The dense kernels of the example transformer: row-major linear layers (a built-in blocked
-/// kernel, or OpenBLAS's sgemm when built with SPECULA_EXAMPLE_WITH_BLAS), RMSNorm and SwiGLU.
-/// Reductions are written as `omp simd` loops (compiled with -fopenmp-simd), so the compiler may
-/// vectorise them without -ffast-math.
+/// The dense kernels of the example transformer: linear layers (the packed small-m products of
+/// gemm.hpp, or OpenBLAS's sgemm when built with SPECULA_EXAMPLE_WITH_BLAS), attention of a
+/// block of nodes for one KV head, RMSNorm and SwiGLU. Reductions outside the products are
+/// written as `omp simd` loops (compiled with -fopenmp-simd), so the compiler may vectorise them
+/// without -ffast-math.
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <initializer_list>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <vector>
 
+#include "specula/backend/thread_pool.hpp"
 #include "specula/core/types.hpp"
+#include "specula_example/gemm.hpp"
 
 #if defined(SPECULA_EXAMPLE_WITH_BLAS)
 #include <cblas.h>
-#endif
-
-/// SPECULA_EXAMPLE_MULTIVERSION: compile a hot loop for AVX2+FMA as well as the baseline ISA
-/// and pick one at load time (GCC/Clang function multiversioning on x86-64), so the default
-/// portable build still uses the wide units where the CPU has them.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
-#define SPECULA_EXAMPLE_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define SPECULA_EXAMPLE_MULTIVERSION
 #endif
 
 namespace specula::example {
 
 /// Which matrix-multiply kernel the linear layers use.
 enum class matmul_kernel {
-  builtin,  ///< the blocked loops below
+  builtin,  ///< the packed micro-kernels of gemm.hpp
   blas,     ///< cblas_sgemm (only when built with SPECULA_EXAMPLE_WITH_BLAS)
 };
 
@@ -43,126 +43,210 @@ enum class matmul_kernel {
 #endif
 }
 
+/// Threads a pass uses with `backend_options::threads = 0`: one per hardware thread, at most
+/// four (the shipped models' products are too small to feed more).
+[[nodiscard]] inline int hardware_threads() noexcept {
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+}
+
+/// How the example transformer runs its kernels.
+struct backend_options {
+  matmul_kernel kernel = have_blas() ? matmul_kernel::blas : matmul_kernel::builtin;
+  /// Instruction set of the built-in kernels (see gemm.hpp); must be one `cpu_supports` accepts.
+  cpu_isa isa = best_cpu_isa();
+  /// Threads one pass may use (the caller and workers of the library's process-wide pool): 1
+  /// (the default) for the calling thread only, 0 for `hardware_threads()`. One by default
+  /// because a second thread did not measurably help on the two-core machine, shared with
+  /// other jobs, where it was measured (docs/PERFORMANCE.md). A product is split only when it
+  /// is large enough (`detail::parallel_min_flops`).
+  int threads = 1;
+};
+
 namespace detail {
 
-[[nodiscard]] inline float dot(const float* a, const float* b, index_t n) noexcept {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (index_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
+/// The resolved options a pass runs with.
+struct kernel_context {
+  matmul_kernel kernel = matmul_kernel::builtin;
+  cpu_isa isa = cpu_isa::generic;
+  int threads = 1;
+};
 
-/// y[r, o] = sum_i x[r, i] * w[o, i] for r < rows, o < out (w is [out, in], as nn.Linear).
-/// Four weight rows are held while every input row streams past them, so each weight is read
-/// once per call whatever the number of rows.
-SPECULA_EXAMPLE_MULTIVERSION inline void linear_builtin(const float* x, index_t rows, index_t in,
-                                                        const float* w, index_t out,
-                                                        float* y) noexcept {
-  index_t o = 0;
-  for (; o + 4 <= out; o += 4) {
-    const float* w0 = w + (o + 0) * in;
-    const float* w1 = w + (o + 1) * in;
-    const float* w2 = w + (o + 2) * in;
-    const float* w3 = w + (o + 3) * in;
-    index_t r = 0;
-    for (; r + 2 <= rows; r += 2) {  // 4 weight rows x 2 input rows: 8 accumulators
-      const float* xa = x + r * in;
-      const float* xb = xa + in;
-      float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-      float b0 = 0.0f, b1 = 0.0f, b2 = 0.0f, b3 = 0.0f;
-#pragma omp simd reduction(+ : a0, a1, a2, a3, b0, b1, b2, b3)
-      for (index_t i = 0; i < in; ++i) {
-        const float u = xa[i];
-        const float v = xb[i];
-        a0 += u * w0[i];
-        a1 += u * w1[i];
-        a2 += u * w2[i];
-        a3 += u * w3[i];
-        b0 += v * w0[i];
-        b1 += v * w1[i];
-        b2 += v * w2[i];
-        b3 += v * w3[i];
-      }
-      float* ya = y + r * out + o;
-      float* yb = ya + out;
-      ya[0] = a0;
-      ya[1] = a1;
-      ya[2] = a2;
-      ya[3] = a3;
-      yb[0] = b0;
-      yb[1] = b1;
-      yb[2] = b2;
-      yb[3] = b3;
-    }
-    for (; r < rows; ++r) {
-      const float* xr = x + r * in;
-      float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-      for (index_t i = 0; i < in; ++i) {
-        const float xi = xr[i];
-        s0 += xi * w0[i];
-        s1 += xi * w1[i];
-        s2 += xi * w2[i];
-        s3 += xi * w3[i];
-      }
-      float* yr = y + r * out + o;
-      yr[0] = s0;
-      yr[1] = s1;
-      yr[2] = s2;
-      yr[3] = s3;
+/// Products smaller than this many flops run on one thread: about 10 us of kernel time, above
+/// the few microseconds it takes to wake a pooled worker.
+inline constexpr double parallel_min_flops = 1e6;
+
+/// A linear layer's weights as its kernel reads them: packed panels (built-in kernel) or the
+/// row-major [out, in] matrix (BLAS). Several matrices with the same `in` can be stacked.
+class linear_weights {
+ public:
+  linear_weights() = default;
+  linear_weights(matmul_kernel kernel, index_t in,
+                 std::initializer_list<std::span<const float>> stacked) {
+    if (kernel == matmul_kernel::blas) {
+      for (const auto& w : stacked) dense_.insert(dense_.end(), w.begin(), w.end());
+      in_ = in;
+      out_ = static_cast<index_t>(dense_.size()) / in;
+    } else {
+      packed_ = packed_weights(in, stacked);
+      in_ = in;
+      out_ = packed_.out();
     }
   }
-  for (; o < out; ++o)
-    for (index_t r = 0; r < rows; ++r) y[r * out + o] = dot(x + r * in, w + o * in, in);
-}
+  [[nodiscard]] index_t in() const noexcept { return in_; }
+  [[nodiscard]] index_t out() const noexcept { return out_; }
+  [[nodiscard]] const packed_weights& packed() const noexcept { return packed_; }
+  [[nodiscard]] const float* dense() const noexcept { return dense_.data(); }
 
-inline void linear(matmul_kernel kernel, const float* x, index_t rows, index_t in, const float* w,
-                   index_t out, float* y) noexcept {
-#if defined(SPECULA_EXAMPLE_WITH_BLAS)
-  if (kernel == matmul_kernel::blas) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
-                static_cast<int>(out), static_cast<int>(in), 1.0f, x, static_cast<int>(in), w,
-                static_cast<int>(in), 0.0f, y, static_cast<int>(out));
+ private:
+  index_t in_ = 0, out_ = 0;
+  packed_weights packed_;
+  std::vector<float> dense_;
+};
+
+/// Calls fn(part) for part < parts on up to kc.threads threads of the library's process-wide
+/// pool (specula::host::default_pool(): parts are claimed one at a time, the caller takes part,
+/// so a worker that starts late costs nothing). An exception from fn is rethrown here.
+template <class F>
+void parallel_parts(const kernel_context& kc, index_t parts, F&& fn) {
+  if (parts <= 1 || kc.threads <= 1) {
+    for (index_t p = 0; p < parts; ++p) fn(p);
     return;
   }
-#else
-  (void)kernel;
-#endif
-  linear_builtin(x, rows, in, w, out, y);
+  std::exception_ptr error;
+  std::once_flag first_error;
+  auto task = [&](index_t p) noexcept {
+    try {
+      fn(p);
+    } catch (...) {
+      std::call_once(first_error, [&] { error = std::current_exception(); });
+    }
+  };
+  host::default_pool().bulk(parts, host::bulk_task(task), kc.threads);
+  if (error) std::rethrow_exception(error);
 }
 
-/// One query head's attention: softmax(q·k / sqrt(hd)) · v over `ctx` committed keys (all
-/// visible) and the `n` block keys whose bits are set in `mask_row`. Keys and values are rows
-/// of stride `stride`; `scores` needs ctx + n entries; writes hd outputs.
-SPECULA_EXAMPLE_MULTIVERSION inline void attend(const float* q, const float* ck, const float* cv,
-                                                index_t ctx, const float* pk, const float* pv,
-                                                const std::uint64_t* mask_row, index_t n,
-                                                index_t stride, index_t hd, float scale,
-                                                float* scores, float* out) noexcept {
-  const auto visible = [&](index_t j) { return ((mask_row[j / 64] >> (j % 64)) & 1u) != 0; };
-  float mx = -INFINITY;
-  for (index_t j = 0; j < ctx; ++j) {
-    scores[j] = dot(q, ck + j * stride, hd) * scale;
-    mx = std::max(mx, scores[j]);
+/// y[r, o] = sum_i x[r * ldx + i] * w[o, i] for r < rows, o < w.out() (y rows of w.out()).
+inline void linear(const kernel_context& kc, const float* x, index_t rows, index_t ldx,
+                   const linear_weights& w, float* y) {
+  if (rows == 0) return;
+#if defined(SPECULA_EXAMPLE_WITH_BLAS)
+  if (kc.kernel == matmul_kernel::blas) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
+                static_cast<int>(w.out()), static_cast<int>(w.in()), 1.0f, x, static_cast<int>(ldx),
+                w.dense(), static_cast<int>(w.in()), 0.0f, y, static_cast<int>(w.out()));
+    return;
   }
-  for (index_t j = 0; j < n; ++j) {
-    if (!visible(j)) continue;
-    scores[ctx + j] = dot(q, pk + j * stride, hd) * scale;
-    mx = std::max(mx, scores[ctx + j]);
+#endif
+  const gemm_args g{.m = rows,
+                    .n = w.out(),
+                    .k = w.in(),
+                    .a = x,
+                    .lda = ldx,
+                    .b = w.packed().data(),
+                    .c = y,
+                    .ldc = w.out()};
+  // Parts of whole panel pairs (the tiles' widest group), a few per thread so that a thread
+  // that starts late takes fewer.
+  const index_t panels = w.packed().panels(), pairs = (panels + 1) / 2;
+  const double flops = 2.0 * static_cast<double>(rows * w.out() * w.in());
+  const index_t parts =
+      kc.threads > 1 && flops >= parallel_min_flops ? std::min<index_t>(4 * kc.threads, pairs) : 1;
+  parallel_parts(kc, parts, [&](index_t p) {
+    gemm_panels(kc.isa, g, std::min(panels, 2 * (p * pairs / parts)),
+                std::min(panels, 2 * ((p + 1) * pairs / parts)));
+  });
+}
+
+/// Reused buffers of `attend_block`.
+struct attention_scratch {
+  aligned_vector<float> q, keys, values, scores, out;
+  std::vector<float> inv_sum;
+};
+
+/// Attention of a block of n nodes for one KV head and the `group` query heads that share it,
+/// all query rows against one pass over the keys. Keys and values: `ctx` committed rows (row j at
+/// ck / cv + j * stride, all visible) followed by the block's n rows (pk / pv + j * stride), the
+/// head's offset already applied. Node i sees block row j when bit j of mask row i is set (rows
+/// of ceil(n / 64) words). Query and output of node i, head h < group: q / out + i * q_stride +
+/// h * hd. Scores S = Q Kᵀ and outputs P V are products of gemm.hpp (keys transposed and values
+/// copied into panels first), the softmax runs row by row in between.
+inline void attend_block(cpu_isa isa, const float* q, float* out, index_t q_stride, index_t group,
+                         index_t hd, const float* ck, const float* cv, index_t ctx, const float* pk,
+                         const float* pv, index_t n, index_t stride, const std::uint64_t* mask,
+                         float scale, attention_scratch& s) {
+  const auto sz = [](index_t v) { return static_cast<std::size_t>(v); };
+  const index_t keys = ctx + n, rows = n * group, words = (n + 63) / 64;
+  const index_t key_cols = panels_of(keys) * panel_width, hd_cols = panels_of(hd) * panel_width;
+  const auto key = [&](index_t j) { return j < ctx ? ck + j * stride : pk + (j - ctx) * stride; };
+  const auto value = [&](index_t j) { return j < ctx ? cv + j * stride : pv + (j - ctx) * stride; };
+
+  s.q.resize(sz(rows * hd));
+  for (index_t i = 0; i < n; ++i)
+    std::copy_n(q + i * q_stride, group * hd, s.q.begin() + i * group * hd);
+  // Keys transposed into panels of 16 keys: keys[p][t][j] = element t of key 16p + j.
+  s.keys.resize(sz(key_cols * hd));
+  std::fill(s.keys.end() - panel_width * hd, s.keys.end(), 0.0f);
+  for (index_t j = 0; j < keys; ++j) {
+    const float* kj = key(j);
+    float* dst = s.keys.data() + (j / panel_width) * hd * panel_width + j % panel_width;
+    for (index_t t = 0; t < hd; ++t) dst[t * panel_width] = kj[t];
   }
-  for (index_t t = 0; t < hd; ++t) out[t] = 0.0f;
-  float denom = 0.0f;
-  const auto accumulate = [&](float e, const float* v) {
-    denom += e;
+  // Values in panels of 16 columns: values[p][j][c] = column 16p + c of value j.
+  s.values.resize(sz(hd_cols * keys));
+  for (index_t p = 0; p < hd_cols / panel_width; ++p) {
+    const index_t cols = std::min(panel_width, hd - p * panel_width);
+    float* dst = s.values.data() + p * keys * panel_width;
+    for (index_t j = 0; j < keys; ++j, dst += panel_width) {
+      std::copy_n(value(j) + p * panel_width, cols, dst);
+      std::fill(dst + cols, dst + panel_width, 0.0f);
+    }
+  }
+
+  s.scores.resize(sz(rows * key_cols));
+  gemm_panels(isa,
+              {.m = rows,
+               .n = keys,
+               .k = hd,
+               .a = s.q.data(),
+               .lda = hd,
+               .b = s.keys.data(),
+               .c = s.scores.data(),
+               .ldc = key_cols,
+               .c_padded = true},
+              0, panels_of(keys));
+
+  s.inv_sum.resize(sz(rows));
+  for (index_t i = 0; i < n; ++i) {
+    const std::uint64_t* m = mask + i * words;
+    for (index_t h = 0; h < group; ++h) {
+      float* row = s.scores.data() + (i * group + h) * key_cols;
+      for (index_t j = 0; j < n; ++j)
+        if (((m[j / 64] >> (j % 64)) & 1u) == 0) row[ctx + j] = -INFINITY;
+      s.inv_sum[sz(i * group + h)] = 1.0f / softmax_row(isa, row, keys, scale);
+    }
+  }
+
+  s.out.resize(sz(rows * hd_cols));
+  gemm_panels(isa,
+              {.m = rows,
+               .n = hd,
+               .k = keys,
+               .a = s.scores.data(),
+               .lda = key_cols,
+               .b = s.values.data(),
+               .c = s.out.data(),
+               .ldc = hd_cols,
+               .c_padded = true},
+              0, panels_of(hd));
+  for (index_t i = 0; i < n; ++i)
+    for (index_t h = 0; h < group; ++h) {
+      const index_t r = i * group + h;
+      const float inv = s.inv_sum[sz(r)];
+      const float* o = s.out.data() + r * hd_cols;
+      float* dst = out + i * q_stride + h * hd;
 #pragma omp simd
-    for (index_t t = 0; t < hd; ++t) out[t] += e * v[t];
-  };
-  for (index_t j = 0; j < ctx; ++j) accumulate(std::exp(scores[j] - mx), cv + j * stride);
-  for (index_t j = 0; j < n; ++j)
-    if (visible(j)) accumulate(std::exp(scores[ctx + j] - mx), pv + j * stride);
-  const float inv = 1.0f / denom;
-#pragma omp simd
-  for (index_t t = 0; t < hd; ++t) out[t] *= inv;
+      for (index_t t = 0; t < hd; ++t) dst[t] = o[t] * inv;
+    }
 }
 
 /// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for `rows` rows of width d.
@@ -180,12 +264,11 @@ inline void rms_norm(const float* x, index_t rows, index_t d, const float* weigh
   }
 }
 
-/// gate[i] = silu(gate[i]) * up[i].
-inline void swiglu(float* gate, const float* up, index_t n) noexcept {
-#pragma omp simd
-  for (index_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+/// SwiGLU on rows holding [gate | up] (2 * d_ff values each): gate <- silu(gate) * up.
+inline void swiglu_rows(cpu_isa isa, float* rows_data, index_t rows, index_t d_ff) noexcept {
+  for (index_t r = 0; r < rows; ++r) {
+    float* g = rows_data + r * 2 * d_ff;
+    silu_mul(isa, g, g + d_ff, d_ff);
   }
 }
 

@@ -392,8 +392,28 @@ class dual_kv_cache {
 class transformer {
  public:
   explicit transformer(transformer_weights w, matmul_kernel kernel = default_kernel())
-      : w_(std::move(w)), kernel_(kernel) {
+      : transformer(std::move(w), backend_options{kernel, best_cpu_isa(), 1}) {}
+
+  /// Packs the weights for `options.kernel` (once, here) and checks `options.isa`.
+  transformer(transformer_weights w, backend_options options) : w_(std::move(w)) {
     const transformer_config& c = w_.config;
+    require_parameter(cpu_supports(options.isa), "options.isa", static_cast<double>(options.isa),
+                      "this CPU (or build) cannot run that instruction set");
+    require_parameter(options.kernel == matmul_kernel::builtin || have_blas(), "options.kernel",
+                      static_cast<double>(options.kernel), "this build has no BLAS");
+    require_parameter(options.threads >= 0, "options.threads", static_cast<double>(options.threads),
+                      "must be >= 0");
+    options.threads = options.threads == 0 ? hardware_threads() : options.threads;
+    options_ = options;
+    kc_ = {options.kernel, options.isa, options.threads};
+    // Query/key/value and the two MLP inputs are stacked: one product each per layer.
+    const auto linear = [&](index_t in, std::initializer_list<std::span<const float>> ws) {
+      return detail::linear_weights(options.kernel, in, ws);
+    };
+    for (const layer_weights& l : w_.layers)
+      layers_.push_back({linear(c.d_model, {l.wq, l.wk, l.wv}), linear(c.q_dim(), {l.wo}),
+                         linear(c.d_model, {l.w1, l.w3}), linear(c.d_ff, {l.w2})});
+    output_ = linear(c.d_model, {w_.output});
     const index_t half = c.head_dim() / 2;
     rope_cos_.resize(static_cast<std::size_t>(c.max_seq_len * half));
     rope_sin_.resize(rope_cos_.size());
@@ -413,6 +433,11 @@ class transformer {
     return transformer(transformer_weights::load(path), kernel);
   }
 
+  [[nodiscard]] static transformer load(const std::filesystem::path& path,
+                                        backend_options options) {
+    return transformer(transformer_weights::load(path), options);
+  }
+
   [[nodiscard]] static constexpr matmul_kernel default_kernel() noexcept {
     return have_blas() ? matmul_kernel::blas : matmul_kernel::builtin;
   }
@@ -422,7 +447,9 @@ class transformer {
   [[nodiscard]] index_t vocab_size() const noexcept { return w_.config.vocab_size; }
   /// The mask token of a bidirectional (masked-diffusion) model, -1 for a causal one.
   [[nodiscard]] token_t mask_token() const noexcept { return w_.config.mask_token; }
-  [[nodiscard]] matmul_kernel kernel() const noexcept { return kernel_; }
+  [[nodiscard]] matmul_kernel kernel() const noexcept { return options_.kernel; }
+  /// The options in force (`threads` resolved).
+  [[nodiscard]] const backend_options& options() const noexcept { return options_; }
 
   /// Evaluates the blocks of several requests in one batch. `logits` gets one row per node,
   /// blocks in order (rows = total nodes, cols = vocab_size), or may be empty to only fill the
@@ -702,23 +729,21 @@ class transformer {
     const transformer_config& c = w_.config;
     const index_t d = c.d_model, hd = c.head_dim(), qd = c.q_dim(), kvd = c.kv_dim();
     const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
-    std::vector<float> x(sz(total * d)), xn(sz(total * d)), q(sz(total * qd)), k(sz(total * kvd)),
-        v(sz(total * kvd)), att(sz(total * qd)), tmp(sz(total * d)), gate(sz(total * c.d_ff)),
-        up(sz(total * c.d_ff));
+    const index_t qkv_dim = qd + 2 * kvd;
+    std::vector<float> x(sz(total * d)), xn(sz(total * d)), qkv(sz(total * qkv_dim)),
+        q(sz(total * qd)), k(sz(total * kvd)), v(sz(total * kvd)), att(sz(total * qd)),
+        tmp(sz(total * d)), gate_up(sz(total * 2 * c.d_ff));
 
-    // Embeddings, and each node's row offset / block.
+    // Embeddings, and each block's first row.
     index_t r = 0;
+    std::vector<index_t> block_rows;
     for (const node_block& b : blocks)
-      for (const token_t t : b.tokens) {
+      for (block_rows.push_back(r); const token_t t : b.tokens) {
         std::copy_n(w_.tok_embeddings.begin() + static_cast<std::ptrdiff_t>(t * d), d,
                     x.begin() + static_cast<std::ptrdiff_t>(r * d));
         ++r;
       }
 
-    index_t max_ctx = 0;
-    for (const node_block& b : blocks)
-      max_ctx = std::max(max_ctx, b.cache->size() + static_cast<index_t>(b.tokens.size()));
-    std::vector<float> scores(sz(max_ctx));
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const index_t group = c.n_heads / c.n_kv_heads;
     const index_t half = hd / 2;
@@ -726,14 +751,18 @@ class transformer {
     for (index_t l = 0; l < c.n_layers; ++l) {
       const layer_weights& lw = w_.layers[sz(l)];
       detail::rms_norm(x.data(), total, d, lw.attention_norm.data(), c.norm_eps, xn.data());
-      detail::linear(kernel_, xn.data(), total, d, lw.wq.data(), qd, q.data());
-      detail::linear(kernel_, xn.data(), total, d, lw.wk.data(), kvd, k.data());
-      detail::linear(kernel_, xn.data(), total, d, lw.wv.data(), kvd, v.data());
+      const packed_layer& pl = layers_[sz(l)];
+      detail::linear(kc_, xn.data(), total, d, pl.qkv, qkv.data());
+      for (index_t i = 0; i < total; ++i) {
+        const auto from = qkv.begin() + static_cast<std::ptrdiff_t>(i * qkv_dim);
+        std::copy_n(from, qd, q.begin() + static_cast<std::ptrdiff_t>(i * qd));
+        std::copy_n(from + qd, kvd, k.begin() + static_cast<std::ptrdiff_t>(i * kvd));
+        std::copy_n(from + qd + kvd, kvd, v.begin() + static_cast<std::ptrdiff_t>(i * kvd));
+      }
 
       r = 0;
       for (const node_block& b : blocks) {
         const auto n = static_cast<index_t>(b.tokens.size());
-        const index_t words = (n + 63) / 64;
         kv_cache& cache = *b.cache;
         // RoPE, then stash this block's keys/values as the cache's pending nodes.
         for (index_t i = 0; i < n; ++i) {
@@ -749,42 +778,45 @@ class transformer {
                     cache.pk_[sz(l)].begin());
         std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(r * kvd), n * kvd,
                     cache.pv_[sz(l)].begin());
-        const float* ck = cache.k_[sz(l)].data();
-        const float* cv = cache.v_[sz(l)].data();
-        const index_t ctx = cache.size();
-        const float* pk = k.data() + r * kvd;
-        const float* pv = v.data() + r * kvd;
-
-        for (index_t i = 0; i < n; ++i) {
-          const std::uint64_t* mrow = b.mask.data() + i * words;
-          for (index_t h = 0; h < c.n_heads; ++h) {
-            const index_t kvh = h / group;
-            const float* qh = q.data() + (r + i) * qd + h * hd;
-            detail::attend(qh, ck + kvh * hd, cv + kvh * hd, ctx, pk + kvh * hd, pv + kvh * hd,
-                           mrow, n, kvd, hd, scale, scores.data(),
-                           att.data() + (r + i) * qd + h * hd);
-          }
-        }
         r += n;
       }
 
-      detail::linear(kernel_, att.data(), total, qd, lw.wo.data(), d, tmp.data());
+      // Attention: one task per block and KV head, each serving all of the block's query rows
+      // of that head's group with one pass over the keys.
+      const auto tasks = static_cast<index_t>(blocks.size()) * c.n_kv_heads;
+      const index_t parts = std::min<index_t>(tasks, kc_.threads);
+      std::vector<detail::attention_scratch> scratch(static_cast<std::size_t>(parts));
+      detail::parallel_parts(kc_, parts, [&](index_t part) {
+        for (index_t t = part; t < tasks; t += parts) {
+          const node_block& b = blocks[sz(t / c.n_kv_heads)];
+          const index_t kvh = t % c.n_kv_heads, first = block_rows[sz(t / c.n_kv_heads)];
+          const auto n = static_cast<index_t>(b.tokens.size());
+          const kv_cache& cache = *b.cache;
+          detail::attend_block(kc_.isa, q.data() + first * qd + kvh * group * hd,
+                               att.data() + first * qd + kvh * group * hd, qd, group, hd,
+                               cache.k_[sz(l)].data() + kvh * hd, cache.v_[sz(l)].data() + kvh * hd,
+                               cache.size(), k.data() + first * kvd + kvh * hd,
+                               v.data() + first * kvd + kvh * hd, n, kvd, b.mask.data(), scale,
+                               scratch[static_cast<std::size_t>(part)]);
+        }
+      });
+
+      detail::linear(kc_, att.data(), total, qd, pl.wo, tmp.data());
       for (std::size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
       detail::rms_norm(x.data(), total, d, lw.ffn_norm.data(), c.norm_eps, xn.data());
-      detail::linear(kernel_, xn.data(), total, d, lw.w1.data(), c.d_ff, gate.data());
-      detail::linear(kernel_, xn.data(), total, d, lw.w3.data(), c.d_ff, up.data());
-      detail::swiglu(gate.data(), up.data(), total * c.d_ff);
-      detail::linear(kernel_, gate.data(), total, c.d_ff, lw.w2.data(), d, tmp.data());
+      detail::linear(kc_, xn.data(), total, d, pl.w13, gate_up.data());
+      detail::swiglu_rows(kc_.isa, gate_up.data(), total, c.d_ff);
+      detail::linear(kc_, gate_up.data(), total, 2 * c.d_ff, pl.w2, tmp.data());
       for (std::size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
     }
 
     if (logits.empty()) return;
     detail::rms_norm(x.data(), total, d, w_.norm.data(), c.norm_eps, xn.data());
     if (logits.row_stride == c.vocab_size) {
-      detail::linear(kernel_, xn.data(), total, d, w_.output.data(), c.vocab_size, logits.data);
+      detail::linear(kc_, xn.data(), total, d, output_, logits.data);
     } else {
       std::vector<float> out(sz(total * c.vocab_size));
-      detail::linear(kernel_, xn.data(), total, d, w_.output.data(), c.vocab_size, out.data());
+      detail::linear(kc_, xn.data(), total, d, output_, out.data());
       for (index_t i = 0; i < total; ++i)
         std::copy_n(out.begin() + static_cast<std::ptrdiff_t>(i * c.vocab_size), c.vocab_size,
                     logits.data + i * logits.row_stride);
@@ -801,8 +833,16 @@ class transformer {
     }
   }
 
+  /// One layer's weights as the kernels read them (see the constructor).
+  struct packed_layer {
+    detail::linear_weights qkv, wo, w13, w2;
+  };
+
   transformer_weights w_;
-  matmul_kernel kernel_;
+  backend_options options_;
+  detail::kernel_context kc_;
+  std::vector<packed_layer> layers_;
+  detail::linear_weights output_;
   std::vector<float> rope_cos_, rope_sin_;
 };
 
