@@ -421,6 +421,19 @@ chain_request_result with_passes(double sum_tolerance, batch_view<const T> targe
   }
 }
 
+/// Verifies request b (segment s) of either layout and writes its count and flags.
+template <bool CheckReads, class Input, class Output, class Rule>
+void verify_segment(const Input& in, const Output& out, const chain_options& options,
+                    const Rule& rule, const chain_segment& s, index_t b, std::uint8_t* accepted) {
+  const auto r = with_passes<CheckReads>(
+      options.sum_tolerance, in.target_probs, in.draft_probs, [&](const auto& passes) {
+        return run_segment(request_rule(rule, b), in.rng[b], s, in.draft_tokens.data,
+                           in.draft_probs, in.target_probs, options.residual_floor,
+                           out.output_tokens.data, accepted, passes);
+      });
+  write_result(r, b, out.num_accepted, out.flags);
+}
+
 template <bool CheckReads, host::policy Policy, class T, class Rule>
 void run_chain_batch(const Policy& policy, const chain_batch_input<T>& in,
                      const chain_batch_output& out, const chain_options& options,
@@ -429,13 +442,7 @@ void run_chain_batch(const Policy& policy, const chain_batch_input<T>& in,
   std::uint8_t* accepted = out.accepted.empty() ? nullptr : out.accepted.data;
   host::for_each_index(policy, batch, [&](index_t b) {
     const auto s = flattened_segment(in.draft_offsets, b);
-    const auto r = with_passes<CheckReads>(
-        options.sum_tolerance, in.target_probs, in.draft_probs, [&](const auto& passes) {
-          return run_segment(request_rule(rule, b), in.rng[b], s, in.draft_tokens.data,
-                             in.draft_probs, in.target_probs, options.residual_floor,
-                             out.output_tokens.data, accepted, passes);
-        });
-    write_result(r, b, out.num_accepted, out.flags);
+    verify_segment<CheckReads>(in, out, options, rule, s, b, accepted);
   });
 }
 
@@ -448,13 +455,7 @@ void run_chain_batch(const Policy& policy, const padded_chain_input<T>& in,
   host::for_each_index(policy, in.batch_size, [&](index_t b) {
     const index_t n = padded_length(in.draft_tokens, in.draft_lengths, len, b);
     const chain_segment s{n, b * len, b * (len + 1)};
-    const auto r = with_passes<CheckReads>(
-        options.sum_tolerance, in.target_probs, in.draft_probs, [&](const auto& passes) {
-          return run_segment(request_rule(rule, b), in.rng[b], s, in.draft_tokens.data,
-                             in.draft_probs, in.target_probs, options.residual_floor,
-                             out.output_tokens.data, accepted, passes);
-        });
-    write_result(r, b, out.num_accepted, out.flags);
+    verify_segment<CheckReads>(in, out, options, rule, s, b, accepted);
     // Slots past the request's L_b + 1 outputs and L_b flags belong to padding.
     for (index_t i = n + 1; i <= len; ++i) out.output_tokens[b * (len + 1) + i] = no_token;
     if (accepted != nullptr)
