@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Build specula_demo and print a comparison of the decoding methods on the shipped tiny models:
-# one markdown table per task (method | tokens | forwards | step compression | wall ms), parsed
-# from `specula_demo --json`. Methods that are not available yet are listed as such.
+# Build specula_demo and compare the decoding methods on the shipped tiny models: one markdown
+# table per task (method | tokens | forwards | step compression | wall ms | speedup (wall)),
+# parsed from `specula_demo --json`.
 #
 #   scripts/demo.sh [task ...]        tasks: text, image, diffusion (default: all three)
 #
+# Every method runs DEMO_REPEATS times; the rounds are interleaved (round r runs every method of
+# the task once), so a change in the machine's load reaches all methods alike. The table gives
+# the median wall time with the range, and the speedup against the task's baseline: ar (text,
+# image) and stepwise decoding with the same cache (diffusion). Every method of a run uses the
+# same example backend kernel and DEMO_THREADS threads.
+#
 # Environment: BUILD_DIR (default: build), BUILD_TYPE (default: Release), JOBS,
 #              DEMO_SKIP_BUILD=1 (run the specula_demo already in BUILD_DIR),
-#              DEMO_TEXT_TOKENS (new tokens per text sample, default 128),
-#              DEMO_SAMPLES (samples per method, default 2), DEMO_SEED (default 1),
+#              DEMO_REPEATS (runs per method, default 3), DEMO_THREADS (backend threads, default
+#              1; 0: one per hardware thread), DEMO_TEXT_TOKENS (new tokens per text sample,
+#              default 128), DEMO_SAMPLES (samples per method, default 2), DEMO_SEED (default 1),
 #              DEMO_OUT_DIR (images and heat maps, default $BUILD_DIR/demo).
 set -euo pipefail
 # shellcheck source=scripts/common.sh
@@ -21,8 +28,13 @@ BUILD_TYPE="${BUILD_TYPE:-Release}"
 TEXT_TOKENS="${DEMO_TEXT_TOKENS:-128}"
 SAMPLES="${DEMO_SAMPLES:-2}"
 SEED="${DEMO_SEED:-1}"
+REPEATS="${DEMO_REPEATS:-3}"
+THREADS="${DEMO_THREADS:-1}"
 OUT_DIR="${DEMO_OUT_DIR:-$BUILD_DIR/demo}"
 TARGET=specula_demo
+
+[[ "$REPEATS" =~ ^[1-9][0-9]*$ ]] || die "DEMO_REPEATS must be a positive integer, got '$REPEATS'"
+[[ "$THREADS" =~ ^[0-9]+$ ]] || die "DEMO_THREADS must be an integer >= 0, got '$THREADS'"
 
 tasks=("$@")
 ((${#tasks[@]} > 0)) || tasks=(text image diffusion)
@@ -32,6 +44,7 @@ for t in "${tasks[@]}"; do
     *) die "unknown task '$t' (text, image, diffusion)" ;;
   esac
 done
+command -v python3 >/dev/null 2>&1 || die "python3 is needed to read specula_demo --json"
 
 if [[ "${DEMO_SKIP_BUILD:-0}" != 1 ]]; then
   ensure_deps
@@ -44,80 +57,114 @@ fi
 exe="$BUILD_DIR/examples/demo/$TARGET"
 [[ -x "$exe" ]] || die "$exe was not built"
 
-if command -v python3 >/dev/null 2>&1; then
-  json_tool=python3
-elif command -v jq >/dev/null 2>&1; then
-  json_tool=jq
-else
-  die "python3 or jq is needed to read specula_demo --json"
-fi
-
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
-# table_row <json file> <method>: one markdown row from specula_demo --json.
-table_row() {
-  if [[ "$json_tool" == python3 ]]; then
-    python3 -c '
-import json, sys
-d = json.load(open(sys.argv[1]))
-forwards = str(d["target_forwards"])
-if d["draft_forwards"]:
-    forwards += " (+%d draft)" % d["draft_forwards"]
-print("| %s | %d | %s | %.3f | %.1f |" % (sys.argv[2], d["tokens"], forwards,
-                                          d["step_compression"], 1e3 * d["wall_seconds"]))
-' "$1" "$2"
-  else
-    jq -r --arg m "$2" '"| \($m) | \(.tokens) | \(.target_forwards)" +
-      (if .draft_forwards > 0 then " (+\(.draft_forwards) draft)" else "" end) +
-      " | \(.step_compression * 1000 | round / 1000) | \(.wall_seconds * 10000 | round / 10) |"' "$1"
-  fi
-}
+# The rows of each task: "label|baseline label|method|args..." (the baseline row is its own
+# baseline). Labels name the method as the table prints it.
+rows_text=(
+  "ar|ar|ar|--max-new-tokens $TEXT_TOKENS"
+  "sd|ar|sd|--max-new-tokens $TEXT_TOKENS"
+  "cool-sd|ar|cool-sd|--max-new-tokens $TEXT_TOKENS"
+  "sjd|ar|sjd|--max-new-tokens $TEXT_TOKENS"
+  "sjd-pac|ar|sjd-pac|--max-new-tokens $TEXT_TOKENS"
+  "jacobi|ar|jacobi|--max-new-tokens $TEXT_TOKENS"
+  "multiblock|ar|multiblock|--max-new-tokens $TEXT_TOKENS"
+)
+rows_image=(
+  "ar|ar|ar|--out-dir $OUT_DIR"
+  "sjd|ar|sjd|--out-dir $OUT_DIR"
+  "sjd-pac|ar|sjd-pac|--out-dir $OUT_DIR"
+  "jacobi|ar|jacobi|--out-dir $OUT_DIR"
+  "multiblock|ar|multiblock|--out-dir $OUT_DIR"
+)
+rows_diffusion=(
+  "stepwise|stepwise|ar|--max-new-tokens 64"
+  "ssd chain|stepwise|ssd|--max-new-tokens 64"
+  "ssd mix-order|stepwise|ssd|--max-new-tokens 64 --mix-order"
+  "stepwise, dual cache|stepwise, dual cache|ar|--max-new-tokens 64 --cache dual"
+  "ssd chain, dual cache|stepwise, dual cache|ssd|--max-new-tokens 64 --cache dual"
+  "ssd mix-order, dual cache|stepwise, dual cache|ssd|--max-new-tokens 64 --mix-order --cache dual"
+)
 
-# run_method <task> <method> [args...]: runs one method and prints its row.
-run_method() {
-  local task="$1" method="$2"
-  shift 2
-  local out="$tmp/$task-$method.json" err="$tmp/$task-$method.err" rc=0
+# run_row <task> <row index> <round> <row spec>: one run of one row; its JSON (or its failure)
+# goes to $tmp/<task>.<row>.<round>.json / .err / .rc.
+run_row() {
+  local task="$1" index="$2" round="$3" spec="$4"
+  local method args rc=0 base="$tmp/$task.$index.$round"
+  IFS='|' read -r _ _ method args <<<"$spec"
+  # shellcheck disable=SC2086  # args are word lists without spaces inside words
   "$exe" --task "$task" --method "$method" --json --quiet --seed "$SEED" \
-    --num-samples "$SAMPLES" "$@" >"$out" 2>"$err" || rc=$?
-  if ((rc == 0)); then
-    table_row "$out" "$method"
-  elif ((rc == 3)); then
-    printf '| %s | not available yet | | | |\n' "$method"
-  else
-    printf '| %s | error (exit %d) | | | |\n' "$method" "$rc"
-    log "$task $method failed: $(head -n 1 "$err")"
-  fi
+    --num-samples "$SAMPLES" --threads "$THREADS" $args >"$base.json" 2>"$base.err" || rc=$?
+  echo "$rc" >"$base.rc"
+  ((rc == 0 || rc == 3)) || log "$task ${spec%%|*} failed (exit $rc): $(head -n 1 "$base.err")"
 }
 
-header() {
-  printf '\n### %s\n\n' "$1"
-  printf '| method | tokens | forwards | step compression | wall ms |\n'
-  printf '| --- | ---: | ---: | ---: | ---: |\n'
-}
-
+titles=()
 for task in "${tasks[@]}"; do
+  declare -n rows="rows_$task"
   case "$task" in
-    text)
-      header "text: text-target (draft text-draft), $SAMPLES x $TEXT_TOKENS tokens"
-      for m in ar sd sjd sjd-pac cool-sd jacobi multiblock; do
-        run_method text "$m" --max-new-tokens "$TEXT_TOKENS"
-      done
-      ;;
-    image)
-      header "image: image-ar, $SAMPLES x 64 tokens (label 0), images in $OUT_DIR"
-      for m in ar sjd sjd-pac jacobi multiblock; do
-        run_method image "$m" --out-dir "$OUT_DIR"
-      done
-      ;;
-    diffusion)
-      header "diffusion: text-diffusion, $SAMPLES x 64 tokens"
-      run_method diffusion ar --max-new-tokens 64
-      run_method diffusion ssd --max-new-tokens 64
-      run_method diffusion ssd --max-new-tokens 64 --mix-order
-      ;;
+    text) titles+=("text: text-target (draft text-draft), $SAMPLES x $TEXT_TOKENS tokens") ;;
+    image) titles+=("image: image-ar, $SAMPLES x 64 tokens (label 0), images in $OUT_DIR") ;;
+    diffusion) titles+=("diffusion: text-diffusion, $SAMPLES x 64 tokens") ;;
   esac
+  for ((round = 0; round < REPEATS; ++round)); do
+    log "$task: round $((round + 1)) of $REPEATS"
+    for i in "${!rows[@]}"; do run_row "$task" "$i" "$round" "${rows[$i]}"; done
+  done
+  printf '%s\n' "${rows[@]}" >"$tmp/$task.rows"
+  unset -n rows
 done
-printf '\nforwards: target-model forward passes (draft-model passes in parentheses); step\n'
-printf 'compression: tokens per decoding step; wall: decoding time of all samples.\n'
+
+python3 - "$tmp" "$REPEATS" "$THREADS" "${tasks[@]}" -- "${titles[@]}" <<'PY'
+import json, os, statistics, sys
+
+tmp, repeats, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rest = sys.argv[4:]
+sep = rest.index("--")
+tasks, titles = rest[:sep], rest[sep + 1:]
+
+for task, title in zip(tasks, titles):
+    rows = [line.split("|") for line in open(os.path.join(tmp, task + ".rows")).read().splitlines()]
+    results = {}
+    for i, (label, baseline, method, args) in enumerate(rows):
+        runs, status = [], "ok"
+        for r in range(repeats):
+            base = os.path.join(tmp, "%s.%d.%d" % (task, i, r))
+            rc = int(open(base + ".rc").read())
+            if rc == 3:
+                status = "not available yet"
+                break
+            if rc != 0:
+                status = "error (exit %d)" % rc
+                break
+            runs.append(json.load(open(base + ".json")))
+        results[label] = (status, runs)
+    print("\n### %s\n" % title)
+    print("| method | tokens | forwards | step compression | wall ms, median (range) | speedup (wall) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for label, baseline, method, args in rows:
+        status, runs = results[label]
+        if status != "ok":
+            print("| %s | %s | | | | |" % (label, status))
+            continue
+        d = runs[0]
+        forwards = str(d["target_forwards"])
+        if d["draft_forwards"]:
+            forwards += " (+%d draft)" % d["draft_forwards"]
+        walls = [1e3 * x["wall_seconds"] for x in runs]
+        wall = statistics.median(walls)
+        wall_text = "%.1f" % wall if len(walls) == 1 else "%.1f (%.1f–%.1f)" % (wall, min(walls), max(walls))
+        b_status, b_runs = results.get(baseline, ("missing", []))
+        if b_status == "ok" and wall > 0:
+            speedup = "%.2fx" % (statistics.median(1e3 * x["wall_seconds"] for x in b_runs) / wall)
+        else:
+            speedup = "—"
+        print("| %s | %d | %s | %.3f | %s | %s |" % (label, d["tokens"], forwards,
+                                                     d["step_compression"], wall_text, speedup))
+
+print("\nforwards: target-model forward passes (draft-model passes in parentheses); step")
+print("compression: tokens per target forward pass; wall: decoding time of all samples, median of")
+print("%d interleaved runs (range in parentheses); speedup: the baseline's median wall time over" % repeats)
+print("the method's (baseline: ar, or stepwise decoding with the same cache); backend threads: %s." % threads)
+PY

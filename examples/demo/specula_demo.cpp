@@ -116,6 +116,7 @@ struct demo_options {
   std::string prompt = default_prompt;
   std::string label = "0";  // image class: index, name, or -1 (null label)
   index_t num_samples = 1;
+  index_t threads = 1;  // backend threads of every model (0: one per hardware thread)
   std::filesystem::path models_dir = SPECULA_MODELS_DIR;
   std::filesystem::path out_dir = "specula_demo_out";
   index_t scale = 8;
@@ -640,6 +641,8 @@ void print_help() {
       "  --seed S             random seed (default 1); sample i uses request id i\n"
       "  --max-new-tokens N   tokens to generate (text: default 128; image: 64, the whole grid)\n"
       "  --num-samples N      requests to decode, one after the other (default 1)\n"
+      "  --threads N          threads of the example backend's products and attention, for\n"
+      "                       every model of the run (default 1; 0: one per hardware thread)\n"
       "  --prompt TEXT        text prompt (bytes; default: the start of a Python class)\n"
       "  --label C            image class: 0..7, a class name, or -1 (null label); default 0\n"
       "  --models-dir DIR     the shipped models (default " SPECULA_MODELS_DIR
@@ -721,37 +724,14 @@ demo_options parse_args(int argc, char** argv) {
   const std::vector<std::string_view> switches = {"--greedy",       "--draft-greedy", "--no-ac",
                                                   "--no-pd",        "--json",         "--quiet",
                                                   "--no-recycling", "--mix-order",    "--fallback"};
-  const std::vector<std::string_view> valued = {"--task",
-                                                "--method",
-                                                "--temperature",
-                                                "--top-k",
-                                                "--top-p",
-                                                "--seed",
-                                                "--max-new-tokens",
-                                                "--prompt",
-                                                "--label",
-                                                "--num-samples",
-                                                "--models-dir",
-                                                "--out-dir",
-                                                "--scale",
-                                                "--draft-length",
-                                                "--draft-tree",
-                                                "--window",
-                                                "--init",
-                                                "--pd-width",
-                                                "--pd-depth",
-                                                "--cool-schedule",
-                                                "--delta",
-                                                "--nu",
-                                                "--ell",
-                                                "--resampling",
-                                                "--block-size",
-                                                "--blocks",
-                                                "--spawn-ratio",
-                                                "--pool-size",
-                                                "--ngram",
-                                                "--cache",
-                                                "--refresh"};
+  const std::vector<std::string_view> valued = {
+      "--task",          "--method",         "--temperature", "--top-k",     "--top-p",
+      "--seed",          "--max-new-tokens", "--prompt",      "--label",     "--num-samples",
+      "--threads",       "--models-dir",     "--out-dir",     "--scale",     "--draft-length",
+      "--draft-tree",    "--window",         "--init",        "--pd-width",  "--pd-depth",
+      "--cool-schedule", "--delta",          "--nu",          "--ell",       "--resampling",
+      "--block-size",    "--blocks",         "--spawn-ratio", "--pool-size", "--ngram",
+      "--cache",         "--refresh"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -801,6 +781,8 @@ demo_options parse_args(int argc, char** argv) {
       o.label = value;
     } else if (flag == "--num-samples") {
       o.num_samples = parse_int(flag, value);
+    } else if (flag == "--threads") {
+      o.threads = parse_int(flag, value);
     } else if (flag == "--models-dir") {
       o.models_dir = value;
     } else if (flag == "--out-dir") {
@@ -933,6 +915,7 @@ void resolve(demo_options& o, const method_entry& m) {
                    o.method.c_str());
 
   require(o.num_samples >= 1 && o.num_samples <= 4096, "--num-samples", "must be in [1, 4096]");
+  require(o.threads >= 0 && o.threads <= 256, "--threads", "must be in [0, 256]");
   require(o.scale >= 1 && o.scale <= 64, "--scale", "must be in [1, 64]");
   require(o.draft_length >= 0 && o.draft_length <= 64, "--draft-length", "must be in [0, 64]");
   if (o.has("--draft-tree")) {
@@ -1022,12 +1005,16 @@ void resolve(demo_options& o, const method_entry& m) {
 // Running
 // ---------------------------------------------------------------------------------------------
 
-ex::transformer load_model(const std::filesystem::path& dir, const std::string& name) {
+/// Loads a shipped model with the backend's default kernel and best instruction set, on
+/// `threads` threads (0: one per hardware thread).
+ex::transformer load_model(const std::filesystem::path& dir, const std::string& name,
+                           index_t threads) {
   const auto path = dir / (name + ".safetensors");
   if (!std::filesystem::exists(path))
     throw std::runtime_error("model file " + path.string() +
                              " not found (--models-dir: the directory of the shipped models)");
-  return ex::transformer::load(path);
+  return ex::transformer::load(
+      path, ex::backend_options{ex::transformer::default_kernel(), ex::best_cpu_isa(), threads});
 }
 
 /// The image class of --label: an index, a class name, or -1 (the null label).
@@ -1093,9 +1080,9 @@ int run(int argc, char** argv) {
   index_t vocab_limit = 0;
   index_t label = -2;
   if (o.task == task_kind::text) {
-    model.emplace(load_model(o.models_dir, "text-target"));
+    model.emplace(load_model(o.models_dir, "text-target", o.threads));
     if (o.method == "sd" || o.method == "cool-sd")
-      draft.emplace(load_model(o.models_dir, "text-draft"));
+      draft.emplace(load_model(o.models_dir, "text-draft", o.threads));
     for (const char c : o.prompt)
       prompt.push_back(static_cast<token_t>(static_cast<unsigned char>(c)));
     const auto limit = model->config().max_seq_len;
@@ -1105,7 +1092,7 @@ int run(int argc, char** argv) {
                 " positions");
     vocab_limit = model->vocab_size();
   } else if (o.task == task_kind::image) {
-    model.emplace(load_model(o.models_dir, "image-ar"));
+    model.emplace(load_model(o.models_dir, "image-ar", o.threads));
     const auto vq_path = o.models_dir / "image-vq.safetensors";
     if (!std::filesystem::exists(vq_path))
       throw std::runtime_error("codebook " + vq_path.string() + " not found (--models-dir)");
@@ -1116,7 +1103,7 @@ int run(int argc, char** argv) {
     require(o.max_new_tokens == vq->tokens_per_image(), "--max-new-tokens",
             "must be " + std::to_string(vq->tokens_per_image()) + " for the image task");
   } else {
-    model.emplace(load_model(o.models_dir, "text-diffusion"));
+    model.emplace(load_model(o.models_dir, "text-diffusion", o.threads));
     for (const char c : o.prompt)
       prompt.push_back(static_cast<token_t>(static_cast<unsigned char>(c)));
     const auto limit = model->config().max_seq_len;
@@ -1183,6 +1170,8 @@ int run(int argc, char** argv) {
   params["seed"] = o.seed;
   params["max_new_tokens"] = o.max_new_tokens;
   params["num_samples"] = o.num_samples;
+  params["threads"] = model->options().threads;
+  params["kernel"] = model->kernel() == ex::matmul_kernel::builtin ? "builtin" : "blas";
   if (o.task == task_kind::image) {
     params["label"] = label;
     params["class"] = label >= 0 ? vq->classes()[static_cast<std::size_t>(label)] : "none";
