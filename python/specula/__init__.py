@@ -1,0 +1,278 @@
+"""specula: speculative-sampling verifiers for NumPy and PyTorch engines.
+
+Every function here calls specula's C++ entry points (``specula/verify.hpp``) on the caller's
+arrays in place (DLPack or the buffer protocol, no conversion): the results are those of the
+C++ call bit for bit, depend only on each request's inputs and its random stream
+``(seed, request_id, step)`` -- never on its position in the batch -- and outputs are written
+into arrays the caller may provide. Arrays are NumPy arrays or PyTorch tensors on the CPU;
+outputs are allocated like the first array argument (torch in, torch out). See docs/python.md.
+
+Invalid input raises :class:`InvalidInput` (a ``ValueError``) with the C++ message, e.g.
+``specula: draft_probs[row 3][column 17]: negative probability (value -0.25)``; a wrong dtype
+raises ``TypeError``, a non-contiguous array or one on another device ``ValueError``, each
+naming the argument.
+"""
+
+from ._specula import (  # noqa: F401  (re-exported)
+    InvalidInput,
+    NeighbourTable,
+    Rule,
+    Schedule,
+    __version__,
+    custom_schedule,
+    exact_rule,
+    exponential_schedule,
+    lantern_rule,
+    linear_schedule,
+    neighbour_table,
+    neighbour_table_from_ids,
+    relaxed_rule,
+    scheduled_rule,
+    typical_rule,
+    uniform_schedule,
+)
+from . import _specula as _ext
+
+__all__ = [
+    "InvalidInput", "NeighbourTable", "Rule", "Schedule", "__version__",
+    "chain_speculative_sampling", "rejection_sample", "greedy_chain", "verify_tree",
+    "greedy_tree", "verify_candidates", "logits_to_probs",
+    "exact_rule", "relaxed_rule", "scheduled_rule", "lantern_rule", "typical_rule",
+    "uniform_schedule", "exponential_schedule", "linear_schedule", "custom_schedule",
+    "neighbour_table", "neighbour_table_from_ids",
+    "CHAIN_VALID", "CHAIN_BONUS", "CHAIN_RESIDUAL_FALLBACK",
+]
+
+# chain_flags (specula/verify/chain_core.hpp), as written into a `flags` output.
+CHAIN_VALID = 1
+CHAIN_BONUS = 2
+CHAIN_RESIDUAL_FALLBACK = 4
+
+_DEFAULT_SUM_TOLERANCE = 1e-3
+_DEFAULT_RESIDUAL_FLOOR = 1e-6
+
+
+def _is_torch(x):
+    return type(x).__module__.partition(".")[0] == "torch"
+
+
+def _new(like, shape, dtype, fill=None):
+    """A new CPU array of `shape` and `dtype` (a NumPy dtype name) of the framework of `like`."""
+    if _is_torch(like):
+        import torch
+
+        t = getattr(torch, dtype)
+        return torch.empty(shape, dtype=t) if fill is None else torch.full(shape, fill, dtype=t)
+    import numpy as np
+
+    return np.empty(shape, dtype=dtype) if fill is None else np.full(shape, fill, dtype=dtype)
+
+
+def _max_drafts(cu, batch):
+    """Largest draft count of a flattened batch from cu_num_draft_tokens (B or B + 1 entries)."""
+    if batch == 0:
+        return 0
+    if _is_torch(cu):
+        c = cu.tolist()
+    else:
+        c = [int(v) for v in cu]
+    if len(c) == batch:
+        c = [0] + c
+    return max((c[i + 1] - c[i] for i in range(len(c) - 1)), default=0)
+
+
+def _flat_outputs(target, draft_token_ids, cu, max_spec_len, output_token_ids, num_accepted):
+    """Outputs of a flattened-layout call: (B, max_spec_len + 1) tokens and (B,) counts."""
+    b = max(target.shape[0] - draft_token_ids.shape[0], 0)
+    if output_token_ids is None:
+        if max_spec_len is None:
+            max_spec_len = _max_drafts(cu, b)
+        output_token_ids = _new(target, (b, max_spec_len + 1), "int32")
+    if num_accepted is None:
+        num_accepted = _new(target, (b,), "int32")
+    return output_token_ids, num_accepted
+
+
+def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
+                               maybe_output_accepted_token_num=None,
+                               maybe_output_emitted_draft_token_num=None,
+                               deterministic=True, generator=None, *, seeds, steps,
+                               request_ids=0, draft_lengths=None, rule=None,
+                               output_token_ids=None, accepted=None, flags=None,
+                               sum_tolerance=_DEFAULT_SUM_TOLERANCE,
+                               residual_floor=_DEFAULT_RESIDUAL_FLOOR, check="reads", threads=1):
+    """Chain verification in FlashInfer's padded layout and argument order.
+
+    draft_probs: (B, L, V) float32/float64, or None for one-hot drafts (greedy / n-gram
+    drafting); draft_token_ids: (B, L) int32 (int64 is accepted and copied), -1 after a
+    request's drafts; target_probs: (B, L + 1, V). Returns ``(output_token_ids,
+    output_accepted_token_num, output_emitted_draft_token_num)``: (B, L + 1) int32 tokens
+    (accepted drafts, then the correction or bonus token, then -1) and two (B,) int32 counts.
+    As in FlashInfer, counts are added in place to the ``maybe_output_*`` arrays when given.
+    specula stops at the first rejection, so ``output_accepted_token_num`` receives the same
+    count as ``output_emitted_draft_token_num`` (FlashInfer's independent per-position
+    acceptance statistic is not computed).
+
+    seeds, steps, request_ids: integers, or (B,) integer arrays, forming request b's random
+    stream ``(seeds[b], request_ids[b], steps[b])``; change ``steps`` at every decoding
+    iteration. ``deterministic`` is accepted for compatibility (specula always is);
+    ``generator`` must be None.
+    """
+    if generator is not None:
+        raise TypeError("specula: generator is not used: randomness comes from seeds, "
+                        "request_ids and steps (per request)")
+    b, width = draft_token_ids.shape[0], draft_token_ids.shape[1] + 1
+    if output_token_ids is None:
+        output_token_ids = _new(target_probs, (b, width), "int32")
+    n = _new(target_probs, (b,), "int32")
+    _ext._chain_padded(draft_probs, draft_token_ids, target_probs, draft_lengths, seeds,
+                       request_ids, steps, output_token_ids, n, accepted, flags, rule,
+                       sum_tolerance, residual_floor, check, threads)
+    if maybe_output_accepted_token_num is not None:
+        maybe_output_accepted_token_num += n
+        accepted_num = maybe_output_accepted_token_num
+    else:
+        accepted_num = n
+    if maybe_output_emitted_draft_token_num is not None:
+        maybe_output_emitted_draft_token_num += n
+        emitted_num = maybe_output_emitted_draft_token_num
+    else:
+        emitted_num = n.copy() if not _is_torch(n) else n.clone()
+    return output_token_ids, accepted_num, emitted_num
+
+
+def rejection_sample(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs, *,
+                     seeds, steps, request_ids=0, max_spec_len=None, rule=None,
+                     output_token_ids=None, num_accepted=None, accepted=None, flags=None,
+                     sum_tolerance=_DEFAULT_SUM_TOLERANCE,
+                     residual_floor=_DEFAULT_RESIDUAL_FLOOR, check="reads", threads=1):
+    """Chain verification in vLLM's flattened layout.
+
+    draft_token_ids: (num_draft_tokens,) int32 (int64 copied); cu_num_draft_tokens: vLLM's
+    (B,) cumulative draft counts, or the same with a leading 0 (B + 1 entries), int32 or int64;
+    draft_probs: (num_draft_tokens, V) or None (one-hot drafts, vLLM's ngram/EAGLE case);
+    target_probs: (num_draft_tokens + B, V): request b's L_b draft positions followed by its
+    bonus position, i.e. the rows of vLLM's logits before they are split into target and bonus
+    logits. The bonus token is sampled by specula from the bonus row.
+
+    Returns output_token_ids: (B, max_spec_len + 1) int32 with -1 padding, as vLLM's
+    rejection_sample; pass an array of shape (num_draft_tokens + B,) as ``output_token_ids``
+    to receive specula's flattened layout instead (written in place, no scatter).
+    ``num_accepted`` (B,) int32 receives the accepted draft counts when given.
+    """
+    output_token_ids, num_accepted = _flat_outputs(
+        target_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len, output_token_ids,
+        num_accepted)
+    _ext._chain_flat(draft_probs, draft_token_ids, cu_num_draft_tokens, target_probs, seeds,
+                     request_ids, steps, output_token_ids, num_accepted, accepted, flags, rule,
+                     sum_tolerance, residual_floor, check, threads, False)
+    return output_token_ids
+
+
+def greedy_chain(draft_token_ids, cu_num_draft_tokens, target_logits, *, max_spec_len=None,
+                 output_token_ids=None, num_accepted=None, accepted=None, flags=None,
+                 threads=1):
+    """Greedy chain verification (argmax of each target row, lowest index on ties) in vLLM's
+    flattened layout: arguments and output as :func:`rejection_sample` (``target_logits`` may be
+    logits or probabilities, float32/float64; NaN is rejected)."""
+    output_token_ids, num_accepted = _flat_outputs(
+        target_logits, draft_token_ids, cu_num_draft_tokens, max_spec_len, output_token_ids,
+        num_accepted)
+    _ext._chain_flat(None, draft_token_ids, cu_num_draft_tokens, target_logits, 0, 0, 0,
+                     output_token_ids, num_accepted, accepted, flags, None,
+                     _DEFAULT_SUM_TOLERANCE, _DEFAULT_RESIDUAL_FLOOR, "reads", threads, True)
+    return output_token_ids
+
+
+def _tree_outputs(parents, like, node_offsets, output_tokens, num_accepted, accepted_nodes):
+    if len(parents.shape) == 2:
+        b = parents.shape[0]
+    elif node_offsets is not None:
+        b = node_offsets.shape[0] - 1
+    else:
+        b = 1
+    if output_tokens is None:
+        output_tokens = _new(like, tuple(parents.shape), "int32")
+    if num_accepted is None:
+        num_accepted = _new(like, (b,), "int32")
+    if accepted_nodes is None:
+        accepted_nodes = _new(like, tuple(parents.shape), "int64")
+    return output_tokens, num_accepted, accepted_nodes
+
+
+def verify_tree(parents, tokens, target_probs, draft_probs=None, *, seeds, steps, request_ids=0,
+                node_offsets=None, rule=None, sampling="without_replacement",
+                output_tokens=None, num_accepted=None, accepted_nodes=None, flags=None,
+                sum_tolerance=_DEFAULT_SUM_TOLERANCE, residual_floor=_DEFAULT_RESIDUAL_FLOOR,
+                check="reads", threads=1):
+    """Token-tree verification (SpecInfer / EAGLE / SJD-PAC trees).
+
+    parents, tokens: (B, n) arrays (every request's tree has n nodes) or (N,) arrays of all
+    nodes with ``node_offsets`` (B + 1 entries; omitted: one tree). Node 0 of each tree is its
+    root (parent -1, token unused); other parents are local indices < the node's own.
+    target_probs: one row per node, (B, n, V) or (N, V); draft_probs: the same shape (row u is
+    what u's children were drawn from) or None (deterministic children). ``sampling``: how
+    siblings were drawn ('without_replacement' or 'with_replacement').
+
+    Returns ``(output_tokens, num_accepted, accepted_nodes)``: per request, the accepted path's
+    tokens then the emitted token then -1 (shaped like parents, int32); accepted draft nodes
+    (B,) int32; accepted node indices, root first, then -1 (int64).
+    """
+    output_tokens, num_accepted, accepted_nodes = _tree_outputs(
+        parents, target_probs, node_offsets, output_tokens, num_accepted, accepted_nodes)
+    _ext._tree(parents, tokens, node_offsets, target_probs, draft_probs, seeds, request_ids,
+               steps, output_tokens, num_accepted, accepted_nodes, flags, rule, sampling,
+               sum_tolerance, residual_floor, check, threads, False)
+    return output_tokens, num_accepted, accepted_nodes
+
+
+def greedy_tree(parents, tokens, target_logits, *, node_offsets=None, output_tokens=None,
+                num_accepted=None, accepted_nodes=None, flags=None, threads=1):
+    """Greedy tree verification: follow the child whose token is the argmax of its parent's
+    target row. Arguments and outputs as :func:`verify_tree`."""
+    output_tokens, num_accepted, accepted_nodes = _tree_outputs(
+        parents, target_logits, node_offsets, output_tokens, num_accepted, accepted_nodes)
+    _ext._tree(parents, tokens, node_offsets, target_logits, None, None, None, None,
+               output_tokens, num_accepted, accepted_nodes, flags, None, "without_replacement",
+               _DEFAULT_SUM_TOLERANCE, _DEFAULT_RESIDUAL_FLOOR, "reads", threads, True)
+    return output_tokens, num_accepted, accepted_nodes
+
+
+def verify_candidates(target_probs, candidates, draft_probs=None, *, seeds, steps,
+                      request_ids=0, position=0, with_replacement=False, rule=None,
+                      accepted_index=None, tokens=None, flags=None,
+                      sum_tolerance=_DEFAULT_SUM_TOLERANCE,
+                      residual_floor=_DEFAULT_RESIDUAL_FLOOR, check="reads", threads=1):
+    """K candidates at one position per request (multi-draft / SpecInfer-style).
+
+    target_probs: (B, V); candidates: (B, K) int32 (int64 copied), drawn from draft_probs
+    (B, V) without replacement (distinct) or, with ``with_replacement=True``, i.i.d.; None:
+    deterministic candidates. ``position``: the draw position in the request's stream (an
+    integer or (B,) array; a tree node of depth d verifies at position d).
+
+    Returns ``(accepted_index, tokens)``: (B,) int64 index of the accepted candidate or -1, and
+    (B,) int32 emitted token (the accepted candidate or the residual sample).
+    """
+    b = candidates.shape[0]
+    if accepted_index is None:
+        accepted_index = _new(target_probs, (b,), "int64")
+    if tokens is None:
+        tokens = _new(target_probs, (b,), "int32")
+    _ext._candidates(target_probs, candidates, draft_probs, seeds, request_ids, steps, position,
+                     with_replacement, accepted_index, tokens, flags, rule, sum_tolerance,
+                     residual_floor, check, threads)
+    return accepted_index, tokens
+
+
+def logits_to_probs(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, uncond=None,
+                    cfg_scale=1.0, out=None, threads=1):
+    """Logits -> probabilities: CFG mix (with ``uncond``), temperature, top-k, softmax, top-p,
+    min-p, each filter renormalising. logits: (..., V) float32, bfloat16 or float16, never
+    written; each parameter a number (every row) or a (rows,) array (one per row). Returns
+    float32 probabilities of the logits' shape (written into ``out`` when given; it must not
+    overlap the logits)."""
+    if out is None:
+        out = _new(logits, tuple(logits.shape), "float32")
+    _ext._logits_to_probs(logits, uncond, temperature, top_k, top_p, min_p, cfg_scale, out,
+                          threads)
+    return out

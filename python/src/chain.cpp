@@ -1,0 +1,345 @@
+// Chain verification: the padded layout (FlashInfer's chain_speculative_sampling), the flattened
+// layout (vLLM's rejection sampler), greedy chains, and K candidates at one position.
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+
+namespace specula::python {
+
+namespace {
+
+thread_local std::vector<token_t> token_buffer;
+thread_local std::vector<token_t> flat_output_buffer;
+thread_local std::vector<std::int64_t> offsets_buffer;
+
+chain_options chain_options_of(double sum_tolerance, double residual_floor,
+                               const std::string& check) {
+  chain_options o;
+  o.sum_tolerance = sum_tolerance;
+  o.residual_floor = residual_floor;
+  o.check = parse_check(check);
+  return o;
+}
+
+/// Draft rows of the same element type as the target rows, or no rows.
+template <class T>
+batch_view<const T> optional_rows(const array& a, const char* name, const array& target) {
+  if (!a.is_valid()) return {};
+  if (a.dtype() != target.dtype())
+    type_error(std::string("specula: ") + name + " must have the dtype of target_probs (" +
+               dtype_name(target.dtype()) + "; got " + dtype_name(a.dtype()) + ")");
+  return rows_view<T>(a, name);
+}
+
+/// The output arrays of a chain call: tokens, counts, and the optional per-position and
+/// per-request flags.
+struct chain_output_arrays {
+  array tokens;
+  array counts;
+  array accepted;
+  array flags;
+
+  chain_output_arrays(nb::handle t, nb::handle c, nb::handle a, nb::handle f)
+      : tokens(import_array(t, "output_token_ids")),
+        counts(import_array(c, "num_accepted")),
+        accepted(import_optional(a, "accepted")),
+        flags(import_optional(f, "flags")) {}
+
+  /// The C++ output struct (padded_chain_output or chain_batch_output) writing the tokens to
+  /// `out_tokens`.
+  template <class Output>
+  [[nodiscard]] Output view(row_view<token_t> out_tokens) const {
+    return {out_tokens, int32_output(counts, "num_accepted"), flag8_output(accepted, "accepted"),
+            flags_output(flags, "flags")};
+  }
+};
+
+template <class Input, class Output>
+void record_chain_pointers(const Input& in, const Output& out) {
+  record_pointer("draft_probs", in.draft_probs.data);
+  record_pointer("draft_token_ids", in.draft_tokens.data);
+  record_pointer("target_probs", in.target_probs.data);
+  record_pointer("output_token_ids", out.output_tokens.data);
+  record_pointer("num_accepted", out.num_accepted.data);
+}
+
+/// verify_chain with the rule of `rule_arg` under the policy of `threads`, without the GIL.
+template <class Input, class Output>
+void run_verify_chain(nb::handle rule_arg, int threads, const Input& in, const Output& out,
+                      const chain_options& options) {
+  record_chain_pointers(in, out);
+  std::visit(
+      [&](const auto& rule) {
+        nb::gil_scoped_release release;
+        with_policy(threads,
+                    [&](const auto& policy) { verify_chain(policy, in, out, options, rule); });
+      },
+      rule_of(rule_arg).rule);
+}
+
+void chain_padded(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
+                  nb::handle target_probs_arg, nb::handle draft_lengths_arg, nb::handle seeds,
+                  nb::handle request_ids, nb::handle steps, nb::handle output_token_ids_arg,
+                  nb::handle num_accepted_arg, nb::handle accepted_arg, nb::handle flags_arg,
+                  nb::handle rule_arg, double sum_tolerance, double residual_floor,
+                  const std::string& check, int threads) {
+  clear_pointers();
+  const array target = import_array(target_probs_arg, "target_probs");
+  const array tokens = import_array(draft_token_ids_arg, "draft_token_ids");
+  const array draft = import_optional(draft_probs_arg, "draft_probs");
+  const array lengths = import_optional(draft_lengths_arg, "draft_lengths");
+  const chain_output_arrays outputs(output_token_ids_arg, num_accepted_arg, accepted_arg,
+                                    flags_arg);
+  require_ndim(tokens, "draft_token_ids", 2, "(B, L)");
+  if (target.ndim() != 3 && target.ndim() != 2)
+    value_error("specula: target_probs must have shape (B, L + 1, V) or (B * (L + 1), V)");
+  if (draft.is_valid() && draft.ndim() != 3 && draft.ndim() != 2)
+    value_error("specula: draft_probs must have shape (B, L, V) or (B * L, V), or be None");
+  const auto batch = static_cast<index_t>(tokens.shape(0));
+  const auto max_draft = static_cast<index_t>(tokens.shape(1));
+  const auto vocab = static_cast<index_t>(target.shape(target.ndim() - 1));
+  const auto drafts = token_array(tokens, "draft_token_ids", token_buffer);
+  const index_view lens = lengths.is_valid() ? index_array(lengths, "draft_lengths") : index_view{};
+  const auto rng = make_rng(seeds, request_ids, steps, batch);
+  const auto out =
+      outputs.view<padded_chain_output>(int32_output(outputs.tokens, "output_token_ids"));
+  const chain_options options = chain_options_of(sum_tolerance, residual_floor, check);
+  with_prob_type(target, "target_probs", [&](auto element) {
+    using T = decltype(element);
+    const padded_chain_input<T> in{vocab,
+                                   batch,
+                                   max_draft,
+                                   drafts,
+                                   lens,
+                                   optional_rows<T>(draft, "draft_probs", target),
+                                   rows_view<T>(target, "target_probs"),
+                                   rng};
+    run_verify_chain(rule_arg, threads, in, out, options);
+  });
+}
+
+/// B of a flattened call and draft_offsets with a leading 0 (vLLM's cu_num_draft_tokens has
+/// B entries without it: then the B + 1 offsets are copied into a buffer).
+index_view flattened_offsets(const array& cu, index_t batch) {
+  const index_view v = index_array(cu, "cu_num_draft_tokens");
+  if (v.size == batch + 1) return v;
+  if (v.size != batch)
+    value_error(
+        "specula: cu_num_draft_tokens must have B or B + 1 entries (B = rows of "
+        "target_probs - number of draft tokens = " +
+        std::to_string(batch) + "; got " + std::to_string(v.size) + ")");
+  offsets_buffer.resize(static_cast<std::size_t>(batch + 1));
+  offsets_buffer[0] = 0;
+  for (index_t b = 0; b < batch; ++b) offsets_buffer[static_cast<std::size_t>(b + 1)] = v[b];
+  return {offsets_buffer.data(), batch + 1};
+}
+
+void chain_flat(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
+                nb::handle cu_num_draft_tokens_arg, nb::handle target_probs_arg, nb::handle seeds,
+                nb::handle request_ids, nb::handle steps, nb::handle output_token_ids_arg,
+                nb::handle num_accepted_arg, nb::handle accepted_arg, nb::handle flags_arg,
+                nb::handle rule_arg, double sum_tolerance, double residual_floor,
+                const std::string& check, int threads, bool greedy) {
+  clear_pointers();
+  const array target = import_array(target_probs_arg, greedy ? "target_logits" : "target_probs");
+  const array tokens = import_array(draft_token_ids_arg, "draft_token_ids");
+  const array cu = import_array(cu_num_draft_tokens_arg, "cu_num_draft_tokens");
+  const array draft = import_optional(draft_probs_arg, "draft_probs");
+  const chain_output_arrays outputs(output_token_ids_arg, num_accepted_arg, accepted_arg,
+                                    flags_arg);
+  const array& output = outputs.tokens;
+  require_ndim(tokens, "draft_token_ids", 1, "(num_draft_tokens,)");
+  require_ndim(target, greedy ? "target_logits" : "target_probs", 2, "(num_draft_tokens + B, V)");
+  const auto vocab = static_cast<index_t>(target.shape(1));
+  const auto drafts = token_array(tokens, "draft_token_ids", token_buffer);
+  const index_t batch = static_cast<index_t>(target.shape(0)) - drafts.size;
+  if (batch < 0)
+    value_error(
+        "specula: target_probs needs num_draft_tokens + B rows (one more per request "
+        "than its drafts: the bonus row); got " +
+        std::to_string(target.shape(0)) + " rows for " + std::to_string(drafts.size) +
+        " draft tokens");
+  const index_view offsets = flattened_offsets(cu, batch);
+  const auto rng =
+      greedy ? row_view<const request_rng>{} : make_rng(seeds, request_ids, steps, batch);
+  // Outputs: (num_draft + B,) in specula's flattened layout, written in place; or vLLM's
+  // (B, max_spec_len + 1), written through a buffer of num_draft + B tokens.
+  const bool padded_output = output.ndim() == 2;
+  if (!padded_output && output.ndim() != 1)
+    value_error(
+        "specula: output_token_ids must have shape (B, max_spec_len + 1) or "
+        "(num_draft_tokens + B,)");
+  row_view<token_t> out_tokens = int32_output(output, "output_token_ids");
+  if (padded_output) {
+    if (static_cast<index_t>(output.shape(0)) != batch)
+      value_error("specula: output_token_ids must have B = " + std::to_string(batch) + " rows");
+    flat_output_buffer.resize(static_cast<std::size_t>(drafts.size + batch));
+    out_tokens = {flat_output_buffer.data(), drafts.size + batch};
+  }
+  const auto out = outputs.view<chain_batch_output>(out_tokens);
+  const chain_options options = chain_options_of(sum_tolerance, residual_floor, check);
+  with_prob_type(target, greedy ? "target_logits" : "target_probs", [&](auto element) {
+    using T = decltype(element);
+    const chain_batch_input<T> in{vocab,
+                                  offsets,
+                                  drafts,
+                                  optional_rows<T>(draft, "draft_probs", target),
+                                  rows_view<T>(target, "target_probs"),
+                                  rng};
+    if (!greedy) {
+      run_verify_chain(rule_arg, threads, in, out, options);
+      return;
+    }
+    record_chain_pointers(in, out);
+    nb::gil_scoped_release release;
+    with_policy(threads, [&](const auto& policy) { verify_chain_greedy(policy, in, out); });
+  });
+  if (padded_output) {
+    // Request b's L_b + 1 slots start at draft_offsets[b] + b; the rest of its row is -1.
+    const auto width = static_cast<index_t>(output.shape(1));
+    for (index_t b = 0; b < batch; ++b) {
+      const index_t n = offsets[b + 1] - offsets[b] + 1;
+      if (n > width)
+        value_error("specula: output_token_ids rows are too short: request " + std::to_string(b) +
+                    " has " + std::to_string(n - 1) + " drafts, needing " + std::to_string(n) +
+                    " slots (max_spec_len + 1)");
+    }
+    token_t* dst = static_cast<token_t*>(output.data());
+    std::fill(dst, dst + batch * width, no_token);
+    for (index_t b = 0; b < batch; ++b) {
+      const index_t start = offsets[b] + b;
+      const index_t n = offsets[b + 1] - offsets[b] + 1;
+      std::copy(out_tokens.data + start, out_tokens.data + start + n, dst + b * width);
+    }
+  }
+}
+
+/// K candidates at one position per request: request b verifies candidates[b] against
+/// target_probs[b] (and draft_probs[b]) with verify_candidates_checked.
+void candidates(nb::handle target_probs_arg, nb::handle candidates_arg, nb::handle draft_probs_arg,
+                nb::handle seeds, nb::handle request_ids, nb::handle steps,
+                nb::handle positions_arg, bool with_replacement_sampling,
+                nb::handle accepted_index_arg, nb::handle tokens_arg, nb::handle flags_arg,
+                nb::handle rule_arg, double sum_tolerance, double residual_floor,
+                const std::string& check, int threads) {
+  clear_pointers();
+  const array target = import_array(target_probs_arg, "target_probs");
+  const array cand = import_array(candidates_arg, "candidates");
+  const array draft = import_optional(draft_probs_arg, "draft_probs");
+  const array index_out = import_array(accepted_index_arg, "accepted_index");
+  const array token_out = import_array(tokens_arg, "tokens");
+  const array flags = import_optional(flags_arg, "flags");
+  require_ndim(target, "target_probs", 2, "(B, V)");
+  require_ndim(cand, "candidates", 2, "(B, K)");
+  if (draft.is_valid()) require_ndim(draft, "draft_probs", 2, "(B, V)");
+  const auto batch = static_cast<index_t>(cand.shape(0));
+  const auto k = static_cast<index_t>(cand.shape(1));
+  const auto cands = token_array(cand, "candidates", token_buffer);
+  const auto rng = make_rng(seeds, request_ids, steps, batch);
+  // Positions: one integer for every request, or one per request.
+  std::vector<std::uint32_t> positions(static_cast<std::size_t>(batch), 0);
+  if (is_scalar(positions_arg)) {
+    const auto p = nb::cast<std::int64_t>(positions_arg);
+    if (p < 0 || p > UINT32_MAX) value_error("specula: position must be in [0, 2^32)");
+    std::fill(positions.begin(), positions.end(), static_cast<std::uint32_t>(p));
+  } else {
+    const index_view p = index_array(import_array(positions_arg, "position"), "position");
+    if (p.size != batch) value_error("specula: position must be an integer or have B entries");
+    for (index_t b = 0; b < batch; ++b) {
+      if (p[b] < 0 || p[b] > UINT32_MAX) value_error("specula: position must be in [0, 2^32)");
+      positions[static_cast<std::size_t>(b)] = static_cast<std::uint32_t>(p[b]);
+    }
+  }
+  const auto out_index = int64_output(index_out, "accepted_index");
+  const auto out_token = int32_output(token_out, "tokens");
+  const auto out_flags = flags_output(flags, "flags");
+  if (out_index.size != batch || out_token.size != batch ||
+      (!out_flags.empty() && out_flags.size != batch))
+    value_error("specula: accepted_index, tokens and flags must have B = " + std::to_string(batch) +
+                " entries");
+  candidates_options options;
+  options.sum_tolerance = sum_tolerance;
+  options.residual_floor = residual_floor;
+  options.check = parse_check(check);
+  with_prob_type(target, "target_probs", [&](auto element) {
+    using T = decltype(element);
+    const auto p_rows = rows_view<T>(target, "target_probs");
+    const auto q_rows = optional_rows<T>(draft, "draft_probs", target);
+    if (p_rows.rows != batch || (draft.is_valid() && q_rows.rows != batch))
+      value_error("specula: target_probs (and draft_probs) must have one row per request (B = " +
+                  std::to_string(batch) + ")");
+    record_pointer("target_probs", p_rows.data);
+    record_pointer("draft_probs", q_rows.data);
+    record_pointer("candidates", cands.data);
+    std::visit(
+        [&](const auto& rule) {
+          using R = std::remove_cvref_t<decltype(rule)>;
+          if constexpr (!scalar_rule<R>) {
+            value_error(
+                "specula: K-candidate verification takes exact, relaxed or scheduled "
+                "rules (row-aware rules such as LANTERN++ and typical acceptance work "
+                "with chains only)");
+          } else {
+            nb::gil_scoped_release release;
+            with_policy(threads, [&](const auto& policy) {
+              host::for_each_index(policy, batch, [&](index_t b) {
+                thread_local std::vector<double> workspace;
+                workspace.resize(static_cast<std::size_t>(candidates_workspace_size(k)));
+                const row_view<const token_t> c = cands.subview(b * k, k);
+                const row_view<const T> p = p_rows.row(b);
+                auto run = [&](const auto& proposal) {
+                  try {
+                    return verify_candidates_checked(
+                        rule, rng[b], p, proposal, c, row_view<double>{workspace},
+                        positions[static_cast<std::size_t>(b)], options);
+                  } catch (const invalid_input& e) {
+                    throw invalid_input(e.code(), e.argument(), e.row(), e.column(),
+                                        std::string(e.what()) + " [request " + std::to_string(b) +
+                                            ": p = target_probs[" + std::to_string(b) +
+                                            "], q = draft_probs[" + std::to_string(b) + "]]");
+                  }
+                };
+                candidates_result r;
+                if (!draft.is_valid())
+                  r = run(one_hot_candidates{});
+                else if (with_replacement_sampling)
+                  r = run(with_replacement<T>{q_rows.row(b)});
+                else
+                  r = run(without_replacement<T>{q_rows.row(b)});
+                out_index[b] = r.accepted;
+                out_token[b] = r.token;
+                if (!out_flags.empty()) out_flags[b] = r.flags;
+              });
+            });
+          }
+        },
+        rule_of(rule_arg).rule);
+  });
+}
+
+}  // namespace
+
+void register_chain(nb::module_& m) {
+  m.def("_chain_padded", &chain_padded, nb::arg("draft_probs").none(), nb::arg("draft_token_ids"),
+        nb::arg("target_probs"), nb::arg("draft_lengths").none(), nb::arg("seeds"),
+        nb::arg("request_ids"), nb::arg("steps"), nb::arg("output_token_ids"),
+        nb::arg("num_accepted"), nb::arg("accepted").none(), nb::arg("flags").none(),
+        nb::arg("rule").none(), nb::arg("sum_tolerance"), nb::arg("residual_floor"),
+        nb::arg("check"), nb::arg("threads"));
+  m.def("_chain_flat", &chain_flat, nb::arg("draft_probs").none(), nb::arg("draft_token_ids"),
+        nb::arg("cu_num_draft_tokens"), nb::arg("target_probs"), nb::arg("seeds"),
+        nb::arg("request_ids"), nb::arg("steps"), nb::arg("output_token_ids"),
+        nb::arg("num_accepted"), nb::arg("accepted").none(), nb::arg("flags").none(),
+        nb::arg("rule").none(), nb::arg("sum_tolerance"), nb::arg("residual_floor"),
+        nb::arg("check"), nb::arg("threads"), nb::arg("greedy"));
+  m.def("_candidates", &candidates, nb::arg("target_probs"), nb::arg("candidates"),
+        nb::arg("draft_probs").none(), nb::arg("seeds"), nb::arg("request_ids"), nb::arg("steps"),
+        nb::arg("position"), nb::arg("with_replacement"), nb::arg("accepted_index"),
+        nb::arg("tokens"), nb::arg("flags").none(), nb::arg("rule").none(),
+        nb::arg("sum_tolerance"), nb::arg("residual_floor"), nb::arg("check"), nb::arg("threads"));
+}
+
+}  // namespace specula::python

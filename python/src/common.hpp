@@ -1,0 +1,217 @@
+#pragma once
+
+// Shared pieces of the Python bindings (specula._specula): array arguments taken over DLPack
+// or the buffer protocol without conversion (so never copied behind the caller's back), their
+// checks with messages naming the argument, per-request random streams, acceptance rules and
+// host policies. Every verification itself is a call of the public C++ entry points.
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "specula/verify.hpp"
+
+namespace specula::python {
+
+namespace nb = nanobind;
+
+/// An array argument of any dtype and device, imported without conversion.
+using array = nb::ndarray<>;
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+
+[[noreturn]] void type_error(const std::string& message);
+[[noreturn]] void value_error(const std::string& message);
+
+/// "float32", "int64", "bfloat16", ... for messages.
+std::string dtype_name(nb::dlpack::dtype t);
+
+// ---------------------------------------------------------------------------------------------
+// Array arguments
+// ---------------------------------------------------------------------------------------------
+
+/// Imports `h` (a NumPy array, a PyTorch tensor or any DLPack / buffer-protocol object) without
+/// conversion, on the CPU. TypeError for other objects, ValueError for another device.
+array import_array(nb::handle h, const char* name);
+
+/// As import_array, or an invalid array for None (an optional argument left out).
+array import_optional(nb::handle h, const char* name);
+
+/// Whether `h` is a single number: a Python int or float, or a 0-d array or NumPy scalar.
+[[nodiscard]] bool is_scalar(nb::handle h);
+
+/// Whether the array has dtype T (uint8 also matches bool, int32 also matches uint32 for flags).
+template <class T>
+[[nodiscard]] bool has_dtype(const array& a) {
+  return a.dtype() == nb::dtype<T>();
+}
+
+/// TypeError naming the argument unless the array has dtype T.
+template <class T>
+void require_dtype(const array& a, const char* name, const char* expected) {
+  if (!has_dtype<T>(a))
+    type_error(std::string("specula: ") + name + " must have dtype " + expected + " (got " +
+               dtype_name(a.dtype()) + ")");
+}
+
+/// ValueError unless the array has `ndim` dimensions.
+void require_ndim(const array& a, const char* name, std::size_t ndim, const char* shape);
+
+/// ValueError unless the array is C-contiguous (dimensions of extent 1 ignored).
+void require_contiguous(const array& a, const char* name);
+
+/// Elements of a contiguous array.
+[[nodiscard]] index_t element_count(const array& a);
+
+/// A contiguous array of T viewed as one row (any number of dimensions).
+template <class T>
+[[nodiscard]] row_view<T> flat_view(const array& a, const char* name, const char* expected) {
+  require_dtype<std::remove_const_t<T>>(a, name, expected);
+  require_contiguous(a, name);
+  return {static_cast<T*>(a.data()), element_count(a)};
+}
+
+/// Rows of a probability or logit array whose last dimension is the vocabulary: every leading
+/// dimension is flattened into rows, which must be evenly spaced (row stride >= V, last stride
+/// 1); a sliced array such as logits[:, :V] is read in place.
+template <class T>
+[[nodiscard]] batch_view<const T> rows_view(const array& a, const char* name) {
+  if (a.ndim() < 1)
+    value_error(std::string("specula: ") + name + " must have at least 1 dimension");
+  const std::size_t last = a.ndim() - 1;
+  const auto cols = static_cast<index_t>(a.shape(last));
+  index_t rows = 1;
+  for (std::size_t d = 0; d < last; ++d) rows *= static_cast<index_t>(a.shape(d));
+  if (rows == 0 || cols == 0) return {static_cast<const T*>(a.data()), rows, cols, cols};
+  if (cols > 1 && a.stride(last) != 1)
+    value_error(std::string("specula: ") + name +
+                " must be contiguous along its last dimension (the vocabulary)");
+  // Leading dimensions must form one evenly spaced sequence of rows.
+  index_t row_stride = cols;
+  bool found = false;
+  index_t expected = 0;
+  for (std::size_t d = last; d-- > 0;) {
+    const auto n = static_cast<index_t>(a.shape(d));
+    if (n == 1) continue;
+    const auto s = static_cast<index_t>(a.stride(d));
+    if (!found) {
+      row_stride = s;
+      found = true;
+    } else if (s != expected) {
+      value_error(std::string("specula: ") + name +
+                  " is not contiguous: its rows must be evenly spaced (use .contiguous() / "
+                  "np.ascontiguousarray, which copies)");
+    }
+    expected = s * n;
+  }
+  if (rows > 1 && row_stride < cols)
+    value_error(std::string("specula: ") + name + " is not contiguous: its row stride (" +
+                std::to_string(row_stride) + ") is smaller than its row length (" +
+                std::to_string(cols) + ")");
+  return {static_cast<const T*>(a.data()), rows, cols, row_stride};
+}
+
+/// An int64 or int32 contiguous 1-D array as an index_view.
+[[nodiscard]] index_view index_array(const array& a, const char* name);
+
+/// Token ids: int32 in place; int64 copied into `buffer` (a copy of the ids, documented).
+[[nodiscard]] row_view<const token_t> token_array(const array& a, const char* name,
+                                                  std::vector<token_t>& buffer);
+
+/// Writable outputs.
+[[nodiscard]] row_view<std::int32_t> int32_output(const array& a, const char* name);
+[[nodiscard]] row_view<std::uint8_t> flag8_output(const array& a, const char* name);
+[[nodiscard]] row_view<std::uint32_t> flags_output(const array& a, const char* name);
+[[nodiscard]] row_view<index_t> int64_output(const array& a, const char* name);
+
+// ---------------------------------------------------------------------------------------------
+// Pointers handed to C++ (for the zero-copy tests: specula._specula._last_pointers())
+// ---------------------------------------------------------------------------------------------
+
+void clear_pointers();
+void record_pointer(const char* name, const void* p);
+nb::dict last_pointers();
+
+// ---------------------------------------------------------------------------------------------
+// Random streams
+// ---------------------------------------------------------------------------------------------
+
+/// One request_rng per request from `seeds`, `request_ids` and `steps`, each a Python integer
+/// (the same for every request) or a 1-D integer array of B entries. Reuses a thread-local
+/// buffer. ValueError when B > 1 and seeds and request_ids are both scalars (every request
+/// would draw the same numbers).
+row_view<const request_rng> make_rng(nb::handle seeds, nb::handle request_ids, nb::handle steps,
+                                     index_t batch);
+
+// ---------------------------------------------------------------------------------------------
+// Rules
+// ---------------------------------------------------------------------------------------------
+
+/// A relaxation schedule with the storage of its custom values.
+struct schedule_holder {
+  relaxation_schedule schedule;
+  std::shared_ptr<const std::vector<double>> values;
+  std::string description;
+};
+
+/// A neighbour table shared by the LANTERN rules made from it.
+struct table_holder {
+  std::shared_ptr<const neighbour_table> table;
+};
+
+/// An acceptance rule passed from Python, with what it refers to kept alive.
+struct rule_holder {
+  std::variant<exact_rule, relaxed_rule, scheduled_relaxed_rule, lantern_rule, typical_rule> rule;
+  std::shared_ptr<const std::vector<double>> values;
+  std::shared_ptr<const neighbour_table> table;
+  std::string description = "exact_rule()";
+};
+
+/// The rule of a `rule` argument: None is the exact rule.
+const rule_holder& rule_of(nb::handle h);
+
+/// Rules the tree and K-candidate verifiers accept (scalar acceptance rules).
+template <class R>
+inline constexpr bool scalar_rule = acceptance_rule<R>;
+
+// ---------------------------------------------------------------------------------------------
+// Options and policies
+// ---------------------------------------------------------------------------------------------
+
+check_level parse_check(const std::string& check);
+
+/// Runs f(policy): host::seq for threads == 1, host::par (all threads) for 0, else
+/// host::par.with_threads(threads).
+template <class F>
+decltype(auto) with_policy(int threads, F&& f) {
+  if (threads < 0) value_error("specula: threads must be >= 0 (0: all hardware threads)");
+  if (threads == 1) return f(host::seq);
+  return f(host::par.with_threads(static_cast<unsigned>(threads)));
+}
+
+/// Runs f(float{}) or f(double{}) by the dtype of a probability array.
+template <class F>
+decltype(auto) with_prob_type(const array& a, const char* name, F&& f) {
+  if (has_dtype<float>(a)) return f(float{});
+  if (has_dtype<double>(a)) return f(double{});
+  type_error(std::string("specula: ") + name + " must have dtype float32 or float64 (got " +
+             dtype_name(a.dtype()) + ")");
+}
+
+// Registration of each part of the module.
+void register_rules(nb::module_& m);
+void register_chain(nb::module_& m);
+void register_tree(nb::module_& m);
+void register_transforms(nb::module_& m);
+
+}  // namespace specula::python

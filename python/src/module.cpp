@@ -1,0 +1,500 @@
+// specula._specula: argument handling shared by the bindings, the rule objects, and the module.
+
+#include <Python.h>
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common.hpp"
+
+namespace specula::python {
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+
+void type_error(const std::string& message) { throw nb::type_error(message.c_str()); }
+void value_error(const std::string& message) { throw nb::value_error(message.c_str()); }
+
+std::string dtype_name(nb::dlpack::dtype t) {
+  using code = nb::dlpack::dtype_code;
+  std::string base;
+  switch (static_cast<code>(t.code)) {
+    case code::Int:
+      base = "int";
+      break;
+    case code::UInt:
+      base = "uint";
+      break;
+    case code::Float:
+      base = "float";
+      break;
+    case code::Bfloat:
+      base = "bfloat";
+      break;
+    case code::Complex:
+      base = "complex";
+      break;
+    case code::Bool:
+      return "bool";
+    default:
+      base = "dtype" + std::to_string(t.code) + "_";
+  }
+  return base + std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Array arguments
+// ---------------------------------------------------------------------------------------------
+
+array import_array(nb::handle h, const char* name) {
+  array a;
+  if (!nb::try_cast(h, a, /*convert=*/false))
+    type_error(std::string("specula: ") + name +
+               " must be a NumPy array or a PyTorch tensor (any object with __dlpack__ or the "
+               "buffer protocol), not " +
+               nb::type_name(h.type()).c_str());
+  if (a.device_type() != nb::device::cpu::value) {
+    const std::string where = (a.device_type() == nb::device::cuda::value
+                                   ? "cuda:"
+                                   : "device " + std::to_string(a.device_type()) + ":") +
+                              std::to_string(a.device_id());
+    value_error(std::string("specula: ") + name + " is on " + where +
+                ", but this build of the specula package runs on the CPU only (it was built "
+                "without CUDA): pass CPU arrays (tensor.cpu() copies), or call specula::cuda "
+                "from C++");
+  }
+  return a;
+}
+
+bool is_scalar(nb::handle h) {
+  if (PyLong_Check(h.ptr()) != 0 || PyFloat_Check(h.ptr()) != 0) return true;
+  if (!nb::hasattr(h, "shape")) return PyIndex_Check(h.ptr()) != 0;
+  const nb::object shape = h.attr("shape");
+  return PySequence_Check(shape.ptr()) != 0 && PySequence_Size(shape.ptr()) == 0;
+}
+
+array import_optional(nb::handle h, const char* name) {
+  if (h.is_none()) return {};
+  return import_array(h, name);
+}
+
+void require_ndim(const array& a, const char* name, std::size_t ndim, const char* shape) {
+  if (a.ndim() != ndim)
+    value_error(std::string("specula: ") + name + " must have shape " + shape + " (got " +
+                std::to_string(a.ndim()) + " dimensions)");
+}
+
+void require_contiguous(const array& a, const char* name) {
+  std::int64_t expected = 1;
+  for (std::size_t d = a.ndim(); d-- > 0;) {
+    const auto n = static_cast<std::int64_t>(a.shape(d));
+    if (n == 1) continue;
+    if (n == 0) return;
+    if (a.stride(d) != expected)
+      value_error(std::string("specula: ") + name +
+                  " must be C-contiguous (use .contiguous() / np.ascontiguousarray, which "
+                  "copies)");
+    expected *= n;
+  }
+}
+
+index_t element_count(const array& a) {
+  index_t n = 1;
+  for (std::size_t d = 0; d < a.ndim(); ++d) n *= static_cast<index_t>(a.shape(d));
+  return n;
+}
+
+index_view index_array(const array& a, const char* name) {
+  require_contiguous(a, name);
+  if (a.ndim() != 1)
+    value_error(std::string("specula: ") + name + " must be 1-D (got " + std::to_string(a.ndim()) +
+                " dimensions)");
+  const auto n = static_cast<index_t>(a.shape(0));
+  if (has_dtype<std::int64_t>(a)) return {static_cast<const std::int64_t*>(a.data()), n};
+  if (has_dtype<std::int32_t>(a)) return {static_cast<const std::int32_t*>(a.data()), n};
+  type_error(std::string("specula: ") + name + " must have dtype int32 or int64 (got " +
+             dtype_name(a.dtype()) + ")");
+}
+
+row_view<const token_t> token_array(const array& a, const char* name,
+                                    std::vector<token_t>& buffer) {
+  require_contiguous(a, name);
+  const index_t n = element_count(a);
+  if (has_dtype<std::int32_t>(a)) return {static_cast<const token_t*>(a.data()), n};
+  if (has_dtype<std::int64_t>(a)) {
+    const auto* src = static_cast<const std::int64_t*>(a.data());
+    buffer.resize(static_cast<std::size_t>(n));
+    for (index_t i = 0; i < n; ++i) {
+      const std::int64_t v = src[i];
+      // Ids outside int32 become INT32_MAX: the C++ checks then report them as outside the
+      // vocabulary, naming the argument and index.
+      buffer[static_cast<std::size_t>(i)] =
+          v >= INT32_MIN && v <= INT32_MAX ? static_cast<token_t>(v) : token_t{INT32_MAX};
+    }
+    return {buffer.data(), n};
+  }
+  type_error(std::string("specula: ") + name + " must have dtype int32 or int64 (got " +
+             dtype_name(a.dtype()) + ")");
+}
+
+namespace {
+
+template <class T>
+row_view<T> output_view(const array& a, const char* name, const char* expected, bool ok) {
+  if (!ok)
+    type_error(std::string("specula: ") + name + " must have dtype " + expected + " (got " +
+               dtype_name(a.dtype()) + ")");
+  require_contiguous(a, name);
+  if (a.is_valid() && element_count(a) > 0 && a.data() == nullptr)
+    value_error(std::string("specula: ") + name + " has no data");
+  return {static_cast<T*>(a.data()), element_count(a)};
+}
+
+}  // namespace
+
+row_view<std::int32_t> int32_output(const array& a, const char* name) {
+  return output_view<std::int32_t>(a, name, "int32", has_dtype<std::int32_t>(a));
+}
+
+row_view<std::uint8_t> flag8_output(const array& a, const char* name) {
+  if (!a.is_valid()) return {};
+  return output_view<std::uint8_t>(a, name, "uint8 or bool",
+                                   has_dtype<std::uint8_t>(a) || has_dtype<bool>(a));
+}
+
+row_view<std::uint32_t> flags_output(const array& a, const char* name) {
+  if (!a.is_valid()) return {};
+  return output_view<std::uint32_t>(a, name, "int32 or uint32",
+                                    has_dtype<std::uint32_t>(a) || has_dtype<std::int32_t>(a));
+}
+
+row_view<index_t> int64_output(const array& a, const char* name) {
+  if (!a.is_valid()) return {};
+  return output_view<index_t>(a, name, "int64", has_dtype<std::int64_t>(a));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pointers handed to C++
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+struct pointer_record {
+  std::array<std::pair<const char*, const void*>, 16> entries{};
+  std::size_t count = 0;
+};
+
+thread_local pointer_record last_call;
+
+}  // namespace
+
+void clear_pointers() { last_call.count = 0; }
+
+void record_pointer(const char* name, const void* p) {
+  if (last_call.count < last_call.entries.size()) last_call.entries[last_call.count++] = {name, p};
+}
+
+nb::dict last_pointers() {
+  nb::dict d;
+  for (std::size_t i = 0; i < last_call.count; ++i)
+    d[last_call.entries[i].first] = reinterpret_cast<std::uintptr_t>(last_call.entries[i].second);
+  return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random streams
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+/// A Python integer (or anything with __index__) in [0, max].
+std::uint64_t scalar_of(nb::handle h, const char* name, std::uint64_t max) {
+  if (PyIndex_Check(h.ptr()) == 0 || PyBool_Check(h.ptr()) != 0 || PyFloat_Check(h.ptr()) != 0)
+    type_error(std::string("specula: ") + name +
+               " must be an integer or a 1-D integer array with one entry per request, not " +
+               nb::type_name(h.type()).c_str());
+  nb::object index = nb::steal(PyNumber_Index(h.ptr()));
+  if (!index.is_valid()) throw nb::python_error();
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (v == -1 && PyErr_Occurred() != nullptr) throw nb::python_error();
+  std::uint64_t u = 0;
+  if (overflow == 0 && v >= 0) {
+    u = static_cast<std::uint64_t>(v);
+  } else if (overflow > 0) {
+    u = PyLong_AsUnsignedLongLong(index.ptr());
+    if (PyErr_Occurred() != nullptr) {
+      PyErr_Clear();
+      value_error(std::string("specula: ") + name + " must be in [0, " + std::to_string(max) + "]");
+    }
+  } else {
+    value_error(std::string("specula: ") + name + " must be in [0, " + std::to_string(max) +
+                "] (got a negative value)");
+  }
+  if (u > max)
+    value_error(std::string("specula: ") + name + " must be in [0, " + std::to_string(max) +
+                "] (got " + std::to_string(u) + ")");
+  return u;
+}
+
+/// Fills field `set(rng[b], value)` from a scalar or a per-request array; returns whether the
+/// argument was a scalar.
+template <class Set>
+bool fill_stream_field(nb::handle h, const char* name, std::uint64_t max, index_t batch,
+                       std::vector<request_rng>& rng, Set set) {
+  if (is_scalar(h)) {
+    const std::uint64_t v = scalar_of(h, name, max);
+    for (auto& r : rng) set(r, v);
+    return true;
+  }
+  const array a = import_array(h, name);
+  require_contiguous(a, name);
+  if (a.ndim() != 1 || static_cast<index_t>(a.shape(0)) != batch)
+    value_error(std::string("specula: ") + name + " must be an integer or have shape (B,) = (" +
+                std::to_string(batch) + ",)");
+  auto check = [&](index_t b, std::uint64_t v, bool negative) {
+    if (negative || v > max)
+      value_error(std::string("specula: ") + name + "[" + std::to_string(b) + "] must be in [0, " +
+                  std::to_string(max) + "]");
+    set(rng[static_cast<std::size_t>(b)], v);
+  };
+  if (has_dtype<std::int64_t>(a)) {
+    const auto* p = static_cast<const std::int64_t*>(a.data());
+    for (index_t b = 0; b < batch; ++b) check(b, static_cast<std::uint64_t>(p[b]), p[b] < 0);
+  } else if (has_dtype<std::uint64_t>(a)) {
+    const auto* p = static_cast<const std::uint64_t*>(a.data());
+    for (index_t b = 0; b < batch; ++b) check(b, p[b], false);
+  } else if (has_dtype<std::int32_t>(a)) {
+    const auto* p = static_cast<const std::int32_t*>(a.data());
+    for (index_t b = 0; b < batch; ++b) check(b, static_cast<std::uint64_t>(p[b]), p[b] < 0);
+  } else if (has_dtype<std::uint32_t>(a)) {
+    const auto* p = static_cast<const std::uint32_t*>(a.data());
+    for (index_t b = 0; b < batch; ++b) check(b, p[b], false);
+  } else {
+    type_error(std::string("specula: ") + name +
+               " must have dtype int64, uint64, int32 or uint32 (got " + dtype_name(a.dtype()) +
+               ")");
+  }
+  return false;
+}
+
+thread_local std::vector<request_rng> rng_buffer;
+
+}  // namespace
+
+row_view<const request_rng> make_rng(nb::handle seeds, nb::handle request_ids, nb::handle steps,
+                                     index_t batch) {
+  rng_buffer.assign(static_cast<std::size_t>(batch), request_rng{});
+  const bool scalar_seed = fill_stream_field(seeds, "seeds", UINT64_MAX, batch, rng_buffer,
+                                             [](request_rng& r, std::uint64_t v) { r.seed = v; });
+  const bool scalar_id = fill_stream_field(
+      request_ids, "request_ids", UINT32_MAX, batch, rng_buffer,
+      [](request_rng& r, std::uint64_t v) { r.request_id = static_cast<std::uint32_t>(v); });
+  fill_stream_field(
+      steps, "steps", UINT32_MAX, batch, rng_buffer,
+      [](request_rng& r, std::uint64_t v) { r.step = static_cast<std::uint32_t>(v); });
+  if (batch > 1 && scalar_seed && scalar_id)
+    value_error(
+        "specula: seeds and request_ids are both single integers for a batch of " +
+        std::to_string(batch) +
+        " requests, so every request would draw the same random numbers: pass one seed or one "
+        "request id per request");
+  return {rng_buffer.data(), batch};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Options
+// ---------------------------------------------------------------------------------------------
+
+check_level parse_check(const std::string& check) {
+  if (check == "reads") return check_level::reads;
+  if (check == "full") return check_level::full;
+  value_error("specula: check must be 'reads' or 'full' (got '" + check + "')");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rules
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+resampling parse_resampling(const std::string& s) {
+  if (s == "optimal") return resampling::optimal;
+  if (s == "vanilla") return resampling::vanilla;
+  if (s == "lantern") return resampling::lantern;
+  value_error("specula: resampling must be 'optimal', 'vanilla' or 'lantern' (got '" + s + "')");
+}
+
+std::string number(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+
+const rule_holder exact_holder{};
+
+}  // namespace
+
+const rule_holder& rule_of(nb::handle h) {
+  if (h.is_none()) return exact_holder;
+  rule_holder* r = nullptr;
+  if (!nb::try_cast(h, r, false) || r == nullptr)
+    type_error(std::string("specula: rule must be a specula rule (specula.exact_rule(), "
+                           "relaxed_rule(...), ...) or None, not ") +
+               nb::type_name(h.type()).c_str());
+  return *r;
+}
+
+void register_rules(nb::module_& m) {
+  nb::class_<schedule_holder>(m, "Schedule", "A relaxation schedule: omega at each draft position.")
+      .def(
+          "omega", [](const schedule_holder& s, index_t i) { return s.schedule.omega(i); },
+          nb::arg("position"), "omega at draft position i >= 1")
+      .def("__repr__", [](const schedule_holder& s) { return s.description; });
+
+  m.def(
+      "uniform_schedule",
+      [](double delta) {
+        return schedule_holder{relaxation_schedule::make_uniform(delta), nullptr,
+                               "uniform_schedule(" + number(delta) + ")"};
+      },
+      nb::arg("delta"));
+  m.def(
+      "exponential_schedule",
+      [](double delta, double nu, index_t length) {
+        return schedule_holder{relaxation_schedule::make_exponential(delta, nu, length), nullptr,
+                               "exponential_schedule(" + number(delta) + ", " + number(nu) + ", " +
+                                   std::to_string(length) + ")"};
+      },
+      nb::arg("delta"), nb::arg("nu"), nb::arg("length"));
+  m.def(
+      "linear_schedule",
+      [](double delta, double ell, index_t length) {
+        return schedule_holder{relaxation_schedule::make_linear(delta, ell, length), nullptr,
+                               "linear_schedule(" + number(delta) + ", " + number(ell) + ", " +
+                                   std::to_string(length) + ")"};
+      },
+      nb::arg("delta"), nb::arg("ell"), nb::arg("length"));
+  m.def(
+      "custom_schedule",
+      [](const std::vector<double>& values) {
+        auto owned = std::make_shared<const std::vector<double>>(values);
+        return schedule_holder{
+            relaxation_schedule::make_custom(owned->data(), static_cast<index_t>(owned->size())),
+            owned, "custom_schedule(<" + std::to_string(values.size()) + " values>)"};
+      },
+      nb::arg("values"));
+
+  nb::class_<table_holder>(m, "NeighbourTable",
+                           "Each token's k nearest other tokens (LANTERN / LANTERN++).")
+      .def_prop_ro("vocab_size", [](const table_holder& t) { return t.table->vocab(); })
+      .def_prop_ro("k", [](const table_holder& t) { return t.table->k(); })
+      .def("neighbours", [](const table_holder& t, index_t token) {
+        if (token < 0 || token >= t.table->vocab())
+          value_error("specula: token must be in [0, " + std::to_string(t.table->vocab()) + ")");
+        return t.table->neighbours(token);
+      });
+  m.def(
+      "neighbour_table",
+      [](nb::handle embeddings, index_t k, const std::string& metric) {
+        const array a = import_array(embeddings, "embeddings");
+        require_ndim(a, "embeddings", 2, "(V, d)");
+        require_dtype<float>(a, "embeddings", "float32");
+        neighbour_metric mt = neighbour_metric::l2;
+        if (metric == "cosine")
+          mt = neighbour_metric::cosine;
+        else if (metric != "l2")
+          value_error("specula: metric must be 'l2' or 'cosine' (got '" + metric + "')");
+        const auto rows = rows_view<float>(a, "embeddings");
+        nb::gil_scoped_release release;
+        return table_holder{std::make_shared<const neighbour_table>(rows, k, mt)};
+      },
+      nb::arg("embeddings"), nb::arg("k"), nb::arg("metric") = "l2",
+      "The k nearest other tokens of every row of a (V, d) float32 embedding matrix.");
+  m.def(
+      "neighbour_table_from_ids",
+      [](nb::handle ids) {
+        const array a = import_array(ids, "ids");
+        require_ndim(a, "ids", 2, "(V, k)");
+        std::vector<token_t> buffer;
+        const auto v = token_array(a, "ids", buffer);
+        std::vector<token_t> copy(v.begin(), v.end());
+        return table_holder{std::make_shared<const neighbour_table>(
+            std::move(copy), static_cast<index_t>(a.shape(0)), static_cast<index_t>(a.shape(1)))};
+      },
+      nb::arg("ids"), "A table from precomputed (V, k) neighbour ids, nearest first.");
+
+  nb::class_<rule_holder>(m, "Rule", "An acceptance rule for the verifiers.")
+      .def("__repr__", [](const rule_holder& r) { return r.description; });
+  m.def("exact_rule", [] { return rule_holder{}; });
+  m.def(
+      "relaxed_rule",
+      [](double omega, const std::string& resample) {
+        require_parameter(detail::is_finite(omega) && omega > 0.0, "omega", omega,
+                          "must be finite and > 0");
+        const resampling r = parse_resampling(resample);
+        if (r == resampling::lantern)
+          value_error("specula: resampling='lantern' is only for lantern_rule");
+        return rule_holder{relaxed_rule{omega, r}, nullptr, nullptr,
+                           "relaxed_rule(" + number(omega) + ", '" + resample + "')"};
+      },
+      nb::arg("omega"), nb::arg("resampling") = "optimal");
+  m.def(
+      "scheduled_rule",
+      [](const schedule_holder& s, const std::string& resample) {
+        const resampling r = parse_resampling(resample);
+        if (r == resampling::lantern)
+          value_error("specula: resampling='lantern' is only for lantern_rule");
+        return rule_holder{scheduled_relaxed_rule{s.schedule, r}, s.values, nullptr,
+                           "scheduled_rule(" + s.description + ", '" + resample + "')"};
+      },
+      nb::arg("schedule"), nb::arg("resampling") = "optimal");
+  m.def(
+      "lantern_rule",
+      [](const table_holder& t, double lam, const std::string& resample, const std::string& mode) {
+        const resampling r = parse_resampling(resample);
+        lantern_rule rule;
+        if (mode == "relative")
+          rule = lantern_rule::make_relative(*t.table, lam, r);
+        else if (mode == "absolute")
+          rule = lantern_rule::make_absolute(*t.table, lam, r);
+        else
+          value_error("specula: mode must be 'relative' (LANTERN++) or 'absolute' (LANTERN)");
+        return rule_holder{rule, nullptr, t.table,
+                           "lantern_rule(<table V=" + std::to_string(t.table->vocab()) +
+                               " k=" + std::to_string(t.table->k()) + ">, " + number(lam) + ", '" +
+                               resample + "', '" + mode + "')"};
+      },
+      nb::arg("table"), nb::arg("lam"), nb::arg("resampling") = "optimal",
+      nb::arg("mode") = "relative");
+  m.def(
+      "typical_rule",
+      [](double epsilon, double alpha, const std::string& resample) {
+        const resampling r = parse_resampling(resample);
+        return rule_holder{
+            typical_rule::make(epsilon, alpha, r), nullptr, nullptr,
+            "typical_rule(" + number(epsilon) + ", " + number(alpha) + ", '" + resample + "')"};
+      },
+      nb::arg("epsilon") = 0.09, nb::arg("alpha") = 0.3, nb::arg("resampling") = "optimal");
+}
+
+}  // namespace specula::python
+
+NB_MODULE(_specula, m) {
+  namespace sp = specula::python;
+  namespace nb = nanobind;
+  m.doc() = "specula's C++ verifiers over DLPack (see docs/python.md)";
+  m.attr("__version__") = SPECULA_VERSION_STRING;
+  nb::exception<specula::invalid_input>(m, "InvalidInput", PyExc_ValueError);
+  m.def("_last_pointers", &sp::last_pointers,
+        "Data pointers the last call in this thread handed to C++, by argument (for tests).");
+  sp::register_rules(m);
+  sp::register_chain(m);
+  sp::register_tree(m);
+  sp::register_transforms(m);
+}
