@@ -12,13 +12,19 @@
 ///    replacement): the accepted path is committed and one more token is emitted — the residual
 ///    sample at the first rejection, or the bonus from the target row of an accepted leaf;
 /// 3. the next draft is built below the emitted token from the *stale* rows: the rows the
-///    forward pass computed along the rejected continuation (the first-child chain below the
-///    last accepted node), whose context still holds the rejected token. Row R_j of that chain
-///    proposes the j-th token after the emitted one:
+///    forward pass computed along the rejected continuation, whose context still holds a
+///    rejected token — the first-child chain below the last accepted node, then, for the
+///    positions below that chain's depth, the main path (the first-child chain from the root;
+///    this matters when a side candidate was accepted: a side leaf's subtree is empty, yet the
+///    main path holds refined rows for the rest of the window, as in the authors' code). Row
+///    R_j proposes the j-th token after the emitted one:
 ///    - SJD (refinement): a fresh sample from R_j, with q = R_j;
 ///    - AC: the old draft token at that position is kept with probability min(1, R_j/q_old),
 ///      else replaced by a sample of max(R_j - q_old, 0) — its law is R_j (the rejection lemma),
-///      so q = R_j; the position after the old chain's end is a fresh sample from its row;
+///      so q = R_j. q_old is the row the old token was drawn from (its parent's), which is not
+///      R_j's node where the chain below a side node meets the main path; the old tokens used
+///      lie below every token the verifier examined, so their law given what it saw is q_old.
+///      The position after the old draft's end is a fresh sample from its row;
 ///    - PD (after a rejection): the first D positions become a K-ary tree — every node at depth
 ///      d < D gets K children drawn without replacement from R_{d+1} (the first-path child is
 ///      the SJD/AC token, the others exclude the tokens already drawn) — and the first path
@@ -170,11 +176,23 @@ inline token_t sjd_init_child(sjd_draft& draft, index_t parent, sjd_init init, i
 
 namespace detail {
 
+/// Deliberately wrong drafting, for the negative controls of the G-tests only.
+enum class sjd_fault {
+  none,
+  /// AC where the chain below a side node meets the main path takes q_old from the chain's
+  /// last node (whose row the old main-path token was not drawn from).
+  junction_q_of_chain,
+  /// The official code's Proactive Drafting after Adaptive Continuation: the first path's
+  /// extra siblings are drawn (without replacement) from the AC residual max(R - q_old, 0)
+  /// while the next verification is told they came from R.
+  residual_siblings,
+};
+
 /// SJD / SJD-PAC decoding of one request (see file comment), as a task; `m` is its handle.
 template <class Handle, class Verifier>
 decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options options,
                      request_rng rng, Verifier verify, decode_stats& st,
-                     std::vector<token_t>& result) {
+                     std::vector<token_t>& result, sjd_fault fault = sjd_fault::none) {
   if (prompt.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "prompt");
   require_parameter(options.window >= 1, "window", static_cast<double>(options.window),
                     "must be >= 1");
@@ -276,8 +294,23 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
     // --- 3. The next draft below the emitted token, from the stale rows.
     detail::scoped_timer timer(st.draft_seconds);
     const index_t last = out_nodes[sz(k)];
-    stale.clear();  // the first-child chain below `last`: c = n_0, n_1, ..., n_m
+    // stale[j]: the node of the old draft at the position of the (j+1)-th token after `last`
+    // (the first at the emitted token's position). First the first-child chain below `last`
+    // (inside its subtree), then, below that chain's depth, the main path (the first-child
+    // chain from the root): when `last` lies on a side branch, the main path still holds rows
+    // for the positions its subtree does not reach.
+    stale.clear();
     for (index_t c = tree.first_child(last); c >= 0; c = tree.first_child(c)) stale.push_back(c);
+    {
+      const index_t reached = stale.empty() ? tree.depth(last) : tree.depth(stale.back());
+      index_t main = 0;
+      while (main >= 0 && tree.depth(main) <= reached) main = tree.first_child(main);
+      // `main` is the main-path node one deeper than the chain (none when `last` is on the
+      // main path: then the chain is the main path's own continuation).
+      for (; main >= 0; main = tree.first_child(main)) stale.push_back(main);
+    }
+    // Some position after the emitted token has a stale row: the verification rejected a
+    // draft token somewhere (on the main path when `last` is a side node).
     const bool rejected = !stale.empty();
     next.reset(seq.back(), V);
     const auto row_of = [&](index_t node) {
@@ -311,20 +344,34 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
         for (index_t c = 0; c < kids; ++c) {
           token_t x = no_token;
           if (c == 0 && first_path && options.adaptive_continuation && d < stale_rows) {
-            // AC: keep the old draft at this position with min(1, R/q_old), else resample
-            // from max(R - q_old, 0): the kept-or-resampled token has law R.
+            // AC: keep the old draft token at this position with min(1, R/q_old), else
+            // resample from max(R - q_old, 0): the kept-or-resampled token has law R. q_old
+            // is the row the old token was drawn from: its parent's q row (where the chain
+            // below a side node meets the main path, not the chain's last node's row).
+            const index_t old = stale[sz(d)];
+            const index_t old_from =
+                fault == sjd_fault::junction_q_of_chain ? stale[sz(d - 1)] : tree.parent(old);
             x = detail::adaptive_continuation_draw(
-                R, std::span<const float>(draft.q.data() + stale[sz(d - 1)] * V, sz(V)),
-                tree.token(stale[sz(d)]), draw_rng, draw_id{static_cast<std::uint32_t>(d), slot},
+                R, std::span<const float>(draft.q.data() + old_from * V, sz(V)), tree.token(old),
+                draw_rng, draw_id{static_cast<std::uint32_t>(d), slot},
                 draw_id{static_cast<std::uint32_t>(d), slot + 1});
           } else {
             // A draw from R without the tokens already chosen (without replacement).
+            const bool from_residual = fault == sjd_fault::residual_siblings && first_path &&
+                                       options.adaptive_continuation && d < stale_rows;
+            const float* q_old =
+                from_residual ? draft.q.data() + tree.parent(stale[sz(d)]) * V : nullptr;
             auto w = [&](index_t y) {
               for (const token_t t : chosen)
                 if (t == y) return 0.0;
-              return static_cast<double>(R[sz(y)]);
+              const double r = R[sz(y)];
+              return q_old ? std::max(r - static_cast<double>(q_old[y]), 0.0) : r;
             };
-            const double mass = positive_mass(V, w);
+            double mass = positive_mass(V, w);
+            if (q_old && !(mass > 0.0)) {
+              q_old = nullptr;
+              mass = positive_mass(V, w);
+            }
             if (!(mass > 0.0)) break;  // the row has fewer than `kids` tokens
             x = static_cast<token_t>(sample_inverse_cdf(
                 V, w, mass,
