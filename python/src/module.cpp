@@ -251,6 +251,15 @@ bool fill_stream_field(nb::handle h, const char* name, std::uint64_t max, index_
     for (auto& r : rng) set(r, v);
     return true;
   }
+  if (PyList_Check(h.ptr()) != 0 || PyTuple_Check(h.ptr()) != 0) {  // a few Python integers
+    const nb::sequence seq = nb::borrow<nb::sequence>(h);
+    if (static_cast<index_t>(nb::len(seq)) != batch)
+      value_error(std::string("specula: ") + name +
+                  " must have one entry per request (B = " + std::to_string(batch) + ")");
+    index_t b = 0;
+    for (nb::handle item : seq) set(rng[static_cast<std::size_t>(b++)], scalar_of(item, name, max));
+    return false;
+  }
   const array a = import_array(h, name);
   require_contiguous(a, name);
   if (a.ndim() != 1 || static_cast<index_t>(a.shape(0)) != batch)
