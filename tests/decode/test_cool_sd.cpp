@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include <specula/decode/speculative.hpp>
@@ -112,4 +113,19 @@ TEST_CASE("Cool-SD's law test fails for a mismatched schedule", "[decode][stats]
   const auto counts = loop_counts(target, draft, used, 200'000, 99, nullptr);
   const auto wrong = testing::speculative_loop_law(target, draft, draft_length, claimed);
   CHECK(testing::g_test(counts, wrong).p_value < 1e-6);
+}
+
+TEST_CASE("the loop refuses bad relaxation parameters before it emits anything",
+          "[decode][bad_input]") {
+  const toy_ar_model target(3, 4, 31);
+  const toy_ar_model draft = toy_ar_model::perturbed(target, 0.6, 32);
+  for (const double omega : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(),
+                             std::numeric_limits<double>::infinity()}) {
+    INFO("omega " << omega);
+    scheduled_relaxed_rule rule;
+    rule.schedule.kind = schedule_kind::uniform;
+    rule.schedule.delta = omega;
+    CHECK_THROWS_WITH(loop_counts(target, draft, rule, 1, 5, nullptr),
+                      Catch::Contains("schedule.delta"));
+  }
 }

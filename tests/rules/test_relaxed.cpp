@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "specula/testing/relaxation_analysis.hpp"
 #include "specula/testing/toy_models.hpp"
 #include "specula/tree/builders.hpp"
+#include "specula/verify/candidates.hpp"
 #include "specula/verify/chain.hpp"
 #include "specula/verify/tree.hpp"
 
@@ -346,4 +348,101 @@ TEST_CASE("relaxed rules in trees use ω by depth, and checked calls validate ru
           chain_batch_output{{out.data(), 2}, {n.data(), 1}, {}, {}}, {},
           lantern_rule::make_relative(small, 1.0)),
       Catch::Contains("rule.table"));
+}
+
+TEST_CASE("checked calls refuse bad relaxation parameters, naming the field",
+          "[relaxed][bad_input]") {
+  const index_t V = 4;
+  const std::vector<float> p = {0.4f, 0.3f, 0.2f, 0.1f, 0.25f, 0.25f, 0.25f, 0.25f};
+  const std::vector<float> q = {0.1f, 0.2f, 0.3f, 0.4f, 0.1f, 0.2f, 0.3f, 0.4f};  // 2 tree rows
+  const std::vector<index_t> off = {0, 1};
+  const std::vector<token_t> d = {2};
+  const std::vector<request_rng> rng = {{1, 0, 0}};
+  std::vector<token_t> out(2);
+  std::vector<std::int32_t> n(1);
+  const auto chain = [&](const auto& rule) {
+    verify_chain(host::seq,
+                 chain_batch_input<float>{V, off, d, {q.data(), 1, V}, {p.data(), 2, V}, rng},
+                 chain_batch_output{out, n, {}, {}}, {}, rule);
+  };
+  token_tree tree = trees::chain(1);
+  tree.set_token(1, 2);
+  const auto tree_call = [&](const auto& rule) {
+    verify_tree(host::seq,
+                tree_batch_input<float>{V, {&tree, 1}, {p.data(), 2, V}, {q.data(), 2, V}, rng},
+                tree_batch_output{out, n, {}, {}}, tree_options{}, rule);
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+
+  // ω of the scalar rule: NaN, negative, zero and +inf would silently reject or accept everything.
+  for (const double omega : {nan, -1.0, 0.0, inf}) {
+    INFO("omega " << omega);
+    CHECK_THROWS_WITH(chain(relaxed_rule{omega}), Catch::Contains("rule.omega"));
+    CHECK_THROWS_WITH(tree_call(relaxed_rule{omega}), Catch::Contains("rule.omega"));
+    const std::vector<relaxed_rule> rules = {relaxed_rule{omega}};
+    CHECK_THROWS_WITH(chain(per_request<relaxed_rule>{rules}), Catch::Contains("rule.omega"));
+    const std::vector<token_t> cand = {2};
+    std::vector<double> ws(static_cast<std::size_t>(candidates_workspace_size(1)));
+    CHECK_THROWS_WITH(
+        verify_candidates_checked(relaxed_rule{omega}, rng[0], row_view<const float>(p.data(), V),
+                                  without_replacement<float>{{q.data(), V}},
+                                  row_view<const token_t>(cand.data(), 1),
+                                  row_view<double>(ws.data(), static_cast<index_t>(ws.size())), 0),
+        Catch::Contains("rule.omega"));
+  }
+  CHECK_THROWS_WITH(chain(relaxed_rule{2.0, resampling::lantern}),
+                    Catch::Contains("rule.resample"));
+
+  // Schedules assembled field by field (the make_* functions refuse these arguments too).
+  const auto scheduled = [](relaxation_schedule s) {
+    return scheduled_relaxed_rule{s, resampling::optimal};
+  };
+  relaxation_schedule s;
+  s.kind = schedule_kind::uniform;
+  s.delta = nan;
+  CHECK_THROWS_WITH(chain(scheduled(s)), Catch::Contains("schedule.delta"));
+  CHECK_THROWS_WITH(tree_call(scheduled(s)), Catch::Contains("schedule.delta"));
+  s = relaxation_schedule::make_exponential(2.0, 0.7, 4);
+  s.mu = inf;
+  CHECK_THROWS_WITH(chain(scheduled(s)), Catch::Contains("schedule.mu"));
+  s = relaxation_schedule::make_exponential(2.0, 0.7, 4);
+  s.nu = -0.5;
+  CHECK_THROWS_WITH(chain(scheduled(s)), Catch::Contains("schedule.nu"));
+  s = relaxation_schedule::make_linear(2.0, 8.0, 4);
+  s.ell = 1.0;
+  CHECK_THROWS_WITH(chain(scheduled(s)), Catch::Contains("schedule.ell"));
+  s = relaxation_schedule::make_linear(2.0, 8.0, 4);
+  s.linear_scale = 0.0;
+  CHECK_THROWS_WITH(chain(scheduled(s)), Catch::Contains("schedule.linear_scale"));
+  s = relaxation_schedule{};
+  s.kind = schedule_kind::custom;
+  s.count = 2;
+  CHECK_THROWS_WITH(chain(scheduled(s)), Catch::Contains("schedule.values"));
+  const std::vector<double> values = {1.5, -1.0};
+  s.values = values.data();
+  CHECK_THROWS_WITH(chain(scheduled(s)), Catch::Contains("schedule.values"));
+  CHECK_THROWS_WITH(
+      chain(scheduled_relaxed_rule{relaxation_schedule::make_uniform(2.0), resampling::lantern}),
+      Catch::Contains("rule.resample"));
+  // The make_* functions refuse the same values.
+  CHECK_THROWS_WITH(relaxation_schedule::make_uniform(0.0), Catch::Contains("delta"));
+  CHECK_THROWS_WITH(relaxation_schedule::make_exponential(2.0, nan, 4), Catch::Contains("nu"));
+  CHECK_THROWS_WITH(relaxation_schedule::make_exponential(2.0, 0.7, 0), Catch::Contains("length"));
+  CHECK_THROWS_WITH(relaxation_schedule::make_linear(2.0, 1.5, 4), Catch::Contains("ell"));
+  CHECK_THROWS_WITH(relaxation_schedule::make_custom(values.data(), 2), Catch::Contains("values"));
+
+  // Typical acceptance and LANTERN built field by field.
+  CHECK_THROWS_WITH(chain(typical_rule{2.0, 0.3}), Catch::Contains("epsilon"));
+  CHECK_THROWS_WITH(chain(typical_rule{0.09, nan}), Catch::Contains("alpha"));
+  const std::vector<float> pos = {0.0f, 1.0f, 2.0f, 3.0f};
+  const auto table = line_table(pos, 1);
+  auto lantern = lantern_rule::make_relative(table, 1.0);
+  lantern.limit_param = nan;
+  CHECK_THROWS_WITH(chain(lantern), Catch::Contains("rule.limit_param"));
+
+  // Valid parameters pass (the checks above fail for the named reason only).
+  CHECK_NOTHROW(chain(relaxed_rule{2.0}));
+  CHECK_NOTHROW(chain(scheduled(relaxation_schedule::make_linear(2.0, 8.0, 4))));
+  CHECK_NOTHROW(chain(scheduled(relaxation_schedule::make_custom(values.data(), 1))));
 }

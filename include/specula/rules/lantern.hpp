@@ -243,8 +243,11 @@ struct lantern_rule {
     return {table.view(), lantern_limit::absolute, delta, r};
   }
 
-  /// Checked entry points call this: the table must cover the vocabulary.
+  /// Checked entry points call this: the limit must be finite and >= 0, the resampling one of
+  /// G*, G_van or LANTERN++'s, and the table must cover the vocabulary.
   void validate(index_t vocab) const {
+    require_parameter(detail::is_finite(limit_param) && limit_param >= 0.0, "rule.limit_param",
+                      limit_param, "must be finite and >= 0");
     if (table.ids == nullptr || table.vocab != vocab)
       throw_if_failed(
           {status::length_mismatch, -1, -1, static_cast<double>(table.vocab)}, "rule.table",

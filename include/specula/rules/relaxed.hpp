@@ -51,6 +51,15 @@ struct relaxed_rule {
     const double d = p - (wp < q ? wp : q);
     return d > 0.0 ? d : 0.0;
   }
+
+  /// Checked entry points call this: ω must be finite and > 0 (ω <= 0 or NaN would reject every
+  /// draft, +inf accept every one), and the resampling G* or G_van.
+  void validate(index_t /*vocab*/ = 0) const {
+    require_parameter(detail::is_finite(omega) && omega > 0.0, "rule.omega", omega,
+                      "must be finite and > 0");
+    require_parameter(resample != resampling::lantern, "rule.resample",
+                      static_cast<double>(resample), "a relaxed rule resamples from G* or G_van");
+  }
 };
 
 static_assert(acceptance_rule<relaxed_rule>);
@@ -153,6 +162,44 @@ struct relaxation_schedule {
     r.count = count;
     return r;
   }
+
+  /// Checks a schedule however it was built (the make_* functions check their arguments; a
+  /// schedule assembled field by field is checked here): the parameters its kind reads, and that
+  /// every ω it can produce is finite and > 0. Throws invalid_input naming the field.
+  void validate() const {
+    const auto positive = [](double v, const char* name) {
+      require_parameter(detail::is_finite(v) && v > 0.0, name, v, "must be finite and > 0");
+    };
+    switch (kind) {
+      case schedule_kind::uniform:
+        positive(delta, "schedule.delta");
+        return;
+      case schedule_kind::exponential:
+        positive(delta, "schedule.delta");
+        require_parameter(detail::is_finite(nu) && nu >= 0.0, "schedule.nu", nu,
+                          "must be finite and >= 0");
+        require_parameter(detail::is_finite(mu), "schedule.mu", mu,
+                          "must be finite (build the schedule with make_exponential)");
+        return;
+      case schedule_kind::linear:
+        positive(delta, "schedule.delta");
+        require_parameter(detail::is_finite(ell) && ell >= 2.0, "schedule.ell", ell,
+                          "must be finite and >= 2");
+        positive(linear_scale, "schedule.linear_scale");
+        return;
+      case schedule_kind::custom:
+        require_parameter(count >= 0, "schedule.count", static_cast<double>(count), "must be >= 0");
+        require_parameter(count == 0 || values != nullptr, "schedule.values", 0.0,
+                          "must not be null");
+        for (index_t i = 0; i < count; ++i)
+          if (!(detail::is_finite(values[i]) && values[i] > 0.0))
+            throw_if_failed({status::invalid_parameter, i, -1, values[i]}, "schedule.values",
+                            "each ω must be finite and > 0");
+        return;
+    }
+    throw_if_failed({status::invalid_parameter, -1, -1, static_cast<double>(kind)}, "schedule.kind",
+                    "unknown schedule kind");
+  }
 };
 
 /// The ω-relaxed rule with ω taken from a schedule by draft position (depth + 1).
@@ -170,6 +217,13 @@ struct scheduled_relaxed_rule {
   }
   [[nodiscard]] SPECULA_HOST_DEVICE double residual_weight(double p, double q) const noexcept {
     return at(0).residual_weight(p, q);
+  }
+
+  /// Checked entry points call this (see relaxation_schedule::validate).
+  void validate(index_t /*vocab*/ = 0) const {
+    schedule.validate();
+    require_parameter(resample != resampling::lantern, "rule.resample",
+                      static_cast<double>(resample), "a relaxed rule resamples from G* or G_van");
   }
 };
 

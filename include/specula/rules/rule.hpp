@@ -23,6 +23,7 @@
 #include "specula/core/config.hpp"
 #include "specula/core/row.hpp"
 #include "specula/core/types.hpp"
+#include "specula/core/validate.hpp"
 
 namespace specula {
 
@@ -117,6 +118,19 @@ template <class R>
 struct is_per_request<per_request<R>> : std::true_type {
   using rule_type = R;
 };
+
+/// Checked entry points call this: a rule with parameters (ω, schedules, neighbour tables tied
+/// to the vocabulary) checks them with its `validate(vocab)`; a per_request rule argument must
+/// hold one rule per request, each checked. Throws invalid_input naming the field.
+template <class Rule>
+void validate_rule(const Rule& rule, index_t vocab, index_t batch) {
+  if constexpr (is_per_request<Rule>::value) {
+    require_size(rule.rules.size, batch, "rule", "per_request needs one rule per request");
+    for (index_t b = 0; b < batch; ++b) validate_rule(rule.rules[b], vocab, batch);
+  } else if constexpr (requires { rule.validate(vocab); }) {
+    rule.validate(vocab);
+  }
+}
 
 /// The rule of request b.
 template <class R>

@@ -52,6 +52,10 @@ struct typical_rule {
     return {epsilon, alpha, r};
   }
 
+  /// Checked entry points call this: the parameters make() checks, for a rule built field by
+  /// field.
+  void validate(index_t /*vocab*/ = 0) const { (void)make(epsilon, alpha, resample); }
+
   /// Entropy of a probability row (natural log; 0·log 0 = 0).
   template <class T>
   [[nodiscard]] SPECULA_HOST_DEVICE static double entropy(row_view<const T> p) noexcept {

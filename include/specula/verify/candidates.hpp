@@ -396,6 +396,7 @@ candidates_result verify_candidates_checked(const Rule& rule, const request_rng&
   if (vocab <= 0 || p.data == nullptr)
     throw_if_failed({status::empty_input, -1, -1, static_cast<double>(vocab)}, "p",
                     "needs a non-empty row");
+  detail::validate_rule(rule, vocab, 1);
   constexpr bool has_row = !std::is_same_v<Proposal, one_hot_candidates>;
   row_view<const T> q{};
   if constexpr (has_row) {

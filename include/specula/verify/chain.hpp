@@ -237,18 +237,6 @@ inline void validate_options(const chain_options& o) {
                     "must be >= 0");
 }
 
-/// Rules with parameters tied to the vocabulary (neighbour tables) check them here; a
-/// per_request rule argument must hold one rule per request.
-template <class Rule>
-void validate_rule(const Rule& rule, index_t vocab, index_t batch) {
-  if constexpr (is_per_request<Rule>::value) {
-    require_size(rule.rules.size, batch, "rule", "per_request needs one rule per request");
-    for (index_t b = 0; b < batch; ++b) validate_rule(rule.rules[b], vocab, batch);
-  } else if constexpr (requires { rule.validate(vocab); }) {
-    rule.validate(vocab);
-  }
-}
-
 /// B of the flattened layout: draft_offsets holds B + 1 entries; an empty draft_offsets is an
 /// empty batch too.
 SPECULA_HOST_DEVICE constexpr index_t flattened_batch(index_view offsets) noexcept {
