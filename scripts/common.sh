@@ -6,8 +6,10 @@ set -euo pipefail
 SPECULA_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export SPECULA_ROOT
 
-# Debian packages needed to configure, build and test specula.
-SPECULA_DEPS=(cmake g++ make catch2 libboost-math-dev libbenchmark-dev nlohmann-json3-dev libpng-dev)
+# Debian packages needed to configure, build and test specula (python3-dev and python3-venv:
+# the Python package's build and its test environment, see ensure_python_package).
+SPECULA_DEPS=(cmake g++ make catch2 libboost-math-dev libbenchmark-dev nlohmann-json3-dev libpng-dev
+              python3-dev python3-venv)
 
 JOBS="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
 export JOBS
@@ -95,6 +97,63 @@ ensure_conan() {
   fi
   export PATH="$venv/bin:$PATH"
   log "$("$venv/bin/conan" --version)"
+}
+
+# ensure_python_package <dir>: build the Python package (python/) for the python.pytest test
+# (tests/python/run_pytest.cmake) into a virtual environment <dir>/venv:
+#   - the interpreter is $SPECULA_PYTHON, else Debian's /usr/bin/python3 (whose python3-dev and
+#     python3-venv ensure_deps installs; --system-site-packages lets the tests see Debian's
+#     python3-numpy and python3-torch where installed), else python3 on PATH;
+#   - the build dependencies (scikit-build-core, nanobind) and the test dependencies (pytest,
+#     numpy) are pip-installed from PyPI into <dir>/venv once;
+#   - the package is then built (CMake build folder <dir>/build, kept between runs) and
+#     installed into the environment, its log in <dir>/build.log.
+# Never fails the caller. Without PyPI access (or python3 -m venv, or with SPECULA_NO_PYTHON=1)
+# the reason goes to <dir>/skipped and python.pytest is reported as skipped; a failed build of
+# the package leaves it uninstalled, so python.pytest fails.
+_python_skip() {
+  log "$1: python.pytest will be skipped"
+  printf '%s\n' "$1" >"$2/skipped"
+}
+
+ensure_python_package() {
+  local dir="$1" venv="$1/venv" py="${SPECULA_PYTHON:-}"
+  mkdir -p "$dir"
+  rm -f "$dir/skipped"
+  if [[ "${SPECULA_NO_PYTHON:-0}" == 1 ]]; then
+    rm -rf "$venv"
+    _python_skip "SPECULA_NO_PYTHON=1" "$dir"
+    return 0
+  fi
+  if [[ -z "$py" ]]; then
+    if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3; else py="$(command -v python3 || true)"; fi
+  fi
+  if [[ -z "$py" ]]; then
+    _python_skip "python3 not found" "$dir"
+    return 0
+  fi
+  if ! "$venv/bin/python" -c 'import nanobind, scikit_build_core, pytest, numpy' >/dev/null 2>&1; then
+    log "making $venv ($py; build and test dependencies from PyPI; SPECULA_NO_PYTHON=1 to skip)"
+    rm -rf "$venv"
+    if ! "$py" -m venv --system-site-packages "$venv" >/dev/null 2>&1; then
+      rm -rf "$venv"
+      _python_skip "$py -m venv failed (Debian: apt-get install python3-venv)" "$dir"
+      return 0
+    fi
+    if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --timeout 30 \
+           --retries 1 'scikit-build-core>=0.10' 'nanobind>=2.2' pytest numpy >"$dir/pip.log" 2>&1; then
+      rm -rf "$venv"
+      _python_skip "pip could not install scikit-build-core, nanobind, pytest and numpy from PyPI (no access?); see $dir/pip.log" "$dir"
+      return 0
+    fi
+  fi
+  log "building the Python package (python/) into $venv"
+  if ! CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" "$venv/bin/python" -m pip install --no-build-isolation \
+         --no-deps --disable-pip-version-check --config-settings=build-dir="$dir/build" \
+         "$SPECULA_ROOT/python" >"$dir/build.log" 2>&1; then
+    log "building the Python package failed (see $dir/build.log): python.pytest will fail"
+    "$venv/bin/python" -m pip uninstall --yes --quiet specula >/dev/null 2>&1 || true
+  fi
 }
 
 # now_s: wall-clock seconds with sub-second precision.
