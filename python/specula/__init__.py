@@ -31,6 +31,8 @@ from ._specula import (  # noqa: F401  (re-exported)
     typical_rule,
     uniform_schedule,
 )
+import sys
+
 from . import _specula as _ext
 
 __all__ = [
@@ -52,20 +54,25 @@ _DEFAULT_SUM_TOLERANCE = 1e-3
 _DEFAULT_RESIDUAL_FLOOR = 1e-6
 
 
+try:
+    import numpy as _np
+except ImportError:  # NumPy is optional for torch users
+    _np = None
+
+
 def _is_torch(x):
-    return type(x).__module__.partition(".")[0] == "torch"
+    return type(x).__module__[:5] == "torch"
 
 
 def _new(like, shape, dtype, fill=None):
     """A new CPU array of `shape` and `dtype` (a NumPy dtype name) of the framework of `like`."""
     if _is_torch(like):
-        import torch
-
+        torch = sys.modules["torch"]
         t = getattr(torch, dtype)
         return torch.empty(shape, dtype=t) if fill is None else torch.full(shape, fill, dtype=t)
-    import numpy as np
-
-    return np.empty(shape, dtype=dtype) if fill is None else np.full(shape, fill, dtype=dtype)
+    if _np is None:
+        raise TypeError("specula: outputs for non-torch inputs are NumPy arrays: install numpy")
+    return _np.empty(shape, dtype) if fill is None else _np.full(shape, fill, dtype)
 
 
 def _max_drafts(cu, batch):
@@ -137,7 +144,7 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
         maybe_output_emitted_draft_token_num += n
         emitted_num = maybe_output_emitted_draft_token_num
     else:
-        emitted_num = n.copy() if not _is_torch(n) else n.clone()
+        emitted_num = n.clone() if _is_torch(n) else n.copy()
     return output_token_ids, accepted_num, emitted_num
 
 

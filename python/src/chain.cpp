@@ -2,6 +2,7 @@
 // layout (vLLM's rejection sampler), greedy chains, and K candidates at one position.
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -66,27 +67,39 @@ void record_chain_pointers(const Input& in, const Output& out) {
   record_pointer("num_accepted", out.num_accepted.data);
 }
 
-/// verify_chain with the rule of `rule_arg` under the policy of `threads`, without the GIL.
+/// verify_chain with the rule of `rule_arg` under the policy of `threads`, without the GIL,
+/// `repeats` times (more than once only for the benchmark, bench/python); returns the mean
+/// nanoseconds per call.
 template <class Input, class Output>
-void run_verify_chain(nb::handle rule_arg, int threads, const Input& in, const Output& out,
-                      const chain_options& options) {
+double run_verify_chain(nb::handle rule_arg, int threads, const Input& in, const Output& out,
+                        const chain_options& options, int repeats = 1) {
   record_chain_pointers(in, out);
+  double ns = 0.0;
   std::visit(
       [&](const auto& rule) {
         nb::gil_scoped_release release;
-        with_policy(threads,
-                    [&](const auto& policy) { verify_chain(policy, in, out, options, rule); });
+        with_policy(threads, [&](const auto& policy) {
+          const auto start = std::chrono::steady_clock::now();
+          for (int i = 0; i < repeats; ++i) verify_chain(policy, in, out, options, rule);
+          ns = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::steady_clock::now() - start)
+                                       .count()) /
+               repeats;
+        });
       },
       rule_of(rule_arg).rule);
+  return ns;
 }
 
-void chain_padded(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
-                  nb::handle target_probs_arg, nb::handle draft_lengths_arg, nb::handle seeds,
-                  nb::handle request_ids, nb::handle steps, nb::handle output_token_ids_arg,
-                  nb::handle num_accepted_arg, nb::handle accepted_arg, nb::handle flags_arg,
-                  nb::handle rule_arg, double sum_tolerance, double residual_floor,
-                  const std::string& check, int threads) {
+double chain_padded_repeated(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
+                             nb::handle target_probs_arg, nb::handle draft_lengths_arg,
+                             nb::handle seeds, nb::handle request_ids, nb::handle steps,
+                             nb::handle output_token_ids_arg, nb::handle num_accepted_arg,
+                             nb::handle accepted_arg, nb::handle flags_arg, nb::handle rule_arg,
+                             double sum_tolerance, double residual_floor, const std::string& check,
+                             int threads, int repeats) {
   clear_pointers();
+  if (repeats < 1) value_error("specula: repeats must be >= 1");
   const array target = import_array(target_probs_arg, "target_probs");
   const array tokens = import_array(draft_token_ids_arg, "draft_token_ids");
   const array draft = import_optional(draft_probs_arg, "draft_probs");
@@ -107,7 +120,7 @@ void chain_padded(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
   const auto out =
       outputs.view<padded_chain_output>(int32_output(outputs.tokens, "output_token_ids"));
   const chain_options options = chain_options_of(sum_tolerance, residual_floor, check);
-  with_prob_type(target, "target_probs", [&](auto element) {
+  return with_prob_type(target, "target_probs", [&](auto element) {
     using T = decltype(element);
     const padded_chain_input<T> in{vocab,
                                    batch,
@@ -117,8 +130,20 @@ void chain_padded(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
                                    optional_rows<T>(draft, "draft_probs", target),
                                    rows_view<T>(target, "target_probs"),
                                    rng};
-    run_verify_chain(rule_arg, threads, in, out, options);
+    return run_verify_chain(rule_arg, threads, in, out, options, repeats);
   });
+}
+
+void chain_padded(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
+                  nb::handle target_probs_arg, nb::handle draft_lengths_arg, nb::handle seeds,
+                  nb::handle request_ids, nb::handle steps, nb::handle output_token_ids_arg,
+                  nb::handle num_accepted_arg, nb::handle accepted_arg, nb::handle flags_arg,
+                  nb::handle rule_arg, double sum_tolerance, double residual_floor,
+                  const std::string& check, int threads) {
+  chain_padded_repeated(draft_probs_arg, draft_token_ids_arg, target_probs_arg, draft_lengths_arg,
+                        seeds, request_ids, steps, output_token_ids_arg, num_accepted_arg,
+                        accepted_arg, flags_arg, rule_arg, sum_tolerance, residual_floor, check,
+                        threads, 1);
 }
 
 /// B of a flattened call and draft_offsets with a leading 0 (vLLM's cu_num_draft_tokens has
@@ -329,6 +354,14 @@ void register_chain(nb::module_& m) {
         nb::arg("num_accepted"), nb::arg("accepted").none(), nb::arg("flags").none(),
         nb::arg("rule").none(), nb::arg("sum_tolerance"), nb::arg("residual_floor"),
         nb::arg("check"), nb::arg("threads"));
+  m.def("_chain_padded_timed", &chain_padded_repeated, nb::arg("draft_probs").none(),
+        nb::arg("draft_token_ids"), nb::arg("target_probs"), nb::arg("draft_lengths").none(),
+        nb::arg("seeds"), nb::arg("request_ids"), nb::arg("steps"), nb::arg("output_token_ids"),
+        nb::arg("num_accepted"), nb::arg("accepted").none(), nb::arg("flags").none(),
+        nb::arg("rule").none(), nb::arg("sum_tolerance"), nb::arg("residual_floor"),
+        nb::arg("check"), nb::arg("threads"), nb::arg("repeats"),
+        "The C++ call alone, `repeats` times on the same arguments: mean ns per call "
+        "(bench/python).");
   m.def("_chain_flat", &chain_flat, nb::arg("draft_probs").none(), nb::arg("draft_token_ids"),
         nb::arg("cu_num_draft_tokens"), nb::arg("target_probs"), nb::arg("seeds"),
         nb::arg("request_ids"), nb::arg("steps"), nb::arg("output_token_ids"),
