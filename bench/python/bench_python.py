@@ -15,8 +15,10 @@ alternate, in this order:
   vllm_v0/torch  vLLM v0's batched rejection sampler formulation in torch
                  (_batch_modified_rejection_sampling + bonus multinomial + _create_output)
 
-and each reports the minimum over rounds of its mean time per call. Overheads are the Python
-rows minus `cpp`. Run niced on a shared machine:
+and each reports the minimum over rounds of its mean CPU time per call (the calling thread's,
+which runs all of the work: torch.set_num_threads(1), specula's threads=1), so that time
+slices given to other jobs on a shared machine are not counted. Overheads are the Python rows
+minus `cpp`. Run niced on a shared machine:
 
   nice -n 19 python bench/python/bench_python.py [--quick]
 
@@ -108,10 +110,13 @@ def vllm_v0_rejection_sample(target_with_bonus, draft_probs, draft_ids):
 
 
 def mean_ns(fn, inner):
-    start = time.perf_counter_ns()
+    # CPU time of this thread (every row runs on the calling thread: one thread for torch,
+    # threads=1 for specula), so that time slices taken by other jobs on a shared machine are
+    # not counted.
+    start = time.thread_time_ns()
     for _ in range(inner):
         fn()
-    return (time.perf_counter_ns() - start) / inner
+    return (time.thread_time_ns() - start) / inner
 
 
 def run_case(batch, length, vocab, rounds, inner, torch_rows=True):
@@ -146,7 +151,9 @@ def run_case(batch, length, vocab, rounds, inner, torch_rows=True):
     for _ in range(rounds):
         for name, fn in rows.items():
             if name == "cpp":
-                t = ext._chain_padded_timed(*cpp_args(q, drafts, p, out, n, seeds), inner)
+                start = time.thread_time_ns()
+                ext._chain_padded_timed(*cpp_args(q, drafts, p, out, n, seeds), inner)
+                t = (time.thread_time_ns() - start) / inner
             else:
                 fn()  # warm
                 k = inner if not name.startswith(("hf", "vllm")) else max(1, inner // 20)
