@@ -334,8 +334,9 @@ int register_all() {
         for (scenario sc : {scenario::accept_all, scenario::reject_mid})
           for (bool checked : {false, true})
             for (policy_kind pk : policies) {
-              if (pk != policy_kind::seq && b == 1) continue;       // nothing to split
-              if (checked && sc == scenario::reject_mid) continue;  // validation dominates
+              if (pk != policy_kind::seq && b == 1) continue;  // nothing to split
+              // Checked residual cases: on the calling thread only.
+              if (checked && sc == scenario::reject_mid && pk != policy_kind::seq) continue;
               // B = 64: the scaling cases, unchecked, short and medium chains, V <= 32000.
               if (b == 64 && (checked || v > 32000 || l > 8 || l == 4)) continue;
               const case_spec c{v, l, b, sc, checked, pk};

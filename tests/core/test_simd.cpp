@@ -4,6 +4,7 @@
 // lengths that are not multiples of the vector and tile sizes and with NaN, -0, negative,
 // subnormal and infinite entries.
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -169,7 +170,11 @@ TEST_CASE("SIMD validation pass and argmax equal the scalar loops", "[core][simd
       if (n > 10)
         row[static_cast<std::size_t>(n / 3)] = row[static_cast<std::size_t>(n - 2)] = 7.0f;
       double low_ref = 0.0;
-      const double sum_ref = detail::row_sum_and_min_scalar(row.data(), n, low_ref);
+      const double sum_ref = [&] {
+        isa_guard guard;
+        simd::force_isa(simd::isa::scalar);
+        return detail::row_sum_and_min(row.data(), n, low_ref);
+      }();
       const index_t arg_ref = detail::argmax_f32_scalar(row.data(), n);
       for (simd::isa path : testable_isas()) {
         isa_guard guard;
@@ -209,4 +214,69 @@ TEST_CASE("SIMD validation pass and argmax equal the scalar loops", "[core][simd
   CHECK(detail::argmax_f32_scalar(rows[0].data(), 19) == -1);
   CHECK(detail::argmax_f32_scalar(rows[1].data(), 4) == 1);
   CHECK(detail::argmax_f32_scalar(rows[3].data(), 9) == 0);
+}
+
+TEST_CASE("checked passes sum the weights and validate the rows they read in one pass",
+          "[core][simd]") {
+  // For every form the fused kernels take (a row, the residual max(p - q, 0), the one-hot
+  // residual with a skip index): the weight sums are those of the unchecked pass whenever the
+  // rows hold no NaN, and the scan holds each row's check_probability_row sum (row_sum_and_min)
+  // and the minimum of both rows, bit for bit on every instruction set.
+  for (index_t n : lengths)
+    for (bool special : {false, true}) {
+      const auto p = make_row(n, 6, special);
+      const auto q = make_row(n, 7, special && n > 300);  // also: bad p with clean q
+      const bool has_nan = special;
+      auto scanned = [&](const auto& w, detail::dense_scan& scan, weight_summary& s) {
+        detail::summarize_weights_scanning(n, w, s, &scan);
+      };
+      auto reference = [&](const float* row, double& low) {
+        isa_guard guard;
+        simd::force_isa(simd::isa::scalar);
+        return detail::row_sum_and_min(row, n, low);
+      };
+      double p_low = 0.0, q_low = 0.0;
+      const double p_sum = reference(p.data(), p_low);
+      const double q_sum = reference(q.data(), q_low);
+      using bound = detail::scalar_bound_rule<exact_rule>;
+      const bound rule{};
+      const row_view<const float> pr(p), qr(q);
+      const detail::row_weights<float> row{pr};
+      const dense_proposal<float> dense{qr};
+      const detail::chain_residual<bound, row_view<const float>, dense_proposal<float>> residual{
+          rule, pr, dense};
+      const one_hot_proposal one_hot{static_cast<token_t>(n / 2)};
+      const detail::chain_residual<bound, row_view<const float>, one_hot_proposal> skipping{
+          rule, pr, one_hot};
+      detail::dense_scan ref_scan[3];
+      for (simd::isa path : testable_isas()) {
+        isa_guard guard;
+        simd::force_isa(path);
+        INFO("isa " << simd::name(path) << ", n = " << n << ", special = " << special);
+        int form = 0;
+        auto check_form = [&](const auto& w, bool with_q, bool weights_equal) {
+          weight_summary s, s_ref;
+          detail::dense_scan scan;
+          scanned(w, scan, s);
+          summarize_weights(n, w, s_ref);
+          if (weights_equal) {
+            CHECK(same_bits(s.total, s_ref.total));
+            REQUIRE(s.recorded == s_ref.recorded);
+            for (index_t k = 0; k < s.recorded; ++k)
+              CHECK(same_bits(s.tile_sum[k], s_ref.tile_sum[k]));
+          }
+          CHECK(same_bits(scan.p_sum, p_sum));
+          if (with_q) CHECK(same_bits(scan.q_sum, q_sum));
+          // The minimum of both rows; a NaN in q may hide a negative p (q's sum is then NaN).
+          const double low = with_q ? std::min(p_low, q_low) : p_low;
+          if (!with_q || !std::isnan(q_sum)) CHECK(same_bits(static_cast<double>(scan.low), low));
+          if (path == simd::isa::scalar) ref_scan[form] = scan;
+          CHECK(same_bits(static_cast<double>(scan.low), static_cast<double>(ref_scan[form].low)));
+          ++form;
+        };
+        check_form(row, false, !has_nan);
+        check_form(residual, true, true);
+        check_form(skipping, false, !has_nan);
+      }
+    }
 }

@@ -139,10 +139,81 @@ inline isa force_isa(isa requested) noexcept {
 
 namespace specula::detail {
 
+/// Elements per tile of the fixed-order summations: the row passes' weight sums (positive_mass
+/// in sample/categorical.hpp) and the entry sum of check_probability_row (core/validate.hpp).
+inline constexpr index_t sum_tile = 256;
+
 /// Combines eight lane sums in the fixed pairwise order of the row passes.
-[[nodiscard]] constexpr double combine_lanes(const double* lane) noexcept {
+SPECULA_HOST_DEVICE constexpr double combine_lanes(const double* lane) noexcept {
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
+
+/// What a probability row's entry v adds to the row's sum in check_probability_row: v, or 0
+/// when v < 0. A row with a negative entry fails on its minimum whatever its sum, so the sum of
+/// every row that can pass is the plain sum; NaN is kept, so that it reaches the sum. Without a
+/// proposal row the weight max(p, 0) of a valid row is this very value, so a checked pass sums
+/// the weights and the row's entries in one (see tile_lanes).
+SPECULA_HOST_DEVICE constexpr double checked_entry(double v) noexcept { return 0.0 > v ? 0.0 : v; }
+
+/// What a checked tile kernel reports besides its weight sums (check_level::reads): the entry
+/// sums (checked_entry, same lanes as the weights) of p and of q over each tile it summed, and
+/// the running minimum of the entries of both rows (NaN ignored; starts at 0).
+struct tile_checks {
+  static constexpr int max_tiles = 4;  ///< tiles one kernel call sums
+  double p_sum[max_tiles] = {};
+  double q_sum[max_tiles] = {};
+  float low = 0.0f;
+};
+
+/// What a checked pass learned about the rows of a dense form: the entry sums of p and q, each
+/// the tiles' entry sums added left to right (the row sum of check_probability_row, bit for
+/// bit), and the smallest entry of either row. Both rows pass check_probability_row when
+/// `low >= 0` and both sums are finite and within the tolerance; a NaN in q can hide a
+/// negative entry of p from `low`, but not from q's sum.
+struct dense_scan {
+  double p_sum = 0.0;
+  double q_sum = 0.0;
+  float low = 0.0f;
+};
+
+/// The eight lanes of one tile (lane k takes elements k, k + 8, ... of the tile): the weights
+/// max(p - q, 0) (max(p, 0) without q) and, when Check, the entry sums of p and q and the
+/// minimum. Every path adds the tile's tail (after its last full group of 8) here and combines
+/// the lanes here; the SIMD kernels store their vector lanes into w, p and q first.
+template <bool HasQ, bool Check>
+struct tile_lanes {
+  double w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  double p[Check && HasQ ? 8 : 1] = {};
+  double q[Check && HasQ ? 8 : 1] = {};
+
+  void add(int k, float pf, float qf, tile_checks* c) noexcept {
+    double d = static_cast<double>(pf);
+    if constexpr (HasQ) d -= static_cast<double>(qf);
+    if constexpr (Check && !HasQ)
+      w[k] += checked_entry(d);  // equals max(d, 0) but keeps NaN: the weight sum is p's sum
+    else
+      w[k] += d > 0.0 ? d : 0.0;
+    if constexpr (Check) {
+      // One minimum for both rows, of min(p, q) as the vector min instruction takes it (q when
+      // either is NaN): a NaN in q can hide a negative p here, never from q's sum (dense_scan).
+      const float m = HasQ ? (pf < qf ? pf : qf) : pf;
+      c->low = m < c->low ? m : c->low;
+      if constexpr (HasQ) {
+        p[k] += checked_entry(static_cast<double>(pf));
+        q[k] += checked_entry(static_cast<double>(qf));
+      }
+    }
+  }
+  /// The tile's weight sum; when Check, its entry sums go to slot `g` of `c`.
+  double finish(tile_checks* c, int g) const noexcept {
+    const double sum = combine_lanes(w);
+    if constexpr (Check) {
+      c->p_sum[g] = HasQ ? combine_lanes(p) : sum;
+      if constexpr (HasQ) c->q_sum[g] = combine_lanes(q);
+    }
+    return sum;
+  }
+};
 
 /// One element of the recursive form (see dense_f32_weights) as the scalar verifiers compute
 /// it: v = p; per step d = v - q' and v = max(d, 0), times inv_z[s] but for the last step;
@@ -162,124 +233,147 @@ template <bool HasQ>
   return v > 0.0 ? v : 0.0;
 }
 
-/// Scalar tail of a tile: elements [i, len) (fewer than 8) go to lanes 0, 1, ... in order, then
-/// the lanes are combined. Weights max(p - q, 0) (q == nullptr: max(p, 0)).
-template <bool HasQ>
-[[nodiscard]] inline double finish_tile(const float* p, const float* q, index_t i, index_t len,
-                                        double* lane) noexcept {
-  for (int k = 0; i < len; ++i, ++k) {
-    double d = static_cast<double>(p[i]);
-    if constexpr (HasQ) d -= static_cast<double>(q[i]);
-    lane[k] += d > 0.0 ? d : 0.0;
-  }
-  return combine_lanes(lane);
-}
-
-/// Portable reference: the positive-part sum of one tile of len <= sum_tile elements.
-template <bool HasQ>
-[[nodiscard]] inline double tile_sum_scalar(const float* p, const float* q, index_t len) noexcept {
-  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+/// Portable reference: the positive-part sum of one tile of len <= sum_tile elements, max(p - q,
+/// 0) (max(p, 0) without q); with Check, also its entry sums and minimum into `c` (tile_lanes).
+template <bool HasQ, bool Check = false>
+[[nodiscard]] inline double tile_sum_scalar(const float* p, const float* q, index_t len,
+                                            tile_checks* c = nullptr) noexcept {
+  tile_lanes<HasQ, Check> acc;
   index_t i = 0;
   for (; i + 8 <= len; i += 8)
-    for (int k = 0; k < 8; ++k) {
-      double d = static_cast<double>(p[i + k]);
-      if constexpr (HasQ) d -= static_cast<double>(q[i + k]);
-      lane[k] += d > 0.0 ? d : 0.0;
-    }
-  return finish_tile<HasQ>(p, q, i, len, lane);
+    for (int k = 0; k < 8; ++k) acc.add(k, p[i + k], HasQ ? q[i + k] : 0.0f, c);
+  for (int k = 0; i < len; ++i, ++k) acc.add(k, p[i], HasQ ? q[i] : 0.0f, c);
+  return acc.finish(c, 0);
 }
 
 #if SPECULA_SIMD_X86
 
-template <bool HasQ>
-[[nodiscard]] __attribute__((target("sse2"))) inline double tile_sum_sse2(const float* p,
-                                                                          const float* q,
-                                                                          index_t len) noexcept {
+template <bool HasQ, bool Check = false>
+[[nodiscard]] __attribute__((target("sse2"))) inline double tile_sum_sse2(
+    const float* p, const float* q, index_t len, tile_checks* c = nullptr) noexcept {
   const __m128d zero = _mm_setzero_pd();
-  __m128d a0 = zero, a1 = zero, a2 = zero, a3 = zero;  // lanes 0-1, 2-3, 4-5, 6-7
+  __m128d a[4] = {zero, zero, zero, zero};   // weight lanes 0-1, 2-3, 4-5, 6-7
+  __m128d ap[4] = {zero, zero, zero, zero};  // entry sums of p and q (Check with q)
+  __m128d aq[4] = {zero, zero, zero, zero};
+  __m128 low = _mm_setzero_ps();
   index_t i = 0;
   for (; i + 8 <= len; i += 8) {
     const __m128 p0 = _mm_loadu_ps(p + i);
     const __m128 p1 = _mm_loadu_ps(p + i + 4);
-    __m128d d0 = _mm_cvtps_pd(p0);
-    __m128d d1 = _mm_cvtps_pd(_mm_movehl_ps(p0, p0));
-    __m128d d2 = _mm_cvtps_pd(p1);
-    __m128d d3 = _mm_cvtps_pd(_mm_movehl_ps(p1, p1));
+    const __m128d pd[4] = {_mm_cvtps_pd(p0), _mm_cvtps_pd(_mm_movehl_ps(p0, p0)), _mm_cvtps_pd(p1),
+                           _mm_cvtps_pd(_mm_movehl_ps(p1, p1))};
+    __m128d d[4] = {pd[0], pd[1], pd[2], pd[3]};
     if constexpr (HasQ) {
       const __m128 q0 = _mm_loadu_ps(q + i);
       const __m128 q1 = _mm_loadu_ps(q + i + 4);
-      d0 = _mm_sub_pd(d0, _mm_cvtps_pd(q0));
-      d1 = _mm_sub_pd(d1, _mm_cvtps_pd(_mm_movehl_ps(q0, q0)));
-      d2 = _mm_sub_pd(d2, _mm_cvtps_pd(q1));
-      d3 = _mm_sub_pd(d3, _mm_cvtps_pd(_mm_movehl_ps(q1, q1)));
+      const __m128d qd[4] = {_mm_cvtps_pd(q0), _mm_cvtps_pd(_mm_movehl_ps(q0, q0)),
+                             _mm_cvtps_pd(q1), _mm_cvtps_pd(_mm_movehl_ps(q1, q1))};
+      for (int h = 0; h < 4; ++h) d[h] = _mm_sub_pd(pd[h], qd[h]);
+      if constexpr (Check) {
+        // max(0, v) returns v unless 0 > v: checked_entry, NaN kept.
+        for (int h = 0; h < 4; ++h) {
+          ap[h] = _mm_add_pd(ap[h], _mm_max_pd(zero, pd[h]));
+          aq[h] = _mm_add_pd(aq[h], _mm_max_pd(zero, qd[h]));
+        }
+        low = _mm_min_ps(_mm_min_ps(p0, q0), _mm_min_ps(_mm_min_ps(p1, q1), low));
+      }
+    } else if constexpr (Check) {
+      // min(v, low) returns low unless v < low: NaN entries are ignored, as in tile_lanes.
+      low = _mm_min_ps(p0, _mm_min_ps(p1, low));
     }
     // max(d, 0) returns its second operand unless d > 0: NaN and -0 map to +0, as the scalar
-    // clamp does.
-    a0 = _mm_add_pd(a0, _mm_max_pd(d0, zero));
-    a1 = _mm_add_pd(a1, _mm_max_pd(d1, zero));
-    a2 = _mm_add_pd(a2, _mm_max_pd(d2, zero));
-    a3 = _mm_add_pd(a3, _mm_max_pd(d3, zero));
+    // clamp does; a checked pass without q keeps NaN instead (tile_lanes::add).
+    for (int h = 0; h < 4; ++h)
+      a[h] = _mm_add_pd(a[h], Check && !HasQ ? _mm_max_pd(zero, d[h]) : _mm_max_pd(d[h], zero));
   }
-  alignas(16) double lane[8];
-  _mm_store_pd(lane + 0, a0);
-  _mm_store_pd(lane + 2, a1);
-  _mm_store_pd(lane + 4, a2);
-  _mm_store_pd(lane + 6, a3);
-  return finish_tile<HasQ>(p, q, i, len, lane);
+  tile_lanes<HasQ, Check> acc;
+  for (int h = 0; h < 4; ++h) {
+    _mm_storeu_pd(acc.w + 2 * h, a[h]);
+    if constexpr (Check && HasQ) {
+      _mm_storeu_pd(acc.p + 2 * h, ap[h]);
+      _mm_storeu_pd(acc.q + 2 * h, aq[h]);
+    }
+  }
+  if constexpr (Check) {
+    alignas(16) float lanes[4];
+    _mm_store_ps(lanes, low);
+    for (float v : lanes) c->low = v < c->low ? v : c->low;
+  }
+  for (int k = 0; i < len; ++i, ++k) acc.add(k, p[i], HasQ ? q[i] : 0.0f, c);
+  return acc.finish(c, 0);
 }
 
-/// G full tiles at once (independent lane chains: G times the instruction-level and
-/// memory-level parallelism of one tile); out[0 .. G) get their sums.
-template <bool HasQ, int G>
+/// G tiles at once, `stride` elements apart, `len` elements each (independent lane chains: G
+/// times the instruction-level and memory-level parallelism of one tile); out[0 .. G) get their
+/// weight sums and, with Check, c->p_sum[0 .. G) and c->q_sum[0 .. G) their entry sums.
+template <bool HasQ, int G, bool Check = false>
 __attribute__((target("avx2"))) inline void tile_group_avx2(const float* p, const float* q,
-                                                            index_t tile, double* out) noexcept {
+                                                            index_t stride, index_t len,
+                                                            double* out,
+                                                            tile_checks* c = nullptr) noexcept {
+  static_assert(G <= tile_checks::max_tiles);
   const __m256d zero = _mm256_setzero_pd();
-  __m256d lo[G], hi[G];  // lanes 0-3 and 4-7 of each tile
-  for (int g = 0; g < G; ++g) lo[g] = hi[g] = zero;
-  for (index_t i = 0; i < tile; i += 8)
-    for (int g = 0; g < G; ++g) {
-      const __m256 pv = _mm256_loadu_ps(p + g * tile + i);
-      __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(pv));
-      __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(pv, 1));
-      if constexpr (HasQ) {
-        const __m256 qv = _mm256_loadu_ps(q + g * tile + i);
-        d0 = _mm256_sub_pd(d0, _mm256_cvtps_pd(_mm256_castps256_ps128(qv)));
-        d1 = _mm256_sub_pd(d1, _mm256_cvtps_pd(_mm256_extractf128_ps(qv, 1)));
-      }
-      lo[g] = _mm256_add_pd(lo[g], _mm256_max_pd(d0, zero));
-      hi[g] = _mm256_add_pd(hi[g], _mm256_max_pd(d1, zero));
-    }
-  alignas(32) double lane[8];
+  __m256d lo[G], hi[G];    // weight lanes 0-3 and 4-7 of each tile
+  __m256d plo[G], phi[G];  // entry sums of p and q (Check with q)
+  __m256d qlo[G], qhi[G];
+  __m256 low[G];  // minima (Check)
   for (int g = 0; g < G; ++g) {
-    _mm256_store_pd(lane, lo[g]);
-    _mm256_store_pd(lane + 4, hi[g]);
-    out[g] = combine_lanes(lane);
+    lo[g] = hi[g] = plo[g] = phi[g] = qlo[g] = qhi[g] = zero;
+    low[g] = _mm256_setzero_ps();
   }
-}
-
-template <bool HasQ>
-[[nodiscard]] __attribute__((target("avx2"))) inline double tile_sum_avx2(const float* p,
-                                                                          const float* q,
-                                                                          index_t len) noexcept {
-  const __m256d zero = _mm256_setzero_pd();
-  __m256d a0 = zero, a1 = zero;  // lanes 0-3, 4-7
   index_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    const __m256 pv = _mm256_loadu_ps(p + i);
-    __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(pv));
-    __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(pv, 1));
-    if constexpr (HasQ) {
-      const __m256 qv = _mm256_loadu_ps(q + i);
-      d0 = _mm256_sub_pd(d0, _mm256_cvtps_pd(_mm256_castps256_ps128(qv)));
-      d1 = _mm256_sub_pd(d1, _mm256_cvtps_pd(_mm256_extractf128_ps(qv, 1)));
+  for (; i + 8 <= len; i += 8)
+    for (int g = 0; g < G; ++g) {
+      const __m256 pv = _mm256_loadu_ps(p + g * stride + i);
+      const __m256d p0 = _mm256_cvtps_pd(_mm256_castps256_ps128(pv));
+      const __m256d p1 = _mm256_cvtps_pd(_mm256_extractf128_ps(pv, 1));
+      __m256d d0 = p0, d1 = p1;
+      if constexpr (HasQ) {
+        const __m256 qv = _mm256_loadu_ps(q + g * stride + i);
+        const __m256d q0 = _mm256_cvtps_pd(_mm256_castps256_ps128(qv));
+        const __m256d q1 = _mm256_cvtps_pd(_mm256_extractf128_ps(qv, 1));
+        d0 = _mm256_sub_pd(p0, q0);
+        d1 = _mm256_sub_pd(p1, q1);
+        if constexpr (Check) {
+          plo[g] = _mm256_add_pd(plo[g], _mm256_max_pd(zero, p0));
+          phi[g] = _mm256_add_pd(phi[g], _mm256_max_pd(zero, p1));
+          qlo[g] = _mm256_add_pd(qlo[g], _mm256_max_pd(zero, q0));
+          qhi[g] = _mm256_add_pd(qhi[g], _mm256_max_pd(zero, q1));
+          // One minimum for both rows (see tile_lanes::add).
+          low[g] = _mm256_min_ps(_mm256_min_ps(pv, qv), low[g]);
+        }
+      } else if constexpr (Check) {
+        low[g] = _mm256_min_ps(pv, low[g]);
+      }
+      if constexpr (Check && !HasQ) {
+        lo[g] = _mm256_add_pd(lo[g], _mm256_max_pd(zero, d0));
+        hi[g] = _mm256_add_pd(hi[g], _mm256_max_pd(zero, d1));
+      } else {
+        lo[g] = _mm256_add_pd(lo[g], _mm256_max_pd(d0, zero));
+        hi[g] = _mm256_add_pd(hi[g], _mm256_max_pd(d1, zero));
+      }
     }
-    a0 = _mm256_add_pd(a0, _mm256_max_pd(d0, zero));
-    a1 = _mm256_add_pd(a1, _mm256_max_pd(d1, zero));
+  if constexpr (Check) {
+    __m256 m = low[0];
+    for (int g = 1; g < G; ++g) m = _mm256_min_ps(low[g], m);
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, m);
+    for (float v : lanes) c->low = v < c->low ? v : c->low;
   }
-  alignas(32) double lane[8];
-  _mm256_store_pd(lane, a0);
-  _mm256_store_pd(lane + 4, a1);
-  return finish_tile<HasQ>(p, q, i, len, lane);
+  for (int g = 0; g < G; ++g) {
+    tile_lanes<HasQ, Check> acc;
+    _mm256_storeu_pd(acc.w, lo[g]);
+    _mm256_storeu_pd(acc.w + 4, hi[g]);
+    if constexpr (Check && HasQ) {
+      _mm256_storeu_pd(acc.p, plo[g]);
+      _mm256_storeu_pd(acc.p + 4, phi[g]);
+      _mm256_storeu_pd(acc.q, qlo[g]);
+      _mm256_storeu_pd(acc.q + 4, qhi[g]);
+    }
+    for (index_t j = i, k = 0; j < len; ++j, ++k)
+      acc.add(static_cast<int>(k), p[g * stride + j], HasQ ? q[g * stride + j] : 0.0f, c);
+    out[g] = acc.finish(c, g);
+  }
 }
 
 #endif  // SPECULA_SIMD_X86
@@ -389,31 +483,36 @@ template <bool HasQ>
 }
 
 /// The sum of one tile [begin, end) (at most sum_tile elements) of a dense form with no skip
-/// index inside it, on the active instruction set.
-template <bool HasQ>
-[[nodiscard]] inline double dense_tile_sum_q(const dense_f32_weights& f, index_t begin,
-                                             index_t end) noexcept {
+/// index inside it, on the active instruction set. With Check (simple forms only: steps == 1,
+/// no scale), also the tile's entry sums and minimum into `c` (see tile_lanes).
+template <bool HasQ, bool Check = false>
+[[nodiscard]] inline double dense_tile_sum_q(const dense_f32_weights& f, index_t begin, index_t end,
+                                             tile_checks* c = nullptr) noexcept {
   const float* p = f.p + begin;
   const float* q = HasQ ? f.q + begin : nullptr;
   const index_t len = end - begin;
-  const bool simple = f.steps == 1 && f.scale == nullptr;
+  const bool simple = Check || (f.steps == 1 && f.scale == nullptr);
 #if SPECULA_SIMD_X86
   const simd::isa path = simd::active_isa();
-  if (path == simd::isa::avx2)
-    return simple ? tile_sum_avx2<HasQ>(p, q, len)
-                  : recursion_tile_avx2<HasQ>(p, q, f.scale, f.inv_z, f.steps, len);
+  if (path == simd::isa::avx2) {
+    if (!simple) return recursion_tile_avx2<HasQ>(p, q, f.scale, f.inv_z, f.steps, len);
+    double sum = 0.0;
+    tile_group_avx2<HasQ, 1, Check>(p, q, len, len, &sum, c);
+    return sum;
+  }
   if (path == simd::isa::sse2)
-    return simple ? tile_sum_sse2<HasQ>(p, q, len)
+    return simple ? tile_sum_sse2<HasQ, Check>(p, q, len, c)
                   : recursion_tile_sse2<HasQ>(p, q, f.scale, f.inv_z, f.steps, len);
 #endif
-  return simple ? tile_sum_scalar<HasQ>(p, q, len)
+  return simple ? tile_sum_scalar<HasQ, Check>(p, q, len, c)
                 : recursion_tile_scalar<HasQ>(p, q, f.scale, f.inv_z, f.steps, len);
 }
 
-[[nodiscard]] inline double dense_tile_sum(const dense_f32_weights& f, index_t begin,
-                                           index_t end) noexcept {
-  return f.q != nullptr ? dense_tile_sum_q<true>(f, begin, end)
-                        : dense_tile_sum_q<false>(f, begin, end);
+template <bool Check = false>
+[[nodiscard]] inline double dense_tile_sum(const dense_f32_weights& f, index_t begin, index_t end,
+                                           tile_checks* c = nullptr) noexcept {
+  return f.q != nullptr ? dense_tile_sum_q<true, Check>(f, begin, end, c)
+                        : dense_tile_sum_q<false, Check>(f, begin, end, c);
 }
 
 /// Whether [begin, end) holds one of the form's skip indices.
@@ -426,139 +525,91 @@ template <bool HasQ>
   return false;
 }
 
-/// Tile sums of a dense form over the tiles of `tile` elements that start in [begin, end)
-/// (the last one ends at `n`): out[k] for the k-th tile, in the fixed order of
-/// tile_positive_sum. Tiles holding a skip index are left untouched (the caller computes them
-/// from the element calls). `tile` is a multiple of 8.
-inline void dense_tile_sums(const dense_f32_weights& f, index_t begin, index_t end, index_t n,
-                            index_t tile, double* out) noexcept {
-#if SPECULA_SIMD_X86
-  if (f.steps == 1 && f.scale == nullptr && simd::active_isa() == simd::isa::avx2) {
-    index_t t = begin;
-    index_t k = 0;
-    // Groups of full tiles without skip indices run interleaved.
-    constexpr int group = 4;
-    for (; t + group * tile <= n && t < end; t += group * tile, k += group) {
-      if (holds_skip(f, t, t + group * tile)) break;
-      double sums[group];
-      if (f.q != nullptr)
-        tile_group_avx2<true, group>(f.p + t, f.q + t, tile, sums);
-      else
-        tile_group_avx2<false, group>(f.p + t, nullptr, tile, sums);
-      for (int g = 0; g < group && t + g * tile < end; ++g) out[k + g] = sums[g];
-    }
-    begin = t;
-    out += k;
-  }
-#endif
-  for (index_t t = begin, k = 0; t < end; t += tile, ++k) {
-    const index_t e = t + tile < n ? t + tile : n;
-    if (!holds_skip(f, t, e)) out[k] = dense_tile_sum(f, t, e);
-  }
-}
-
-/// The tail of the validation pass: elements [i, n) go to lane 0; then the lanes are combined.
-[[nodiscard]] inline double finish_sum_and_min(const float* row, index_t i, index_t n, double* lane,
-                                               double* low, double& lowest) noexcept {
-  for (; i < n; ++i) {
-    const double v = static_cast<double>(row[i]);
-    lane[0] += v;
-    low[0] = v < low[0] ? v : low[0];
-  }
-  lowest = low[0];
-  for (int k = 1; k < 8; ++k) lowest = low[k] < lowest ? low[k] : lowest;
-  return combine_lanes(lane);
-}
-
-/// Lane sums and lane minima of a float row, the fast pass of check_probability_row: eight
-/// interleaved lanes (lane k takes elements k, k + 8, ...; the tail after the last full group
-/// goes to lane 0), lane k's minimum starts at 0 and is min(v, low) with NaN ignored.
-/// Returns the pairwise-combined sum and writes the smallest lane minimum to `lowest`.
-[[nodiscard]] inline double row_sum_and_min_scalar(const float* row, index_t n,
-                                                   double& lowest) noexcept {
-  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  double low[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  index_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) {
-      const double v = static_cast<double>(row[i + k]);
-      lane[k] += v;
-      low[k] = v < low[k] ? v : low[k];
-    }
-  return finish_sum_and_min(row, i, n, lane, low, lowest);
-}
-
 #if SPECULA_SIMD_X86
 
-[[nodiscard]] __attribute__((target("sse2"))) inline double row_sum_and_min_sse2(
-    const float* row, index_t n, double& lowest) noexcept {
-  const __m128d zero = _mm_setzero_pd();
-  __m128d s0 = zero, s1 = zero, s2 = zero, s3 = zero;
-  __m128d m0 = zero, m1 = zero, m2 = zero, m3 = zero;
-  index_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128 r0 = _mm_loadu_ps(row + i);
-    const __m128 r1 = _mm_loadu_ps(row + i + 4);
-    const __m128d d0 = _mm_cvtps_pd(r0);
-    const __m128d d1 = _mm_cvtps_pd(_mm_movehl_ps(r0, r0));
-    const __m128d d2 = _mm_cvtps_pd(r1);
-    const __m128d d3 = _mm_cvtps_pd(_mm_movehl_ps(r1, r1));
-    s0 = _mm_add_pd(s0, d0);
-    s1 = _mm_add_pd(s1, d1);
-    s2 = _mm_add_pd(s2, d2);
-    s3 = _mm_add_pd(s3, d3);
-    // min(v, low) returns low unless v < low: a NaN v leaves low unchanged, as the scalar pass.
-    m0 = _mm_min_pd(d0, m0);
-    m1 = _mm_min_pd(d1, m1);
-    m2 = _mm_min_pd(d2, m2);
-    m3 = _mm_min_pd(d3, m3);
+/// The AVX2 part of dense_tile_sums: groups of full tiles without skip indices, from `begin`
+/// while they start before `end`, summed interleaved; `record(g)` takes the entry sums of the g
+/// tiles just summed (Check). Returns the number of tiles summed.
+template <bool HasQ, bool Check, class Record>
+inline index_t avx2_tile_groups(const dense_f32_weights& f, index_t begin, index_t end, index_t n,
+                                index_t tile, double* out, tile_checks* c,
+                                Record& record) noexcept {
+  // Four tiles at a time; checking with q keeps three sums per tile, so two tiles fit the
+  // sixteen vector registers.
+  constexpr int group = Check && HasQ ? 2 : 4;
+  index_t t = begin;
+  index_t k = 0;
+  for (; t + group * tile <= n && t < end; t += group * tile, k += group) {
+    if (holds_skip(f, t, t + group * tile)) break;
+    double sums[group];
+    tile_group_avx2<HasQ, group, Check>(f.p + t, HasQ ? f.q + t : nullptr, tile, tile, sums, c);
+    int g = 0;
+    for (; g < group && t + g * tile < end; ++g) out[k + g] = sums[g];
+    record(g);
   }
-  alignas(16) double lane[8];
-  alignas(16) double low[8];
-  _mm_store_pd(lane + 0, s0);
-  _mm_store_pd(lane + 2, s1);
-  _mm_store_pd(lane + 4, s2);
-  _mm_store_pd(lane + 6, s3);
-  _mm_store_pd(low + 0, m0);
-  _mm_store_pd(low + 2, m1);
-  _mm_store_pd(low + 4, m2);
-  _mm_store_pd(low + 6, m3);
-  return finish_sum_and_min(row, i, n, lane, low, lowest);
-}
-
-[[nodiscard]] __attribute__((target("avx2"))) inline double row_sum_and_min_avx2(
-    const float* row, index_t n, double& lowest) noexcept {
-  const __m256d zero = _mm256_setzero_pd();
-  __m256d s0 = zero, s1 = zero, m0 = zero, m1 = zero;
-  index_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 r = _mm256_loadu_ps(row + i);
-    const __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(r));
-    const __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(r, 1));
-    s0 = _mm256_add_pd(s0, d0);
-    s1 = _mm256_add_pd(s1, d1);
-    m0 = _mm256_min_pd(d0, m0);
-    m1 = _mm256_min_pd(d1, m1);
-  }
-  alignas(32) double lane[8];
-  alignas(32) double low[8];
-  _mm256_store_pd(lane, s0);
-  _mm256_store_pd(lane + 4, s1);
-  _mm256_store_pd(low, m0);
-  _mm256_store_pd(low + 4, m1);
-  return finish_sum_and_min(row, i, n, lane, low, lowest);
+  return k;
 }
 
 #endif  // SPECULA_SIMD_X86
 
-/// row_sum_and_min_scalar on the active instruction set.
-[[nodiscard]] inline double row_sum_and_min(const float* row, index_t n, double& lowest) noexcept {
+/// Tile sums of a dense form over the tiles of `tile` elements that start in [begin, end)
+/// (the last one ends at `n`): out[k] for the k-th tile, in the fixed order of
+/// tile_positive_sum. Tiles holding a skip index are left untouched (the caller computes them
+/// from the element calls). `tile` is a multiple of 8, at most sum_tile.
+///
+/// With Check (check_level::reads; simple forms only: steps == 1, no scale), the same pass adds
+/// the entry sums of the form's rows over these tiles to `scan` in tile order and lowers its
+/// minimum (skip tiles included), so a row is validated while it is read for its weights. The
+/// weight sums are the unchecked ones for every row without NaN.
+template <bool Check = false>
+inline void dense_tile_sums(const dense_f32_weights& f, index_t begin, index_t end, index_t n,
+                            index_t tile, double* out, dense_scan* scan = nullptr) noexcept {
+  tile_checks c;
+  if constexpr (Check) c.low = scan->low;
+  auto record = [&](int tiles) {
+    if constexpr (Check)
+      for (int g = 0; g < tiles; ++g) {
+        scan->p_sum += c.p_sum[g];
+        scan->q_sum += c.q_sum[g];
+      }
+  };
 #if SPECULA_SIMD_X86
-  const simd::isa path = simd::active_isa();
-  if (path == simd::isa::avx2) return row_sum_and_min_avx2(row, n, lowest);
-  if (path == simd::isa::sse2) return row_sum_and_min_sse2(row, n, lowest);
+  if (f.steps == 1 && f.scale == nullptr && simd::active_isa() == simd::isa::avx2) {
+    const index_t done =
+        f.q != nullptr ? avx2_tile_groups<true, Check>(f, begin, end, n, tile, out, &c, record)
+                       : avx2_tile_groups<false, Check>(f, begin, end, n, tile, out, &c, record);
+    begin += done * tile;
+    out += done;
+  }
 #endif
-  return row_sum_and_min_scalar(row, n, lowest);
+  for (index_t t = begin, k = 0; t < end; t += tile, ++k) {
+    const index_t e = t + tile < n ? t + tile : n;
+    if (!holds_skip(f, t, e))
+      out[k] = dense_tile_sum<Check>(f, t, e, &c);
+    else if constexpr (Check)
+      (void)dense_tile_sum<true>(f, t, e, &c);  // the rows' entries; weights from element calls
+    record(1);
+  }
+  if constexpr (Check) scan->low = c.low;
+}
+
+/// Tiles per dense_tile_sums call of the passes (a stack buffer of their sums).
+inline constexpr index_t tiles_per_chunk = 64;
+
+/// The fast pass of check_probability_row over a float row: its entry sum (the tiles' sums of
+/// checked_entry, 8 lanes each combined pairwise, added left to right) and its smallest entry
+/// (NaN ignored, at most 0) into `lowest`. The checked passes compute the same two values while
+/// they sum a row's weights (dense_tile_sums), so a row read by a pass is validated by it.
+[[nodiscard]] inline double row_sum_and_min(const float* row, index_t n, double& lowest) noexcept {
+  dense_scan scan;
+  const dense_f32_weights f{row};
+  double sums[tiles_per_chunk];
+  for (index_t t = 0; t < n; t += tiles_per_chunk * sum_tile) {
+    const index_t end = n - t < tiles_per_chunk * sum_tile ? n : t + tiles_per_chunk * sum_tile;
+    dense_tile_sums<true>(f, t, end, n, sum_tile, sums, &scan);
+  }
+  lowest = static_cast<double>(scan.low);
+  return scan.p_sum;
 }
 
 /// argmax_lowest over a float row (see sample/categorical.hpp): the lowest index holding the

@@ -19,17 +19,20 @@ namespace specula {
 inline constexpr double default_sum_tolerance = 1e-3;
 
 /// Checks that `row` is a probability row: no NaN, no Inf, no negative entry, and
-/// |sum - 1| <= sum_tolerance (sum accumulated in double). `row_index` is copied into the
-/// diagnostic.
+/// |sum - 1| <= sum_tolerance. The sum is taken in double in the fixed order of the row passes:
+/// tiles of detail::sum_tile elements, each summed in eight interleaved lanes combined pairwise,
+/// tile sums added left to right (so a valid row's sum is bit for bit its positive_mass, and a
+/// checked pass that reads the row for its weights computes it on the way; see
+/// detail::dense_tile_sums). `row_index` is copied into the diagnostic.
 template <class T>
 SPECULA_HOST_DEVICE constexpr diagnostic check_probability_row(row_view<const T> row,
                                                                double sum_tolerance,
                                                                index_t row_index = -1) noexcept {
   if (row.size <= 0) return {status::empty_input, row_index, -1, 0.0};
-  // Fast pass: lane sums and lane minima. A NaN or an infinity makes the sum non-finite and a
-  // negative entry makes a minimum negative; only then does the precise scan below run to
-  // report the first offending entry. Float rows on the host use the SIMD kernel of
-  // core/simd.hpp (same bits as the loop below).
+  // Fast pass: the sum of detail::checked_entry (v, or 0 for v < 0; NaN kept) and the minimum.
+  // A NaN or an infinity makes the sum non-finite and a negative entry makes the minimum
+  // negative; only then does the precise scan below run to report the first offending entry.
+  // Float rows on the host use the SIMD kernels of core/simd.hpp (same bits as the loop below).
   double lowest = 0.0;
   double sum = 0.0;
   bool summed = false;
@@ -42,26 +45,27 @@ SPECULA_HOST_DEVICE constexpr diagnostic check_probability_row(row_view<const T>
   }
 #endif
   if (!summed) {
-    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    double low[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    index_t i = 0;
-    for (; i + 8 <= row.size; i += 8)
-      for (int k = 0; k < 8; ++k) {
-        const double v = detail::to_double(row[i + k]);
-        lane[k] += v;
+    for (index_t t = 0; t < row.size; t += detail::sum_tile) {
+      const index_t end = t + detail::sum_tile < row.size ? t + detail::sum_tile : row.size;
+      double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      double low[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      index_t i = t;
+      for (; i + 8 <= end; i += 8)
+        for (int k = 0; k < 8; ++k) {
+          const double v = detail::to_double(row[i + k]);
+          lane[k] += detail::checked_entry(v);
+          low[k] = v < low[k] ? v : low[k];
+        }
+      for (int k = 0; i < end; ++i, ++k) {
+        const double v = detail::to_double(row[i]);
+        lane[k] += detail::checked_entry(v);
         low[k] = v < low[k] ? v : low[k];
       }
-    for (; i < row.size; ++i) {
-      const double v = detail::to_double(row[i]);
-      lane[0] += v;
-      low[0] = v < low[0] ? v : low[0];
+      sum += detail::combine_lanes(lane);
+      for (double v : low) lowest = v < lowest ? v : lowest;
     }
-    sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-    lowest = low[0];
-    for (int k = 1; k < 8; ++k) lowest = low[k] < lowest ? low[k] : lowest;
   }
-  const bool bad = !detail::is_finite(sum) || lowest < 0.0;
-  if (bad) {
+  if (!detail::is_finite(sum) || lowest < 0.0) {
     for (index_t j = 0; j < row.size; ++j) {
       const double v = detail::to_double(row[j]);
       if (detail::is_nan(v)) return {status::nan_value, row_index, j, v};

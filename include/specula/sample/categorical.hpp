@@ -47,9 +47,6 @@ struct row_weights {
   }
 };
 
-/// Elements per tile of the fixed-order summation (see positive_mass).
-inline constexpr index_t sum_tile = 256;
-
 /// Sum of the positive weights over [begin, end) (at most one tile) in a fixed order: eight
 /// interleaved lanes (lane k takes elements begin + k, begin + k + 8, ...) combined pairwise.
 /// Branch-free, so the compiler vectorises it for inlined weight functions.
@@ -146,27 +143,28 @@ SPECULA_HOST_DEVICE constexpr index_t walk_tiles(index_t n, WeightFn& w, double 
 
 }  // namespace detail
 
-/// Sum of the positive weights of `w` over [0, n), in double, in a fixed order: tiles of
-/// detail::sum_tile elements summed in order, each tile summed by detail::tile_positive_sum.
-/// NaN weights count as 0. The order is part of the contract: the same weights give the same
-/// total bit for bit on every call.
 namespace detail {
 
 /// Visits the tile sums of `w` over [0, n) in order: visit(k, sum of tile k). Weights of the
-/// dense float form are summed by the SIMD kernels a chunk of tiles at a time.
+/// dense float form are summed by the SIMD kernels a chunk of tiles at a time. With `scan`
+/// (host, simple dense forms only: see dense_tile_sums), the same pass validates the form's
+/// rows into it (check_level::reads).
 template <class WeightFn, class Visit>
-SPECULA_HOST_DEVICE constexpr void for_each_tile_sum(index_t n, WeightFn& w,
-                                                     Visit&& visit) noexcept {
+SPECULA_HOST_DEVICE constexpr void for_each_tile_sum(index_t n, WeightFn& w, Visit&& visit,
+                                                     dense_scan* scan = nullptr) noexcept {
 #if !SPECULA_IS_DEVICE_CODE
   if constexpr (dense_f32_weight_function<std::remove_cvref_t<WeightFn>>) {
     if (!std::is_constant_evaluated()) {
       const dense_f32_weights f = w.dense_f32();
-      constexpr index_t chunk = 64;  // tiles per kernel call
+      constexpr index_t chunk = tiles_per_chunk;
       double sums[chunk] = {};
       index_t k = 0;
       for (index_t t = 0; t < n; t += chunk * sum_tile) {
         const index_t end = n - t < chunk * sum_tile ? n : t + chunk * sum_tile;
-        dense_tile_sums(f, t, end, n, sum_tile, sums);
+        if (scan != nullptr)
+          dense_tile_sums<true>(f, t, end, n, sum_tile, sums, scan);
+        else
+          dense_tile_sums(f, t, end, n, sum_tile, sums);
         for (index_t b = t; b < end; b += sum_tile, ++k) {
           const index_t e = b + sum_tile < n ? b + sum_tile : n;
           visit(k, holds_skip(f, b, e) ? tile_positive_sum(b, e, w) : sums[(b - t) / sum_tile]);
@@ -181,13 +179,25 @@ SPECULA_HOST_DEVICE constexpr void for_each_tile_sum(index_t n, WeightFn& w,
     visit(k, tile_positive_sum(t, t + sum_tile < n ? t + sum_tile : n, w));
 }
 
+/// positive_mass; with `scan`, validating the rows read (see for_each_tile_sum).
+template <class WeightFn>
+SPECULA_HOST_DEVICE constexpr double positive_mass_scanning(index_t n, WeightFn& w,
+                                                            dense_scan* scan) noexcept {
+  double total = 0.0;
+  for_each_tile_sum(
+      n, w, [&](index_t, double tile) { total += tile; }, scan);
+  return total;
+}
+
 }  // namespace detail
 
+/// Sum of the positive weights of `w` over [0, n), in double, in a fixed order: tiles of
+/// detail::sum_tile elements summed in order, each tile summed by detail::tile_positive_sum.
+/// NaN weights count as 0. The order is part of the contract: the same weights give the same
+/// total bit for bit on every call.
 template <class WeightFn>
 SPECULA_HOST_DEVICE constexpr double positive_mass(index_t n, WeightFn&& w) noexcept {
-  double total = 0.0;
-  detail::for_each_tile_sum(n, w, [&](index_t, double tile) { total += tile; });
-  return total;
+  return detail::positive_mass_scanning(n, w, nullptr);
 }
 
 /// Inverse-CDF sampling with one uniform u in (0, 1): returns the first index i with positive
@@ -221,16 +231,30 @@ struct weight_summary {
   double tile_sum[max_tiles];
 };
 
+namespace detail {
+
+/// summarize_weights; with `scan`, validating the rows read (see for_each_tile_sum).
+template <class WeightFn>
+SPECULA_HOST_DEVICE void summarize_weights_scanning(index_t n, WeightFn& w, weight_summary& s,
+                                                    dense_scan* scan) noexcept {
+  s.total = 0.0;
+  s.recorded = 0;
+  for_each_tile_sum(
+      n, w,
+      [&](index_t, double tile) {
+        if (s.recorded < weight_summary::max_tiles) s.tile_sum[s.recorded++] = tile;
+        s.total += tile;
+      },
+      scan);
+}
+
+}  // namespace detail
+
 /// Fills `s` with the positive mass of `w` over [0, n) (the value positive_mass returns) and
 /// the sums of its first tiles.
 template <class WeightFn>
 SPECULA_HOST_DEVICE void summarize_weights(index_t n, WeightFn&& w, weight_summary& s) noexcept {
-  s.total = 0.0;
-  s.recorded = 0;
-  detail::for_each_tile_sum(n, w, [&](index_t, double tile) {
-    if (s.recorded < weight_summary::max_tiles) s.tile_sum[s.recorded++] = tile;
-    s.total += tile;
-  });
+  detail::summarize_weights_scanning(n, w, s, nullptr);
 }
 
 /// A record of a weight row's mass and tile sums, as weight_summary: `total`, `recorded` (how

@@ -74,9 +74,14 @@ struct row_read_log {
 };
 
 /// Host passes that validate every float probability row they read (check_level::reads): the
-/// rows named by a weight function's dense form (core/simd.hpp) are checked with
-/// check_probability_row before the pass, while they are about to be read anyway. The first
-/// failure is recorded in the log; the caller turns it into an error after the request.
+/// rows named by a weight function's dense form (core/simd.hpp). Simple forms (a row, the chain
+/// residual max(p - q, 0), the first candidate step) are validated by the pass that sums their
+/// weights, which reads each row once: its kernels add up the rows' entries and track their
+/// minimum on the way (detail::dense_tile_sums), and when those fall outside a valid row's, the
+/// rows are scanned with check_probability_row for the diagnostic. The candidate recursion's
+/// forms are checked with check_probability_row before their pass. The weights, and so the
+/// results, are those of sequential_passes for every valid row. The first failure is recorded in
+/// the log; the caller turns it into an error after the request.
 struct checking_passes {
   using summary_type = weight_summary;
   row_read_log* log = nullptr;
@@ -86,14 +91,28 @@ struct checking_passes {
   template <class WeightFn>
   [[nodiscard]] SPECULA_HOST_DEVICE double mass(index_t n, WeightFn&& w) const noexcept {
 #if !SPECULA_IS_DEVICE_CODE
-    note(n, w);
+    if constexpr (detail::dense_f32_weight_function<std::remove_cvref_t<WeightFn>>) {
+      if (fused(n, w.dense_f32())) {
+        detail::dense_scan scan;
+        const double total = detail::positive_mass_scanning(n, w, &scan);
+        conclude(n, w.dense_f32(), scan);
+        return total;
+      }
+    }
 #endif
     return positive_mass(n, w);
   }
   template <class WeightFn>
   SPECULA_HOST_DEVICE void summarize(index_t n, WeightFn&& w, summary_type& s) const noexcept {
 #if !SPECULA_IS_DEVICE_CODE
-    note(n, w);
+    if constexpr (detail::dense_f32_weight_function<std::remove_cvref_t<WeightFn>>) {
+      if (fused(n, w.dense_f32())) {
+        detail::dense_scan scan;
+        detail::summarize_weights_scanning(n, w, s, &scan);
+        conclude(n, w.dense_f32(), scan);
+        return;
+      }
+    }
 #endif
     summarize_weights(n, w, s);
   }
@@ -103,18 +122,46 @@ struct checking_passes {
   }
 
  private:
-  template <class WeightFn>
-  void note(index_t n, const WeightFn& w) const noexcept {
-    if constexpr (detail::dense_f32_weight_function<std::remove_cvref_t<WeightFn>>) {
-      const dense_f32_weights f = w.dense_f32();
-      check(f.p, n);
-      if (f.q != nullptr) check(f.q, n);
-    }
+  /// Whether the pass over a dense form should validate its rows as it sums them. Rows already
+  /// checked are not checked again; rows of a form the fused kernels do not take are checked here
+  /// first.
+  bool fused(index_t n, const dense_f32_weights& f) const noexcept {
+    if (seen(f.p) && (f.q == nullptr || seen(f.q))) return false;
+    if (f.steps == 1 && f.scale == nullptr) return true;
+    check(f.p, n);
+    if (f.q != nullptr) check(f.q, n);
+    return false;
   }
-  void check(const float* row, index_t n) const noexcept {
+  /// Records the rows of a fused pass: when its scan is not that of valid rows, the rows are
+  /// checked in full for the first failure (p before q).
+  void conclude(index_t n, const dense_f32_weights& f,
+                const detail::dense_scan& scan) const noexcept {
+    auto sum_ok = [&](double sum) {
+      return detail::is_finite(sum) && detail::abs_value(sum - 1.0) <= log->sum_tolerance;
+    };
+    const bool valid =
+        scan.low >= 0.0f && sum_ok(scan.p_sum) && (f.q == nullptr || sum_ok(scan.q_sum));
+    if (valid) {
+      remember(f.p);
+      if (f.q != nullptr) remember(f.q);
+      return;
+    }
+    check(f.p, n);
+    if (f.q != nullptr) check(f.q, n);
+  }
+  [[nodiscard]] bool seen(const float* row) const noexcept {
     for (int k = 0; k < log->count; ++k)
-      if (log->remembered[k] == row) return;
-    if (log->count < row_read_log::max_remembered) log->remembered[log->count++] = row;
+      if (log->remembered[k] == row) return true;
+    return false;
+  }
+  void remember(const float* row) const noexcept {
+    if (!seen(row) && log->count < row_read_log::max_remembered)
+      log->remembered[log->count++] = row;
+  }
+  /// Checks a row with check_probability_row (unless already checked) and records a failure.
+  void check(const float* row, index_t n) const noexcept {
+    if (seen(row)) return;
+    remember(row);
     if (log->failed_row != nullptr) return;
     const diagnostic d = check_probability_row(row_view<const float>{row, n}, log->sum_tolerance);
     if (!d.ok()) {
