@@ -166,6 +166,107 @@ TEST_CASE("trajectory point selection: closest unconverged count, ties to the ea
   CHECK(select_trajectory_point(toks{1, 2, 3, 4}, fixed, 4) == 0);  // a single point
 }
 
+TEST_CASE("noise selection: the paper's text, the released data preparation and Table 4",
+          "[decode]") {
+  const auto paper = jacobi_noise_options::paper();
+  const auto released = jacobi_noise_options::released();
+  const auto ratios = [](index_t blocks, index_t n, index_t w, const jacobi_noise_options& o) {
+    std::vector<double> t;
+    for (index_t b = 0; b < blocks; ++b) t.push_back(jacobi_noise_for(b, n, w, o).ratio);
+    return t;
+  };
+  const auto counts = [](index_t blocks, index_t n, index_t w, const jacobi_noise_options& o) {
+    idx c;
+    for (index_t b = 0; b < blocks; ++b) c.push_back(jacobi_noise_for(b, n, w, o).count);
+    return c;
+  };
+  // Eq. 7 with w = 4: {0, 1/4, 2/4, 3/4}; released: linspace(0, 1, 4) = {0, 1/3, 2/3, 1}.
+  CHECK(ratios(5, 8, 4, paper) == std::vector<double>{0.0, 0.25, 0.5, 0.75, 0.0});
+  CHECK(ratios(5, 8, 4, released) == std::vector<double>{0.0, 1.0 / 3.0, 2.0 / 3.0, 1.0, 0.0});
+  // Round 2 of the paper (n = 32, w = 8): Eq. 7 stops at 28 of 32 noisy tokens, the released
+  // schedule reaches 32 (ceil(32 j / 7): 0, 5 (4.57), 10 (9.14), 14 (13.7), 19 (18.3),
+  // 23 (22.9), 28 (27.4), 32).
+  CHECK(counts(8, 32, 8, paper) == idx{0, 4, 8, 12, 16, 20, 24, 28});
+  CHECK(counts(8, 32, 8, released) == idx{0, 5, 10, 14, 19, 23, 28, 32});
+  // Reverse progressive falls across each window.
+  auto rev = paper;
+  rev.schedule = jacobi_noise_schedule::reverse;
+  CHECK(ratios(5, 8, 4, rev) == std::vector<double>{0.75, 0.5, 0.25, 0.0, 0.75});
+  auto rev_released = released;
+  rev_released.schedule = jacobi_noise_schedule::reverse;
+  CHECK(ratios(4, 8, 4, rev_released) == std::vector<double>{1.0, 2.0 / 3.0, 1.0 / 3.0, 0.0});
+  // Other end points: linspace(0.2, 0.8, 3) = {0.2, 0.5, 0.8}; n = 10 -> counts 2, 5, 8 (no
+  // rounding error pushes 0.2 * 10 above 2).
+  auto mid = released;
+  mid.t_min = 0.2;
+  mid.t_max = 0.8;
+  CHECK(ratios(3, 10, 3, mid) == std::vector<double>{0.2, 0.2 + 0.3, 0.8});
+  CHECK(counts(3, 10, 3, mid) == idx{2, 5, 8});
+  // w = 1 holds t_min only.
+  CHECK(counts(2, 8, 1, released) == idx{0, 0});
+  // Random: each block one of the window's points, from its own stream (deterministic in the
+  // seed, every point drawn over many blocks, different seeds differ).
+  auto rnd = released;
+  rnd.schedule = jacobi_noise_schedule::random;
+  rnd.seed = 7;
+  std::vector<int> seen(4, 0);
+  idx first, again, other;
+  for (index_t b = 0; b < 400; ++b) {
+    const auto t = jacobi_noise_for(b, 6, 4, rnd);
+    REQUIRE(t.step >= 0);
+    REQUIRE(t.step < 4);
+    CHECK(t.ratio == ratios(4, 6, 4, released)[static_cast<std::size_t>(t.step)]);
+    ++seen[static_cast<std::size_t>(t.step)];
+    first.push_back(t.step);
+    again.push_back(jacobi_noise_for(b, 6, 4, rnd).step);
+  }
+  rnd.seed = 8;
+  for (index_t b = 0; b < 400; ++b) other.push_back(jacobi_noise_for(b, 6, 4, rnd).step);
+  CHECK(first == again);
+  CHECK(first != other);
+  for (const int k : seen) CHECK(k > 50);  // 100 expected per point
+
+  // Counting a point's noise: mismatching positions (footnote 2) or everything from the first
+  // mismatch on (released).
+  const toks fixed = {1, 2, 3, 4, 5, 6, 7, 8};
+  const toks point = {1, 2, 9, 4, 5, 6, 9, 8};  // mismatches at 2 and 6
+  CHECK(count_noisy(point, fixed, jacobi_noise_count::mismatches) == 2);
+  CHECK(count_noisy(point, fixed, jacobi_noise_count::suffix) == 6);  // 8 - first mismatch 2
+  CHECK(count_noisy(fixed, fixed, jacobi_noise_count::suffix) == 0);
+
+  // Matching: points with suffix counts 8, 6, 3, 2, 0 (ratios 1, 0.75, 0.375, 0.25, 0) and t =
+  // 0.3, n = 8. ceil(0.3 * 8) = 3 picks the count-3 point; the nearest ratio is 0.25 (|0.05|
+  // against |0.075|), the count-2 point.
+  const toks traj = {9,      9, 9, 9, 9, 9, 9, 9, /**/ 1, 2, 9, 9, 9, 9, 9, 9,
+                     /**/ 1, 2, 3, 4, 5, 9, 7, 9, /**/ 1, 2, 3, 4, 5, 6, 9, 9,
+                     /**/ 1, 2, 3, 4, 5, 6, 7, 8};
+  const jacobi_noise_target t03{0, 0.3, 3};
+  auto suffix_ceil = paper;
+  suffix_ceil.count = jacobi_noise_count::suffix;
+  CHECK(select_noisy_view(traj, fixed, t03, suffix_ceil) == 2);
+  CHECK(select_noisy_view(traj, fixed, t03, released) == 3);
+  // The paper's default (mismatch count, ceil) equals select_trajectory_point: mismatch counts
+  // are 8, 6, 2, 2, 0 -> target 3 is 1 away from the count-2 point at index 2 (earliest).
+  CHECK(select_noisy_view(traj, fixed, t03, paper) == select_trajectory_point(traj, fixed, 3));
+  CHECK(select_noisy_view(traj, fixed, t03, paper) == 2);
+  // Ties go to the earliest point: t = 0.875 is 0.125 from both 1 and 0.75.
+  CHECK(select_noisy_view(traj, fixed, {0, 0.875, 7}, released) == 0);
+
+  // Bad arguments name the argument.
+  auto bad = released;
+  bad.t_min = 0.9;
+  bad.t_max = 0.5;
+  CHECK_THROWS_WITH(jacobi_noise_for(0, 8, 4, bad), Catch::Contains("options.t_max"));
+  bad.t_min = -0.1;
+  CHECK_THROWS_WITH(jacobi_noise_for(0, 8, 4, bad), Catch::Contains("options.t_min"));
+  CHECK_THROWS_WITH(select_noisy_view(traj, fixed, {0, 1.5, 3}, released),
+                    Catch::Contains("target"));
+  CHECK_THROWS_WITH(select_noisy_view(toks{1, 2, 3}, fixed, t03, released),
+                    Catch::Contains("trajectory"));
+  CHECK_THROWS_WITH(count_noisy(toks{1, 2}, fixed, jacobi_noise_count::suffix),
+                    Catch::Contains("point"));
+}
+
 TEST_CASE("packed layout, slots and shared position ids", "[decode]") {
   // P = 3, N = 2, n = 2: [p0 p1 p2 | noisy0 (2) | clean0 (2) | noisy1 (2) | clean1 (2)].
   const jacobi_packing pk(3, 2, 2);

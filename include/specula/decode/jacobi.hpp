@@ -11,8 +11,18 @@
 /// is identical to greedy decoding. The argmaxes past the accepted prefix, `a_{k+1} .. a_n`,
 /// are the next iteration's guesses (the Jacobi update); the window is refilled to `n` guesses
 /// by repeating the last guess or with random tokens.
+///
+/// Block mode (`jacobi_options::block_mode`) is the iteration Jacobi Forcing collects its
+/// training trajectories with (§2.2, Appendix C; the released trajectory generator): a block of
+/// `window` positions — the root and `window − 1` guesses — is iterated until all of it has
+/// converged; converged tokens stay in the block's state, the guesses are not refilled past the
+/// block's end, and the token after a converged block starts the next one. The output is greedy
+/// decoding in both modes. `jacobi_options::on_iteration` sees every iteration's state (the
+/// trajectory points) and, in block mode, every converged block (its fixed point).
 
 #include <algorithm>
+#include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -27,8 +37,25 @@ namespace specula {
 
 /// How empty window slots are filled.
 enum class jacobi_init {
-  repeat_last,  ///< copy the last known token (the root or the last guess)
-  random,       ///< uniform random tokens from the request's stream
+  repeat_last,     ///< copy the last known token (the root or the last guess)
+  random,          ///< uniform random tokens from the request's stream
+  sample_context,  ///< tokens drawn uniformly from the sequence so far (prompt and output), as
+                   ///< the released Jacobi Forcing trajectory generator initialises a block
+};
+
+/// One iteration of jacobi_decode as `jacobi_options::on_iteration` sees it. The spans are valid
+/// during the call only.
+struct jacobi_iteration {
+  std::uint32_t step = 0;  ///< iteration (forward pass) of the request, from 0
+  index_t block = 0;       ///< block mode: the block, from 0; sliding mode: = step
+  index_t position = 0;    ///< output position of state[0] (0: the first generated token; the
+                           ///< root, the last prompt token, is position −1)
+  /// The evaluated state: the root followed by the guesses (sliding mode); in block mode the
+  /// block's tokens, converged prefix (root included) then guesses. For a converged block: its
+  /// fixed point.
+  std::span<const token_t> state;
+  index_t converged = 0;     ///< leading tokens of `state` known to be final (>= 1: the root)
+  bool fixed_point = false;  ///< block mode: the block has converged and `state` is its fixed point
 };
 
 /// Options of jacobi_decode.
@@ -37,6 +64,13 @@ struct jacobi_options {
   index_t max_new_tokens = 64;  ///< >= 1
   jacobi_init init = jacobi_init::repeat_last;
   token_t stop_token = no_token;  ///< generation ends after emitting it (-1: never)
+  /// Iterate fixed blocks of `window` positions (root included) to convergence instead of a
+  /// sliding window (see file comment).
+  bool block_mode = false;
+  /// Called before every forward pass with the iteration's state and, in block mode, once for
+  /// every converged block with its fixed point (a block cut short by max_new_tokens — fewer
+  /// than `window` positions left — or by the stop token is not reported). Empty: no calls.
+  std::function<void(const jacobi_iteration&)> on_iteration;
 };
 
 namespace detail {
@@ -56,32 +90,57 @@ decode_task jacobi_task(Handle m, std::span<const token_t> prompt, jacobi_option
   m.prefill(prompt);
   std::vector<token_t> seq(prompt.begin(), prompt.end());
   const auto prompt_len = static_cast<index_t>(prompt.size());
-  std::vector<token_t> guesses, chain_tokens, out_tokens;
+  std::vector<token_t> guesses, chain_tokens, out_tokens, state;
   std::vector<index_t> out_nodes;
   std::vector<float> logits;
   std::uint32_t draws = 0;
   const auto fill = [&](index_t want) {
     while (static_cast<index_t>(guesses.size()) < want) {
-      if (options.init == jacobi_init::random) {
+      const auto draw = [&](index_t n) {
         const double u = uniform_at(rng, draw_id{draws++, 1});
-        guesses.push_back(static_cast<token_t>(
-            std::min<index_t>(V - 1, static_cast<index_t>(u * static_cast<double>(V)))));
-      } else {
+        return std::min<index_t>(n - 1, static_cast<index_t>(u * static_cast<double>(n)));
+      };
+      if (options.init == jacobi_init::random)
+        guesses.push_back(static_cast<token_t>(draw(V)));
+      else if (options.init == jacobi_init::sample_context)
+        guesses.push_back(seq[sz(draw(static_cast<index_t>(seq.size())))]);
+      else
         guesses.push_back(guesses.empty() ? seq.back() : guesses.back());
-      }
     }
   };
+  const bool report = static_cast<bool>(options.on_iteration);
+  // Block mode: the block starts at output position block_start − 1 (its root); `converged`
+  // of its tokens, root included, are final.
+  index_t block = 0, block_start = 0, converged = 1;
 
   for (std::uint32_t step = 0;; ++step) {
-    const index_t remaining =
-        options.max_new_tokens - (static_cast<index_t>(seq.size()) - prompt_len);
+    const index_t generated = static_cast<index_t>(seq.size()) - prompt_len;
+    const index_t remaining = options.max_new_tokens - generated;
     if (remaining <= 0) break;
-    const index_t n = std::min(options.window, remaining - 1);
+    const index_t room = options.block_mode ? options.window - converged : options.window;
+    const index_t n = std::min(room, remaining - 1);
     if (static_cast<index_t>(guesses.size()) > n) guesses.resize(sz(n));
     fill(n);
 
     chain_tokens.assign(1, seq.back());
     chain_tokens.insert(chain_tokens.end(), guesses.begin(), guesses.end());
+    if (report) {
+      jacobi_iteration it;
+      it.step = step;
+      it.block = options.block_mode ? block : static_cast<index_t>(step);
+      if (options.block_mode) {
+        state.assign(seq.end() - converged, seq.end());
+        state.insert(state.end(), guesses.begin(), guesses.end());
+        it.position = block_start - 1;
+        it.converged = converged;
+      } else {
+        state = chain_tokens;
+        it.position = generated - 1;
+        it.converged = 1;
+      }
+      it.state = state;
+      options.on_iteration(it);
+    }
     const token_tree chain = trees::chain(chain_tokens);
     const index_t nodes = chain.size();
     co_await target_pass(chain, logits, st);
@@ -97,7 +156,36 @@ decode_task jacobi_task(Handle m, std::span<const token_t> prompt, jacobi_option
             static_cast<token_t>(argmax_lowest(row_view<const float>(logits.data() + j * V, V))));
     }
     m.commit(std::span<const index_t>(out_nodes.data(), sz(k + 1)));
-    if (emit_step(out_tokens, k, options.stop_token, seq, st)) break;
+    const bool stopped = emit_step(out_tokens, k, options.stop_token, seq, st);
+    if (options.block_mode) {
+      // Every guess of the block accepted: it has converged and the bonus token starts the next
+      // block. Or the block's last position is the last token to generate: it has converged and
+      // there is no next block.
+      const bool all_accepted = k == n && n == room;
+      const bool ends_output = !all_accepted && !stopped && converged + k + 1 == options.window &&
+                               remaining - (k + 1) == 0;
+      if (report && (all_accepted || ends_output)) {
+        const auto last = all_accepted ? seq.end() - 1 : seq.end();
+        state.assign(last - options.window, last);
+        jacobi_iteration it;
+        it.step = step;
+        it.block = block;
+        it.position = block_start - 1;
+        it.state = state;
+        it.converged = options.window;
+        it.fixed_point = true;
+        options.on_iteration(it);
+      }
+      if (all_accepted) {
+        ++block;
+        block_start += options.window;
+        converged = 1;
+        guesses.clear();
+      } else {
+        converged += k + 1;
+      }
+    }
+    if (stopped) break;
   }
   result.assign(seq.begin() + prompt_len, seq.end());
 }

@@ -22,6 +22,7 @@
 /// Everything here is host code, exact integer arithmetic; malformed arguments throw
 /// specula::invalid_input naming the argument. See docs/jacobi_forcing.md.
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -30,6 +31,8 @@
 #include <vector>
 
 #include "specula/core/error.hpp"
+#include "specula/core/numeric.hpp"
+#include "specula/core/rng.hpp"
 #include "specula/core/types.hpp"
 
 namespace specula {
@@ -68,6 +71,23 @@ inline void jf_set_bits(std::uint64_t* row, index_t begin, index_t end) noexcept
   row[first] |= lo;
   for (index_t w = first + 1; w < last; ++w) row[w] = ~std::uint64_t{0};
   row[last] |= hi;
+}
+
+/// Points of a trajectory of one block (K points of n = fixed_point.size() tokens back to back).
+/// Throws invalid_input ("fixed_point" empty, "trajectory" empty or not a multiple of n).
+inline index_t jf_trajectory_points(std::span<const token_t> trajectory,
+                                    std::span<const token_t> fixed_point) {
+  const auto n = static_cast<index_t>(fixed_point.size());
+  if (n == 0)
+    throw_if_failed({status::empty_input, -1, -1, 0.0}, "fixed_point", "a block has >= 1 token");
+  if (trajectory.empty())
+    throw_if_failed({status::empty_input, -1, -1, 0.0}, "trajectory",
+                    "a trajectory has >= 1 point");
+  if (static_cast<index_t>(trajectory.size()) % n != 0)
+    throw_if_failed(
+        {status::length_mismatch, -1, -1, static_cast<double>(trajectory.size())}, "trajectory",
+        ("expected a multiple of the block size " + std::to_string(n) + " tokens").c_str());
+  return static_cast<index_t>(trajectory.size()) / n;
 }
 
 /// Throws length_mismatch for `argument` unless `actual == expected`.
@@ -168,19 +188,10 @@ inline void jf_require_length(std::size_t actual, index_t expected, const char* 
 [[nodiscard]] inline index_t select_trajectory_point(std::span<const token_t> trajectory,
                                                      std::span<const token_t> fixed_point,
                                                      index_t target_noisy) {
+  const index_t points = detail::jf_trajectory_points(trajectory, fixed_point);
   const auto n = static_cast<index_t>(fixed_point.size());
-  if (n == 0)
-    throw_if_failed({status::empty_input, -1, -1, 0.0}, "fixed_point", "a block has >= 1 token");
-  if (trajectory.empty())
-    throw_if_failed({status::empty_input, -1, -1, 0.0}, "trajectory",
-                    "a trajectory has >= 1 point");
-  if (static_cast<index_t>(trajectory.size()) % n != 0)
-    throw_if_failed(
-        {status::length_mismatch, -1, -1, static_cast<double>(trajectory.size())}, "trajectory",
-        ("expected a multiple of the block size " + std::to_string(n) + " tokens").c_str());
   require_parameter(target_noisy >= 0 && target_noisy <= n, "target_noisy",
                     static_cast<double>(target_noisy), "must be in [0, block size]");
-  const index_t points = static_cast<index_t>(trajectory.size()) / n;
   index_t best = 0;
   index_t best_gap = detail::jf_index_max;
   for (index_t k = 0; k < points; ++k) {
@@ -189,6 +200,172 @@ inline void jf_require_length(std::size_t actual, index_t expected, const char* 
         fixed_point);
     const index_t gap = c >= target_noisy ? c - target_noisy : target_noisy - c;
     if (gap < best_gap) {
+      best_gap = gap;
+      best = k;
+    }
+  }
+  return best;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Noise selection variants: the paper's text, the released data preparation, Table 4
+// ---------------------------------------------------------------------------------------------
+
+/// How the noise ratios run across a window of w blocks (Table 4).
+enum class jacobi_noise_schedule : std::uint8_t {
+  linear,   ///< rising across the window (Eq. 7, "linear progressive"; the paper trains with it)
+  reverse,  ///< falling across the window ("reverse progressive", Table 4)
+  random,   ///< each block takes a uniformly drawn point of the window's ratios (Table 4's
+            ///< "random"; the released data preparation's `--strategy random`)
+};
+
+/// The ratios a window holds.
+enum class jacobi_noise_end : std::uint8_t {
+  eq7,       ///< W = {0, 1/w, …, (w−1)/w} (Eq. 7): the last block is never fully noisy
+  released,  ///< linspace(t_min, t_max, w), as the released data preparation builds it: the
+             ///< last block of a window reaches t_max (Table 4: t_min = 0, t_max = 1)
+};
+
+/// How the noise of a trajectory point is counted against the block's fixed point.
+enum class jacobi_noise_count : std::uint8_t {
+  mismatches,  ///< positions that differ from the fixed point (footnote 2; count_unconverged)
+  suffix,      ///< n − (first position that differs), i.e. everything from the first
+               ///< unconverged token on (the released data preparation)
+};
+
+/// Which trajectory point realises a scheduled ratio t.
+enum class jacobi_noise_match : std::uint8_t {
+  ceil_count,     ///< noisy count closest to ⌈t·n⌉ (§3.1), ties to the earliest point
+  nearest_ratio,  ///< noisy count / n closest to t (released: argmin |ratio − t|), ties to the
+                  ///< earliest point
+};
+
+/// The noise-selection convention: `paper()` (the defaults) follows the text (Eq. 7, footnote 2,
+/// §3.1), `released()` the authors' data preparation (progressive strategy over
+/// linspace(0, 1, w), suffix count, nearest fraction). The options can be mixed freely.
+struct jacobi_noise_options {
+  jacobi_noise_schedule schedule = jacobi_noise_schedule::linear;
+  jacobi_noise_end end = jacobi_noise_end::eq7;
+  double t_min = 0.0;  ///< first ratio of a window (end = released)
+  double t_max = 1.0;  ///< last ratio of a window (end = released)
+  jacobi_noise_count count = jacobi_noise_count::mismatches;
+  jacobi_noise_match match = jacobi_noise_match::ceil_count;
+  std::uint64_t seed = 0;  ///< schedule = random: block b draws from the stream {seed, 0, b}
+
+  [[nodiscard]] static jacobi_noise_options paper() { return {}; }
+  [[nodiscard]] static jacobi_noise_options released() {
+    jacobi_noise_options o;
+    o.end = jacobi_noise_end::released;
+    o.count = jacobi_noise_count::suffix;
+    o.match = jacobi_noise_match::nearest_ratio;
+    return o;
+  }
+
+  /// Throws invalid_input ("options.t_min", "options.t_max") unless 0 <= t_min <= t_max <= 1.
+  void validate() const {
+    require_parameter(detail::is_finite(t_min) && t_min >= 0.0 && t_min <= 1.0, "options.t_min",
+                      t_min, "must be in [0, 1]");
+    require_parameter(detail::is_finite(t_max) && t_max >= t_min && t_max <= 1.0, "options.t_max",
+                      t_max, "must be in [t_min, 1]");
+  }
+};
+
+/// A block's scheduled noise: the ratio t_b and the count ⌈t_b·n⌉ (exact integer arithmetic for
+/// rational ratios j/w and, with the default end points, j/(w − 1)).
+struct jacobi_noise_target {
+  index_t step = 0;    ///< the window point j the block uses, in [0, w)
+  double ratio = 0.0;  ///< t_b
+  index_t count = 0;   ///< ⌈t_b·n⌉, in [0, n]
+};
+
+/// The scheduled noise of 0-based block `block` of size n under `options` (window w). Throws
+/// invalid_input ("block", "block_size", "window", "options.t_min", "options.t_max").
+[[nodiscard]] inline jacobi_noise_target jacobi_noise_for(index_t block, index_t block_size,
+                                                          index_t window,
+                                                          const jacobi_noise_options& options) {
+  index_t j = progressive_noise_step(block, window);
+  detail::jf_require_block_size(block_size);
+  detail::jf_require_product(window, block_size);
+  options.validate();
+  if (options.schedule == jacobi_noise_schedule::reverse) j = window - 1 - j;
+  if (options.schedule == jacobi_noise_schedule::random) {
+    const double u =
+        uniform_at(request_rng{options.seed, 0, static_cast<std::uint32_t>(block)}, draw_id{0, 0});
+    j = static_cast<index_t>(u * static_cast<double>(window));
+    if (j >= window) j = window - 1;
+  }
+  const auto ceil_div = [](index_t num, index_t den) { return num / den + (num % den != 0); };
+  jacobi_noise_target t;
+  t.step = j;
+  if (options.end == jacobi_noise_end::eq7) {
+    t.ratio = static_cast<double>(j) / static_cast<double>(window);
+    t.count = ceil_div(j * block_size, window);
+    return t;
+  }
+  // numpy.linspace(t_min, t_max, w): t_min + j·step with step = (t_max − t_min)/(w − 1), and
+  // exactly t_max at the last point.
+  if (window == 1 || j == 0) {
+    t.ratio = options.t_min;
+  } else if (j == window - 1) {
+    t.ratio = options.t_max;
+  } else {
+    const double step = (options.t_max - options.t_min) / static_cast<double>(window - 1);
+    t.ratio = options.t_min + static_cast<double>(j) * step;
+  }
+  if (options.t_min == 0.0 && options.t_max == 1.0) {
+    t.count = window == 1 ? 0 : ceil_div(j * block_size, window - 1);
+  } else {
+    // ⌈t·n⌉ of a double ratio, guarded against t·n landing a rounding error above an integer.
+    const double x = t.ratio * static_cast<double>(block_size);
+    const double r = std::floor(x + 0.5);
+    t.count = static_cast<index_t>(
+        std::abs(x - r) <= 1e-9 * static_cast<double>(block_size) ? r : std::ceil(x));
+  }
+  if (t.count > block_size) t.count = block_size;
+  return t;
+}
+
+/// Noisy tokens of a trajectory point by `how` (see jacobi_noise_count). Throws invalid_input
+/// ("point", length mismatch).
+[[nodiscard]] inline index_t count_noisy(std::span<const token_t> point,
+                                         std::span<const token_t> fixed_point,
+                                         jacobi_noise_count how) {
+  if (how == jacobi_noise_count::mismatches) return count_unconverged(point, fixed_point);
+  detail::jf_require_length(point.size(), static_cast<index_t>(fixed_point.size()), "point",
+                            "one per fixed-point token");
+  std::size_t first = 0;
+  while (first < point.size() && point[first] == fixed_point[first]) ++first;
+  return static_cast<index_t>(point.size() - first);
+}
+
+/// Index of the point of one block's trajectory (K points back to back, as in
+/// select_trajectory_point) that realises `target` under `options.count` and `options.match`;
+/// ties go to the earliest point. Throws invalid_input as select_trajectory_point, and
+/// ("target") for a count outside [0, n] or a ratio outside [0, 1].
+[[nodiscard]] inline index_t select_noisy_view(std::span<const token_t> trajectory,
+                                               std::span<const token_t> fixed_point,
+                                               const jacobi_noise_target& target,
+                                               const jacobi_noise_options& options) {
+  if (options.count == jacobi_noise_count::mismatches &&
+      options.match == jacobi_noise_match::ceil_count)
+    return select_trajectory_point(trajectory, fixed_point, target.count);
+  const index_t points = detail::jf_trajectory_points(trajectory, fixed_point);
+  const auto n = static_cast<index_t>(fixed_point.size());
+  require_parameter(target.count >= 0 && target.count <= n, "target",
+                    static_cast<double>(target.count), "count must be in [0, block size]");
+  require_parameter(detail::is_finite(target.ratio) && target.ratio >= 0.0 && target.ratio <= 1.0,
+                    "target", target.ratio, "ratio must be in [0, 1]");
+  index_t best = 0;
+  double best_gap = 2.0;
+  for (index_t k = 0; k < points; ++k) {
+    const index_t c = count_noisy(
+        trajectory.subspan(static_cast<std::size_t>(k * n), static_cast<std::size_t>(n)),
+        fixed_point, options.count);
+    const double gap =
+        options.match == jacobi_noise_match::nearest_ratio
+            ? std::abs(static_cast<double>(c) / static_cast<double>(n) - target.ratio)
+            : static_cast<double>(c >= target.count ? c - target.count : target.count - c);
+    if (k == 0 || gap < best_gap) {
       best_gap = gap;
       best = k;
     }
