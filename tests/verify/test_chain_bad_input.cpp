@@ -8,10 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "bad_input_util.hpp"
 #include "specula/verify/chain.hpp"
 #include "specula/verify/greedy.hpp"
 
 using namespace specula;
+using specula::test::expected_error;
+using specula::test::require_error;
 
 namespace {
 
@@ -39,32 +42,6 @@ struct fixture {
   }
   chain_batch_output output() { return {out, n, acc, flags}; }
 };
-
-struct expected_error {
-  status code;
-  std::string argument;
-  index_t row;
-  index_t column;
-};
-
-void require_error(const std::function<void()>& call, const expected_error& e) {
-  try {
-    call();
-    FAIL("no exception; expected " << e.argument << ": " << describe(e.code));
-  } catch (const invalid_input& err) {
-    INFO(err.what());
-    CHECK(err.code() == e.code);
-    CHECK(err.argument() == e.argument);
-    CHECK(err.row() == e.row);
-    CHECK(err.column() == e.column);
-    const std::string msg = err.what();
-    CHECK(msg.find(e.argument) != std::string::npos);
-    CHECK(msg.find(describe(e.code)) != std::string::npos);
-    if (e.row >= 0) CHECK(msg.find("[row " + std::to_string(e.row) + "]") != std::string::npos);
-    if (e.column >= 0)
-      CHECK(msg.find("[column " + std::to_string(e.column) + "]") != std::string::npos);
-  }
-}
 
 }  // namespace
 

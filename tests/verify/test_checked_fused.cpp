@@ -7,17 +7,19 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "bad_input_util.hpp"
 #include "specula/core/simd.hpp"
 #include "specula/verify/candidates.hpp"
 #include "specula/verify/chain.hpp"
 #include "specula/verify/tree.hpp"
 
 using namespace specula;
+using specula::test::expected_error;
+using specula::test::require_error;
 
 namespace {
 
@@ -73,31 +75,6 @@ void corrupt(std::vector<float>& rows, index_t row, index_t v, index_t col, cons
     x += 0.01f;
   else
     x = c.value;
-}
-
-struct expected_error {
-  status code;
-  std::string argument;
-  index_t row;
-  index_t column;
-};
-
-void require_error(const std::function<void()>& call, const expected_error& e) {
-  try {
-    call();
-    FAIL("no exception; expected " << e.argument << ": " << describe(e.code));
-  } catch (const invalid_input& err) {
-    INFO(err.what());
-    CHECK(err.code() == e.code);
-    CHECK(err.argument() == e.argument);
-    CHECK(err.row() == e.row);
-    CHECK(err.column() == e.column);
-    const std::string msg = err.what();
-    CHECK(msg.find(e.argument) != std::string::npos);
-    if (e.row >= 0) CHECK(msg.find("[row " + std::to_string(e.row) + "]") != std::string::npos);
-    if (e.column >= 0)
-      CHECK(msg.find("[column " + std::to_string(e.column) + "]") != std::string::npos);
-  }
 }
 
 /// B = 3 requests of L = 3 drafts (token 0 at every position, p = q at the drafts: all
