@@ -44,10 +44,10 @@ struct chain_output_arrays {
   array flags;
 
   chain_output_arrays(nb::handle t, nb::handle c, nb::handle a, nb::handle f)
-      : tokens(import_array(t, "output_token_ids")),
-        counts(import_array(c, "num_accepted")),
-        accepted(import_optional(a, "accepted")),
-        flags(import_optional(f, "flags")) {}
+      : tokens(import_array(t, "output_token_ids", true)),
+        counts(import_array(c, "num_accepted", true)),
+        accepted(import_optional(a, "accepted", true)),
+        flags(import_optional(f, "flags", true)) {}
 
   /// The C++ output struct (padded_chain_output or chain_batch_output) writing the tokens to
   /// `out_tokens`.
@@ -254,9 +254,9 @@ void candidates(nb::handle target_probs_arg, nb::handle candidates_arg, nb::hand
   const array target = import_array(target_probs_arg, "target_probs");
   const array cand = import_array(candidates_arg, "candidates");
   const array draft = import_optional(draft_probs_arg, "draft_probs");
-  const array index_out = import_array(accepted_index_arg, "accepted_index");
-  const array token_out = import_array(tokens_arg, "tokens");
-  const array flags = import_optional(flags_arg, "flags");
+  const array index_out = import_array(accepted_index_arg, "accepted_index", true);
+  const array token_out = import_array(tokens_arg, "tokens", true);
+  const array flags = import_optional(flags_arg, "flags", true);
   require_ndim(target, "target_probs", 2, "(B, V)");
   require_ndim(cand, "candidates", 2, "(B, K)");
   if (draft.is_valid()) require_ndim(draft, "draft_probs", 2, "(B, V)");

@@ -41,11 +41,13 @@ std::string dtype_name(nb::dlpack::dtype t);
 // ---------------------------------------------------------------------------------------------
 
 /// Imports `h` (a NumPy array, a PyTorch tensor or any DLPack / buffer-protocol object) without
-/// conversion, on the CPU. TypeError for other objects, ValueError for another device.
-array import_array(nb::handle h, const char* name);
+/// conversion, on the CPU. TypeError for other objects, ValueError for another device. Inputs
+/// are imported read-only (one unversioned __dlpack__() call, which every producer answers);
+/// `writable` outputs ask for a writable export.
+array import_array(nb::handle h, const char* name, bool writable = false);
 
 /// As import_array, or an invalid array for None (an optional argument left out).
-array import_optional(nb::handle h, const char* name);
+array import_optional(nb::handle h, const char* name, bool writable = false);
 
 /// Whether `h` is a single number: a Python int or float, or a 0-d array or NumPy scalar.
 [[nodiscard]] bool is_scalar(nb::handle h);

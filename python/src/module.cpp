@@ -50,9 +50,17 @@ std::string dtype_name(nb::dlpack::dtype t) {
 // Array arguments
 // ---------------------------------------------------------------------------------------------
 
-array import_array(nb::handle h, const char* name) {
+array import_array(nb::handle h, const char* name, bool writable) {
   array a;
-  if (!nb::try_cast(h, a, /*convert=*/false))
+  bool ok = false;
+  if (writable) {
+    ok = nb::try_cast(h, a, /*convert=*/false);
+  } else {
+    nb::ndarray<nb::ro> ro;
+    ok = nb::try_cast(h, ro, /*convert=*/false);
+    if (ok) a = array(ro);
+  }
+  if (!ok)
     type_error(std::string("specula: ") + name +
                " must be a NumPy array or a PyTorch tensor (any object with __dlpack__ or the "
                "buffer protocol), not " +
@@ -77,9 +85,9 @@ bool is_scalar(nb::handle h) {
   return PySequence_Check(shape.ptr()) != 0 && PySequence_Size(shape.ptr()) == 0;
 }
 
-array import_optional(nb::handle h, const char* name) {
+array import_optional(nb::handle h, const char* name, bool writable) {
   if (h.is_none()) return {};
-  return import_array(h, name);
+  return import_array(h, name, writable);
 }
 
 void require_ndim(const array& a, const char* name, std::size_t ndim, const char* shape) {

@@ -56,7 +56,7 @@ void logits_to_probs_binding(nb::handle logits_arg, nb::handle uncond_arg, nb::h
   clear_pointers();
   const array logits = import_array(logits_arg, "logits");
   const array uncond = import_optional(uncond_arg, "uncond");
-  const array probs = import_array(probs_arg, "probs");
+  const array probs = import_array(probs_arg, "probs", true);
   require_dtype<float>(probs, "probs", "float32");
   if (uncond.is_valid() && uncond.dtype() != logits.dtype())
     type_error("specula: uncond must have the dtype of logits (" + dtype_name(logits.dtype()) +

@@ -87,10 +87,10 @@ void tree(nb::handle parents_arg, nb::handle tokens_arg, nb::handle node_offsets
   const array offsets = import_optional(node_offsets_arg, "node_offsets");
   const array target = import_array(target_probs_arg, target_name);
   const array draft = import_optional(draft_probs_arg, "draft_probs");
-  const array output = import_array(output_tokens_arg, "output_tokens");
-  const array counts = import_array(num_accepted_arg, "num_accepted");
-  const array nodes = import_optional(accepted_nodes_arg, "accepted_nodes");
-  const array flags = import_optional(flags_arg, "flags");
+  const array output = import_array(output_tokens_arg, "output_tokens", true);
+  const array counts = import_array(num_accepted_arg, "num_accepted", true);
+  const array nodes = import_optional(accepted_nodes_arg, "accepted_nodes", true);
+  const array flags = import_optional(flags_arg, "flags", true);
   const std::vector<token_tree> trees = make_trees(parents, tokens, offsets);
   const auto batch = static_cast<index_t>(trees.size());
   const auto rng =
