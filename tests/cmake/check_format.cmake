@@ -1,11 +1,12 @@
 # cmake -DCLANG_FORMAT=<exe> -DROOT=<repo> -P check_format.cmake
-# Fails (listing the files) if any C++ source under include/, cuda/, tests/, bench/, examples/
-# differs from clang-format's output.
+# Fails (listing the files) if any C++ source under include/, cuda/, tests/, bench/, examples/,
+# python/src/ differs from clang-format's output.
 file(GLOB_RECURSE sources
      "${ROOT}/include/*.hpp" "${ROOT}/cuda/*.cuh" "${ROOT}/cuda/*.hpp"
      "${ROOT}/tests/*.cpp" "${ROOT}/tests/*.hpp" "${ROOT}/tests/*.cu"
      "${ROOT}/bench/*.cpp" "${ROOT}/bench/*.hpp" "${ROOT}/bench/*.cu" "${ROOT}/bench/*.cuh"
-     "${ROOT}/examples/*.cpp" "${ROOT}/examples/*.hpp")
+     "${ROOT}/examples/*.cpp" "${ROOT}/examples/*.hpp"
+     "${ROOT}/python/src/*.cpp" "${ROOT}/python/src/*.hpp")
 list(FILTER sources EXCLUDE REGEX "/tests/package/")
 set(bad "")
 foreach(f IN LISTS sources)
