@@ -154,3 +154,23 @@ def test_tree_rejects_row_aware_rules():
     out, _, _ = specula.verify_tree(parents, tokens, p, p, seeds=1, steps=0,
                                     rule=specula.relaxed_rule(2.0))
     assert out[0] >= 0
+
+
+def test_candidates_independent_of_batch_position():
+    rng = np.random.default_rng(26)
+    batch, k = 12, 3
+    p = random_rows(rng, batch, 40)
+    q = random_rows(rng, batch, 40)
+    cands = np.array([without_replacement(rng, q[b], k) for b in range(batch)], np.int32)
+    seeds = rng.integers(0, 2**62, size=batch)
+    positions = rng.integers(0, 8, size=batch)
+    idx, tok = specula.verify_candidates(p, cands, q, seeds=seeds, steps=3, position=positions)
+    perm = rng.permutation(batch)
+    idx_p, tok_p = specula.verify_candidates(p[perm], cands[perm], q[perm], seeds=seeds[perm],
+                                             steps=3, position=positions[perm], threads=0)
+    assert np.array_equal(idx_p, idx[perm]) and np.array_equal(tok_p, tok[perm])
+    for b in range(batch):
+        i1, t1 = specula.verify_candidates(p[b:b + 1], cands[b:b + 1], q[b:b + 1],
+                                           seeds=int(seeds[b]), steps=3,
+                                           position=int(positions[b]))
+        assert i1[0] == idx[b] and t1[0] == tok[b]
