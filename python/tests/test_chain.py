@@ -295,3 +295,20 @@ def test_torch_tensors_give_the_numpy_results():
     t64 = specula.chain_speculative_sampling(torch.from_numpy(q), torch.from_numpy(drafts).long(),
                                              torch.from_numpy(p), seeds=seeds, steps=steps)[0]
     assert t64.tolist() == out.tolist()
+
+
+def test_draft_lengths():
+    p, q, drafts, lengths, seeds, steps = random_batch(10)
+    out, acc, _ = specula.chain_speculative_sampling(q, drafts, p, seeds=seeds, steps=steps)
+    for dtype in (np.int32, np.int64):
+        out_l, acc_l, _ = specula.chain_speculative_sampling(
+            q, drafts, p, seeds=seeds, steps=steps, draft_lengths=lengths.astype(dtype))
+        assert np.array_equal(out_l, out) and np.array_equal(acc_l, acc)
+    # Slots past a request's length must hold -1 (the C++ check).
+    b = int(np.argmin(lengths))
+    full = drafts.copy()
+    full[b, lengths[b]:] = 0
+    if lengths[b] < drafts.shape[1]:
+        with pytest.raises(ValueError, match=r"draft_tokens\[row %d\].*must be -1" % b):
+            specula.chain_speculative_sampling(q, full, p, seeds=seeds, steps=steps,
+                                               draft_lengths=lengths)
