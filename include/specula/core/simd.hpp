@@ -156,8 +156,10 @@ SPECULA_HOST_DEVICE constexpr double combine_lanes(const double* lane) noexcept 
 SPECULA_HOST_DEVICE constexpr double checked_entry(double v) noexcept { return 0.0 > v ? 0.0 : v; }
 
 /// What a checked tile kernel reports besides its weight sums (check_level::reads): the entry
-/// sums (checked_entry, same lanes as the weights) of p and of q over each tile it summed, and
-/// the running minimum of the entries of both rows (NaN ignored; starts at 0).
+/// sums of p and of q over each tile it summed (same lanes as the weights), and the running
+/// minimum of the entries of both rows (NaN ignored; starts at 0). Without q, p's entry sum is
+/// the weight sum, of checked_entry; with q, the kernels add the plain entries (one operation
+/// less), which gives the same bits for every row without a negative entry.
 struct tile_checks {
   static constexpr int max_tiles = 4;  ///< tiles one kernel call sums
   double p_sum[max_tiles] = {};
@@ -166,10 +168,11 @@ struct tile_checks {
 };
 
 /// What a checked pass learned about the rows of a dense form: the entry sums of p and q, each
-/// the tiles' entry sums added left to right (the row sum of check_probability_row, bit for
-/// bit), and the smallest entry of either row. Both rows pass check_probability_row when
-/// `low >= 0` and both sums are finite and within the tolerance; a NaN in q can hide a
-/// negative entry of p from `low`, but not from q's sum.
+/// the tiles' entry sums added left to right, and the smallest entry of either row. For a row
+/// without negative entries the sum is bit for bit the row sum of check_probability_row, so
+/// both rows pass check_probability_row exactly when `low >= 0` and both sums are finite and
+/// within the tolerance (a negative entry fails on `low`; a NaN in q, which can hide a negative
+/// entry of p from `low`, makes q's sum NaN).
 struct dense_scan {
   double p_sum = 0.0;
   double q_sum = 0.0;
@@ -180,11 +183,14 @@ struct dense_scan {
 /// max(p - q, 0) (max(p, 0) without q) and, when Check, the entry sums of p and q and the
 /// minimum. Every path adds the tile's tail (after its last full group of 8) here and combines
 /// the lanes here; the SIMD kernels store their vector lanes into w, p and q first.
+///
+/// The members are left uninitialised by default, so that the SIMD kernels, which overwrite
+/// them, pay no zeroing per tile; `tile_lanes<...> acc{}` starts from zero lanes.
 template <bool HasQ, bool Check>
 struct tile_lanes {
-  double w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  double p[Check && HasQ ? 8 : 1] = {};
-  double q[Check && HasQ ? 8 : 1] = {};
+  double w[8];
+  double p[Check && HasQ ? 8 : 1];
+  double q[Check && HasQ ? 8 : 1];
 
   void add(int k, float pf, float qf, tile_checks* c) noexcept {
     double d = static_cast<double>(pf);
@@ -198,9 +204,9 @@ struct tile_lanes {
       // either is NaN): a NaN in q can hide a negative p here, never from q's sum (dense_scan).
       const float m = HasQ ? (pf < qf ? pf : qf) : pf;
       c->low = m < c->low ? m : c->low;
-      if constexpr (HasQ) {
-        p[k] += checked_entry(static_cast<double>(pf));
-        q[k] += checked_entry(static_cast<double>(qf));
+      if constexpr (HasQ) {  // plain sums: equal to checked_entry's unless the row fails on low
+        p[k] += static_cast<double>(pf);
+        q[k] += static_cast<double>(qf);
       }
     }
   }
@@ -238,7 +244,7 @@ template <bool HasQ>
 template <bool HasQ, bool Check = false>
 [[nodiscard]] inline double tile_sum_scalar(const float* p, const float* q, index_t len,
                                             tile_checks* c = nullptr) noexcept {
-  tile_lanes<HasQ, Check> acc;
+  tile_lanes<HasQ, Check> acc{};
   index_t i = 0;
   for (; i + 8 <= len; i += 8)
     for (int k = 0; k < 8; ++k) acc.add(k, p[i + k], HasQ ? q[i + k] : 0.0f, c);
@@ -270,10 +276,9 @@ template <bool HasQ, bool Check = false>
                              _mm_cvtps_pd(q1), _mm_cvtps_pd(_mm_movehl_ps(q1, q1))};
       for (int h = 0; h < 4; ++h) d[h] = _mm_sub_pd(pd[h], qd[h]);
       if constexpr (Check) {
-        // max(0, v) returns v unless 0 > v: checked_entry, NaN kept.
         for (int h = 0; h < 4; ++h) {
-          ap[h] = _mm_add_pd(ap[h], _mm_max_pd(zero, pd[h]));
-          aq[h] = _mm_add_pd(aq[h], _mm_max_pd(zero, qd[h]));
+          ap[h] = _mm_add_pd(ap[h], pd[h]);
+          aq[h] = _mm_add_pd(aq[h], qd[h]);
         }
         low = _mm_min_ps(_mm_min_ps(p0, q0), _mm_min_ps(_mm_min_ps(p1, q1), low));
       }
@@ -313,12 +318,19 @@ __attribute__((target("avx2"))) inline void tile_group_avx2(const float* p, cons
                                                             tile_checks* c = nullptr) noexcept {
   static_assert(G <= tile_checks::max_tiles);
   const __m256d zero = _mm256_setzero_pd();
+  // Accumulators, zeroed here (the lanes of a tile shorter than 8 stay zero).
   __m256d lo[G], hi[G];    // weight lanes 0-3 and 4-7 of each tile
   __m256d plo[G], phi[G];  // entry sums of p and q (Check with q)
   __m256d qlo[G], qhi[G];
   __m256 low[G];  // minima (Check)
+#pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
-    lo[g] = hi[g] = plo[g] = phi[g] = qlo[g] = qhi[g] = zero;
+    lo[g] = zero;
+    hi[g] = zero;
+    plo[g] = zero;
+    phi[g] = zero;
+    qlo[g] = zero;
+    qhi[g] = zero;
     low[g] = _mm256_setzero_ps();
   }
   index_t i = 0;
@@ -335,10 +347,10 @@ __attribute__((target("avx2"))) inline void tile_group_avx2(const float* p, cons
         d0 = _mm256_sub_pd(p0, q0);
         d1 = _mm256_sub_pd(p1, q1);
         if constexpr (Check) {
-          plo[g] = _mm256_add_pd(plo[g], _mm256_max_pd(zero, p0));
-          phi[g] = _mm256_add_pd(phi[g], _mm256_max_pd(zero, p1));
-          qlo[g] = _mm256_add_pd(qlo[g], _mm256_max_pd(zero, q0));
-          qhi[g] = _mm256_add_pd(qhi[g], _mm256_max_pd(zero, q1));
+          plo[g] = _mm256_add_pd(plo[g], p0);
+          phi[g] = _mm256_add_pd(phi[g], p1);
+          qlo[g] = _mm256_add_pd(qlo[g], q0);
+          qhi[g] = _mm256_add_pd(qhi[g], q1);
           // One minimum for both rows (see tile_lanes::add).
           low[g] = _mm256_min_ps(_mm256_min_ps(pv, qv), low[g]);
         }
@@ -534,9 +546,9 @@ template <bool HasQ, bool Check, class Record>
 inline index_t avx2_tile_groups(const dense_f32_weights& f, index_t begin, index_t end, index_t n,
                                 index_t tile, double* out, tile_checks* c,
                                 Record& record) noexcept {
-  // Four tiles at a time; checking with q keeps three sums per tile, so two tiles fit the
-  // sixteen vector registers.
-  constexpr int group = Check && HasQ ? 2 : 4;
+  // Four tiles at a time; checking with q keeps three sums per tile, which leaves registers
+  // for one tile only.
+  constexpr int group = Check && HasQ ? 1 : 4;
   index_t t = begin;
   index_t k = 0;
   for (; t + group * tile <= n && t < end; t += group * tile, k += group) {
