@@ -184,11 +184,16 @@ def main():
             ("multi-block K = 2, r = 0.85", "multiblock", ["--no-recycling"]),
             ("multi-block K = 2, r = 0.5", "multiblock", ["--no-recycling", "--spawn-ratio",
                                                           "0.5"]),
-            ("recycling only (K = 1)", "multiblock", ["--blocks", "1"]),
-            ("multi-block K = 2, r = 0.85 + recycling", "multiblock", []),
+            ("recycling only (K = 1), per-key pool", "multiblock",
+             ["--blocks", "1", "--pool", "per-key"]),
+            ("recycling only (K = 1), released pool", "multiblock", ["--blocks", "1"]),
+            ("multi-block K = 2, r = 0.85 + recycling, per-key pool, any block spawns",
+             "multiblock", ["--pool", "per-key", "--spawn", "any"]),
+            ("multi-block K = 2, r = 0.85 + recycling, released pool and spawn (defaults)",
+             "multiblock", []),
         ]
-        print(f"text-target, {len(TEXT_PROMPTS)} prompts x {text_tokens} tokens (block 64, "
-              "pool 4, n-grams of 16):\n")
+        print(f"text-target, {len(TEXT_PROMPTS)} prompts x {text_tokens} tokens (block 64; "
+              "per-key pool: 4 n-grams of 16 per key; released pool: 4 sequences):\n")
         print(HEADER)
         for name, m, extra in rows:
             print(text_runs(demo, m, extra, text_tokens).row(name))

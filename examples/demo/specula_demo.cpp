@@ -145,6 +145,8 @@ struct demo_options {
   bool no_recycling = false;
   index_t pool_size = 4;
   index_t ngram = 16;
+  std::string pool = "fifo";
+  std::string spawn = "newest";
   bool mix_order = false;
   // diffusion (ar, ssd): the dual cache
   std::string cache = "none";
@@ -515,6 +517,10 @@ std::vector<token_t> run_multiblock(const run_input& in, decode_stats& st) {
   mo.spawn_ratio = in.opt.spawn_ratio;
   mo.recycling = !in.opt.no_recycling;
   mo.pool_size = in.opt.pool_size;
+  mo.pool =
+      in.opt.pool == "per-key" ? specula::multiblock_pool::per_key : specula::multiblock_pool::fifo;
+  mo.spawn = in.opt.spawn == "any" ? specula::multiblock_spawn::any_block
+                                   : specula::multiblock_spawn::newest_block;
   mo.ngram_length = in.opt.ngram;
   mo.max_new_tokens = in.opt.max_new_tokens;
   mo.init =
@@ -525,9 +531,11 @@ std::vector<token_t> run_multiblock(const run_input& in, decode_stats& st) {
 json params_multiblock(const demo_options& o) {
   json p = {{"block_size", o.block_size},   {"blocks", o.blocks}, {"spawn_ratio", o.spawn_ratio},
             {"recycling", !o.no_recycling}, {"init", o.init},     {"greedy", true}};
+  p["spawn"] = o.spawn;
   if (!o.no_recycling) {
+    p["pool"] = o.pool;
     p["pool_size"] = o.pool_size;
-    p["ngram"] = o.ngram;
+    if (o.pool == "per-key") p["ngram"] = o.ngram;
   }
   return p;
 }
@@ -600,7 +608,7 @@ const std::vector<method_entry>& methods() {
        text_bit | image_bit,
        0,
        {"--block-size", "--blocks", "--spawn-ratio", "--no-recycling", "--pool-size", "--ngram",
-        "--init"},
+        "--init", "--pool", "--spawn"},
        run_multiblock,
        params_multiblock,
        "multi-block Jacobi decoding with rejection recycling (greedy)"},
@@ -676,8 +684,13 @@ void print_help() {
       "  --blocks K           multiblock: blocks kept (default 2)\n"
       "  --spawn-ratio R      multiblock: spawn a block at ceil(R n) accepted tokens (0.85)\n"
       "  --no-recycling       multiblock: no n-gram pool\n"
-      "  --pool-size N        multiblock: recycled candidates per step (default 4)\n"
-      "  --ngram N            multiblock: tokens per recycled candidate (default 16)\n"
+      "  --pool-size N        multiblock: pooled sequences (fifo; up to N - 1 candidates per\n"
+      "                       step) or candidates per key (per-key); default 4\n"
+      "  --pool P             multiblock: fifo (default: the released code's pool of whole\n"
+      "                       sequences) | per-key (n-grams keyed by their first token)\n"
+      "  --ngram N            multiblock --pool per-key: tokens per n-gram (default 16)\n"
+      "  --spawn S            multiblock: newest (default: only the newest block spawns, as the\n"
+      "                       released code) | any (any block that reaches the ratio)\n"
       "  --mix-order          ssd: the mix-order verification tree (2N nodes)\n"
       "  --cache none|dual    ssd, diffusion ar: evaluate through the dual (prefix and suffix)\n"
       "                       KV cache (default none: whole sequences every pass)\n"
@@ -732,7 +745,7 @@ demo_options parse_args(int argc, char** argv) {
       "--draft-tree",    "--window",         "--init",        "--pd-width",  "--pd-depth",
       "--cool-schedule", "--delta",          "--nu",          "--ell",       "--resampling",
       "--block-size",    "--blocks",         "--spawn-ratio", "--pool-size", "--ngram",
-      "--cache",         "--refresh"};
+      "--pool",          "--spawn",          "--cache",       "--refresh"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -826,6 +839,10 @@ demo_options parse_args(int argc, char** argv) {
       o.pool_size = parse_int(flag, value);
     } else if (flag == "--ngram") {
       o.ngram = parse_int(flag, value);
+    } else if (flag == "--pool") {
+      o.pool = value;
+    } else if (flag == "--spawn") {
+      o.spawn = value;
     } else if (flag == "--no-recycling") {
       o.no_recycling = true;
     } else if (flag == "--mix-order") {
@@ -892,7 +909,8 @@ void resolve(demo_options& o, const method_entry& m) {
       "--init",          "--pd-width",     "--pd-depth",     "--no-ac",        "--no-pd",
       "--cool-schedule", "--delta",        "--nu",           "--ell",          "--resampling",
       "--block-size",    "--blocks",       "--spawn-ratio",  "--no-recycling", "--pool-size",
-      "--ngram",         "--mix-order",    "--cache",        "--refresh",      "--fallback"};
+      "--ngram",         "--pool",         "--spawn",        "--mix-order",    "--cache",
+      "--refresh",       "--fallback"};
   for (const auto& f : o.given)
     if (std::find(method_flags.begin(), method_flags.end(), f) != method_flags.end() &&
         std::find(m.flags.begin(), m.flags.end(), f) == m.flags.end())
@@ -957,6 +975,12 @@ void resolve(demo_options& o, const method_entry& m) {
   require(o.spawn_ratio > 0.0 && o.spawn_ratio <= 1.0, "--spawn-ratio", "must be in (0, 1]");
   require(o.pool_size >= 0 && o.pool_size <= 64, "--pool-size", "must be in [0, 64]");
   require(o.ngram >= 1 && o.ngram <= 256, "--ngram", "must be in [1, 256]");
+  require(o.pool == "fifo" || o.pool == "per-key", "--pool",
+          "must be fifo or per-key, got '" + o.pool + "'");
+  require(o.spawn == "newest" || o.spawn == "any", "--spawn",
+          "must be newest or any, got '" + o.spawn + "'");
+  if (o.has("--ngram") && o.pool != "per-key")
+    throw usage_error("--ngram: only used with --pool per-key");
   if (o.method == "ssd") require(o.draft_length >= 1, "--draft-length", "must be >= 1 for ssd");
   if ((o.has("--cache") || o.has("--refresh")) && o.task != task_kind::diffusion)
     throw usage_error(std::string(o.has("--cache") ? "--cache" : "--refresh") +

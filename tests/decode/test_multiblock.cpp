@@ -41,17 +41,23 @@ TEST_CASE("Multi-block decoding equals greedy decoding on toy models", "[decode]
     for (const index_t block : {1, 2, 4, 8})
       for (const index_t blocks : {1, 2, 3})
         for (const bool recycle : {false, true})
-          for (const auto init : {jacobi_init::repeat_last, jacobi_init::random}) {
-            auto opt = mb(block, blocks, 0.5, recycle, 9);
-            opt.init = init;
-            decode_stats st;
-            const auto out = multiblock_decode(s, prompt, opt, request_rng{seed, 0, 0}, &st);
-            INFO("seed " << seed << " block " << block << " blocks " << blocks << " recycle "
-                         << recycle);
-            CHECK(out == ref);
-            CHECK(st.tokens == 9);
-            CHECK(st.steps == st.target_forwards);
-          }
+          for (const auto init : {jacobi_init::repeat_last, jacobi_init::random})
+            for (const auto pool : {multiblock_pool::per_key, multiblock_pool::fifo})
+              for (const auto spawn :
+                   {multiblock_spawn::any_block, multiblock_spawn::newest_block}) {
+                auto opt = mb(block, blocks, 0.5, recycle, 9);
+                opt.init = init;
+                opt.pool = pool;
+                opt.spawn = spawn;
+                decode_stats st;
+                const auto out = multiblock_decode(s, prompt, opt, request_rng{seed, 0, 0}, &st);
+                INFO("seed " << seed << " block " << block << " blocks " << blocks << " recycle "
+                             << recycle << " fifo " << (pool == multiblock_pool::fifo) << " newest "
+                             << (spawn == multiblock_spawn::newest_block));
+                CHECK(out == ref);
+                CHECK(st.tokens == 9);
+                CHECK(st.steps == st.target_forwards);
+              }
   }
 }
 
@@ -60,7 +66,7 @@ TEST_CASE("Multi-block decoding equals greedy decoding on the shipped text model
   const std::filesystem::path dir{SPECULA_MODELS_DIR};
   const auto model = example::transformer::load(dir / "text-target.safetensors");
   example::transformer_session s(model);
-  decode_stats plain, multi, recycled;
+  decode_stats plain, multi, recycled, released;
   for (const auto& text : decode_testing::text_prompts()) {
     const auto prompt = decode_testing::bytes(text);
     const auto ref = decode_testing::greedy_reference(s, prompt, 64);
@@ -70,9 +76,14 @@ TEST_CASE("Multi-block decoding equals greedy decoding on the shipped text model
     auto opt = mb(16, 2, 0.5, true, 64);
     opt.ngram_length = 8;
     CHECK(multiblock_decode(s, prompt, opt, {}, &recycled) == ref);
+    // The released code's rules: one FIFO of whole sequences, only the newest block spawns.
+    opt.pool = multiblock_pool::fifo;
+    opt.spawn = multiblock_spawn::newest_block;
+    CHECK(multiblock_decode(s, prompt, opt, {}, &released) == ref);
   }
   CHECK(plain.step_compression() >= 1.0);
   CHECK(recycled.step_compression() >= 1.0);
+  CHECK(released.step_compression() >= 1.0);
 }
 
 namespace {

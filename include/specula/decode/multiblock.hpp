@@ -33,6 +33,16 @@
 ///    `pool_size` most recent distinct continuations per key; the next steps propose those whose
 ///    key is their root token.
 ///
+/// The released code (hao-ai-lab/JacobiForcing, `jacobi_forward_greedy_multiblock`) differs in two
+/// rules, both available as options (`multiblock_pool::fifo`, `multiblock_spawn::newest_block`):
+/// its pool is one FIFO of the `pool_size` most recent whole sequences — after every step whose
+/// RA guesses were not all accepted it adds the concatenation of all blocks (the RA block's
+/// committed tokens, then every block's guesses) and then the RA's new guesses — and the next
+/// step proposes, from every pooled sequence but the newest, the tokens after the first
+/// occurrence of its root token (at most pool_size − 1 candidates, each cut to the RA guesses'
+/// length or padded with them); and only the newest block (the last pseudo-active one, else the
+/// RA) may spawn.
+///
 /// With K = 1 and no recycling this is Jacobi decoding with fixed blocks of n (the window shrinks
 /// as tokens commit, then a new block starts); `jacobi_decode` is the running-window variant.
 ///
@@ -51,7 +61,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <deque>
+#include <iterator>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -67,20 +80,37 @@
 
 namespace specula {
 
+/// Which block may spawn a new pseudo-active block (see file comment, step 6).
+enum class multiblock_spawn : std::uint8_t {
+  any_block,     ///< any block that reaches ceil(r n) accepted or frozen tokens
+  newest_block,  ///< only the newest block (the last pseudo-active one, else the RA), as the
+                 ///< released code
+};
+
+/// The rejection-recycling pool (see file comment, step 7).
+enum class multiblock_pool : std::uint8_t {
+  per_key,  ///< continuations keyed by their first token, pool_size per key
+  fifo,     ///< one FIFO of pool_size whole sequences, matched at the root's first occurrence,
+            ///< as the released code
+};
+
 /// Options of multiblock_decode. Defaults: the Jacobi Forcing code's configuration (K = 2
-/// blocks of 64, spawn ratio 0.85, 4 recycled candidates per step).
+/// blocks of 64, spawn ratio 0.85, a pool of 4 sequences, its pool and spawn rules).
 struct multiblock_options {
   index_t block_size = 64;      ///< n, >= 1
   index_t max_blocks = 2;       ///< K: real-active plus pseudo-active blocks, >= 1
   double spawn_ratio = 0.85;    ///< r in (0, 1]: spawn when a block reaches ceil(r n) tokens
   bool recycling = true;        ///< rejection recycling with the n-gram pool
-  index_t pool_size = 4;        ///< recycled continuations kept per key (= verified per step)
-  index_t ngram_length = 16;    ///< tokens of a recycled continuation, >= 1
+  index_t pool_size = 4;        ///< fifo: sequences pooled (up to pool_size − 1 candidates per
+                                ///< step); per_key: continuations kept per key
+  index_t ngram_length = 16;    ///< per_key: tokens of a recycled continuation, >= 1
   index_t max_new_tokens = 64;  ///< >= 1
   jacobi_init init = jacobi_init::repeat_last;
   token_t stop_token = no_token;  ///< generation ends after emitting it (-1: never)
   bool stochastic = false;        ///< the lossless sampling variant (needs recycling = false)
   sampling_params target{};       ///< target logits -> p (stochastic variant)
+  multiblock_pool pool = multiblock_pool::fifo;             ///< the released code's pool
+  multiblock_spawn spawn = multiblock_spawn::newest_block;  ///< the released code's rule
 };
 
 namespace detail {
@@ -187,6 +217,9 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
   std::vector<token_t> seq(prompt.begin(), prompt.end());
   const auto prompt_len = static_cast<index_t>(prompt.size());
   detail::ngram_pool pool(options.recycling ? options.pool_size : 0);
+  const bool fifo = options.recycling && options.pool == multiblock_pool::fifo;
+  std::deque<std::vector<token_t>> fifo_pool;  // multiblock_pool::fifo: newest last
+  bool fifo_propose = false;                   // the previous step rejected some RA guess
 
   // Window: win[j - 1] is the guess for position j after the root (j = 1 .. W). The RA block
   // covers positions 1 .. ra_left; pseudo-active block b covers the n positions after the
@@ -232,10 +265,26 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
     {
       detail::scoped_timer timer(st.draft_seconds);
       trie.insert(0, std::span<const token_t>(win.data(), sz(eval_w)), &main_nodes);
-      if (const auto* cands = pool.find(seq.back());
-          !stochastic && cands != nullptr && remaining > 1)
+      if (fifo && fifo_propose && remaining > 1 && fifo_pool.size() > 1) {
+        // Every pooled sequence but the newest, newest first: the tokens after the first
+        // occurrence of the root, as many as the RA guesses, padded with them.
+        const index_t len = std::min(std::min<index_t>(ra_left, eval_w), remaining - 1);
+        std::vector<token_t> cand;
+        for (auto it = std::next(fifo_pool.rbegin()); it != fifo_pool.rend(); ++it) {
+          const auto at = std::find(it->begin(), it->end(), seq.back());
+          if (at == it->end()) continue;
+          const auto from = static_cast<std::size_t>(at - it->begin()) + 1;
+          cand.assign(it->begin() + static_cast<std::ptrdiff_t>(from),
+                      it->begin() + static_cast<std::ptrdiff_t>(std::min(
+                                        it->size(), from + static_cast<std::size_t>(len))));
+          while (static_cast<index_t>(cand.size()) < len) cand.push_back(win[cand.size()]);
+          if (!cand.empty()) trie.insert(0, cand);
+        }
+      } else if (const auto* cands = pool.find(seq.back());
+                 !fifo && !stochastic && cands != nullptr && remaining > 1) {
         for (const auto& c : *cands)
           trie.insert(0, std::span<const token_t>(c.data(), std::min(c.size(), sz(remaining - 1))));
+      }
     }
     const token_tree tree = trie.build();
     const index_t nodes = tree.size();
@@ -270,8 +319,14 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
     const auto g_main = [&](index_t j) -> index_t {
       return !stochastic && j - 1 <= eval_w ? argmax[sz(main_nodes[sz(j - 1)])] : -1;
     };
-    // --- 7. Recycle the rejected tail of the RA guesses.
-    if (options.recycling) {
+    // --- 7. Recycle the rejected tail of the RA guesses (per-key pool; the FIFO pool is fed
+    // after the window update).
+    index_t ra_accepted = 0;  // accepted prefix of the RA guesses
+    while (ra_accepted < std::min(ra_left, eval_w) &&
+           static_cast<index_t>(win[sz(ra_accepted)]) == g_main(ra_accepted + 1))
+      ++ra_accepted;
+    const bool ra_rejected = !stochastic && ra_accepted < std::min(ra_left, eval_w);
+    if (options.recycling && !fifo) {
       index_t km = 0;  // accepted prefix of the window chain
       while (km < eval_w && static_cast<index_t>(win[sz(km)]) == g_main(km + 1)) ++km;
       const index_t ra_end = std::min(ra_left, static_cast<index_t>(win.size()));
@@ -345,10 +400,28 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
     qwin.swap(next_qwin);
     ra_left = new_ra_left;
     frozen = std::move(new_frozen);
+    // --- 7 (FIFO pool). After a step that rejected an RA guess: the concatenation of all
+    // blocks (the RA block's committed tokens, then the new window), then the RA's new guesses.
+    fifo_propose = fifo && ra_rejected;
+    if (fifo_propose && options.pool_size > 0) {
+      const index_t done = std::min<index_t>(n - ra_left, static_cast<index_t>(seq.size()));
+      std::vector<token_t> all(seq.end() - done, seq.end());
+      all.insert(all.end(), win.begin(), win.end());
+      std::vector<token_t> tail(
+          win.begin(), win.begin() + std::min<index_t>(ra_left, static_cast<index_t>(win.size())));
+      for (auto* v : {&all, &tail}) {
+        if (v->empty()) continue;
+        fifo_pool.push_back(std::move(*v));
+        if (static_cast<index_t>(fifo_pool.size()) > options.pool_size) fifo_pool.pop_front();
+      }
+    }
     // --- 6. Spawn a pseudo-active block.
     if (1 + static_cast<index_t>(frozen.size()) < options.max_blocks) {
       bool spawn = n - ra_left >= spawn_at;
-      for (const index_t f : frozen) spawn = spawn || f >= spawn_at;
+      if (options.spawn == multiblock_spawn::newest_block && !frozen.empty())
+        spawn = frozen.back() >= spawn_at;
+      else
+        for (const index_t f : frozen) spawn = spawn || f >= spawn_at;
       if (spawn) {
         for (index_t i = 0; i < n; ++i) {
           const token_t t = i < ra_left ? win[sz(i)] : (win.empty() ? seq.back() : win.back());
