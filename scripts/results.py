@@ -112,9 +112,11 @@ def main():
 
     if "sjd" in tables:
         print("### SJD-PAC ablation (SJD-PAC Table 2 pattern)\n")
+        # The authors' conventions throughout: L counts the root, D = 3 is two candidate
+        # levels (sjd-pac's defaults K = 4, D = 3).
         rows = [
-            ("SJD, L = 32", "sjd", ["--window", "32"]),
-            ("+ PD (K = 3, D = 1), L = 32", "sjd-pac", ["--window", "32", "--no-ac"]),
+            ("SJD, L = 32", "sjd", ["--window", "32", "--count-root"]),
+            ("+ PD (K = 4, D = 3), L = 32", "sjd-pac", ["--window", "32", "--no-ac"]),
             ("+ AC, L = 32", "sjd-pac", ["--window", "32", "--no-pd"]),
             ("+ PD + AC (SJD-PAC), L = 32", "sjd-pac", ["--window", "32"]),
             ("SJD-PAC, L = 64", "sjd-pac", ["--window", "64"]),
@@ -135,8 +137,12 @@ def main():
               f"{len(TEXT_PROMPTS)} prompts x {text_tokens} tokens:\n")
         print("| K | D | image step compression | text step compression |")
         print("| ---: | ---: | ---: | ---: |")
-        for k, d in [(1, 1), (2, 1), (3, 1), (4, 1), (6, 1), (2, 2), (3, 2), (2, 3), (3, 3)]:
-            extra = ["--window", "32", "--pd-width", str(k), "--pd-depth", str(d)]
+        # D = candidate levels below the emitted token; the tree (K + ... + K^D nodes) comes
+        # out of the 32-node budget, so only trees that fit are listed.
+        for k, d in [(1, 1), (2, 1), (3, 1), (4, 1), (6, 1), (2, 2), (3, 2), (4, 2), (2, 3),
+                     (2, 4)]:
+            extra = ["--window", "32", "--no-count-root", "--pd-width", str(k), "--pd-depth",
+                     str(d)]
             img = image_runs(demo, "sjd-pac", extra, image_samples)
             txt = text_runs(demo, "sjd-pac", extra, text_tokens)
             print(f"| {k} | {d} | {img.tokens / img.forwards:.3f} | "

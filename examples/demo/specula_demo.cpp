@@ -134,8 +134,10 @@ struct demo_options {
   // sjd / sjd-pac / jacobi
   index_t window = -1;  // -1: the method's default
   std::string init;     // empty: the method's default
-  index_t pd_width = 3;
-  index_t pd_depth = 1;
+  index_t pd_width = 4;
+  index_t pd_depth = 3;
+  int count_root = -1;  // --count-root / --no-count-root; -1: the method's default
+  bool pd_first_path = false;
   bool no_ac = false;
   bool no_pd = false;
   // multiblock / ssd / diffusion ar
@@ -223,6 +225,7 @@ struct run_input {
   const ex::transformer* draft;     // text-draft, for sd and cool-sd
   std::span<const token_t> prompt;  // for image: the label token
   index_t vocab_limit;              // tokens >= this are masked out of every row
+  index_t image_width;              // image task: tokens per image row (0: not an image)
   specula::request_rng rng;         // {seed, sample index, 0}
   progress_line* progress;
 };
@@ -455,10 +458,13 @@ json params_cool_sd(const demo_options& o) {
   return p;
 }
 
-specula::sjd_options sjd_options_of(const demo_options& o, bool pac) {
+specula::sjd_options sjd_options_of(const run_input& in, bool pac) {
+  const demo_options& o = in.opt;
   specula::sjd_options so;
   if (pac) so = specula::sjd_options::sjd_pac(o.window, o.pd_width, o.pd_depth);
   so.window = o.window;
+  so.count_root = o.count_root == 1;
+  so.pd_full_tree = !o.pd_first_path;  // sjd-pac's default: the authors' (sjd_options::sjd_pac())
   if (pac) {
     so.adaptive_continuation = !o.no_ac;
     so.proactive_drafting = !o.no_pd;
@@ -466,7 +472,15 @@ specula::sjd_options sjd_options_of(const demo_options& o, bool pac) {
   so.init = o.init == "one-hot"             ? specula::sjd_init::one_hot_q
             : o.init == "horizontal-repeat" ? specula::sjd_init::horizontal_repeat
             : o.init == "horizontal-sample" ? specula::sjd_init::horizontal_sample
+            : o.init == "horizontal-argmax" ? specula::sjd_init::horizontal_argmax
+            : o.init == "vertical-repeat"   ? specula::sjd_init::vertical_repeat
+            : o.init == "vertical-sample"   ? specula::sjd_init::vertical_sample
+            : o.init == "vertical-argmax"   ? specula::sjd_init::vertical_argmax
                                             : specula::sjd_init::uniform_q;
+  // Random initialisation draws image tokens only (as the authors' code); the spatial priors
+  // follow the image grid (the generated tokens are the grid, row by row).
+  so.init_tokens_end = in.vocab_limit;
+  so.image_width = in.image_width;
   so.max_new_tokens = o.max_new_tokens;
   so.target = sampling_of(o);
   return so;
@@ -474,15 +488,15 @@ specula::sjd_options sjd_options_of(const demo_options& o, bool pac) {
 
 std::vector<token_t> run_sjd(const run_input& in, decode_stats& st) {
   demo_session m(in.model, in.vocab_limit, in.progress);
-  return specula::sjd_decode(m, in.prompt, sjd_options_of(in.opt, false), in.rng, &st);
+  return specula::sjd_decode(m, in.prompt, sjd_options_of(in, false), in.rng, &st);
 }
 std::vector<token_t> run_sjd_pac(const run_input& in, decode_stats& st) {
   demo_session m(in.model, in.vocab_limit, in.progress);
-  return specula::sjd_decode(m, in.prompt, sjd_options_of(in.opt, true), in.rng, &st);
+  return specula::sjd_decode(m, in.prompt, sjd_options_of(in, true), in.rng, &st);
 }
 
 json params_sjd(const demo_options& o) {
-  json p = {{"window", o.window}, {"init", o.init}};
+  json p = {{"window", o.window}, {"count_root", o.count_root == 1}, {"init", o.init}};
   p.update(sampling_json(o));
   return p;
 }
@@ -493,6 +507,7 @@ json params_sjd_pac(const demo_options& o) {
   if (!o.no_pd) {
     p["pd_width"] = o.pd_width;
     p["pd_depth"] = o.pd_depth;
+    p["pd_full_tree"] = !o.pd_first_path;
   }
   return p;
 }
@@ -578,14 +593,15 @@ const std::vector<method_entry>& methods() {
       {"sjd",
        text_bit | image_bit,
        0,
-       {"--window", "--init"},
+       {"--window", "--init", "--count-root", "--no-count-root"},
        run_sjd,
        params_sjd,
        "speculative Jacobi decoding"},
       {"sjd-pac",
        text_bit | image_bit,
        0,
-       {"--window", "--init", "--pd-width", "--pd-depth", "--no-ac", "--no-pd"},
+       {"--window", "--init", "--pd-width", "--pd-depth", "--no-ac", "--no-pd", "--count-root",
+        "--no-count-root", "--pd-first-path"},
        run_sjd_pac,
        params_sjd_pac,
        "SJD with Adaptive Continuation and Proactive Drafting"},
@@ -666,12 +682,21 @@ void print_help() {
       "  --draft-length N     sd, cool-sd: drafted tokens per step (default 4)\n"
       "  --draft-tree WxD     sd, cool-sd: draft a full W-ary tree of D levels per step instead\n"
       "                       of a chain (siblings without replacement; greedy: top W tokens)\n"
-      "  --window N           sjd (default 16), sjd-pac (32), jacobi (16): draft window\n"
+      "  --window N           sjd (default 16), sjd-pac (64), jacobi (16): draft window; sjd,\n"
+      "                       sjd-pac: a fixed budget of drafted nodes, PD tree included\n"
+      "  --count-root         sjd, sjd-pac: --window and --pd-depth count the root, as the\n"
+      "                       authors' code (sjd-pac's default; --no-count-root: they do not,\n"
+      "                       sjd's default)\n"
       "  --init MODE          sjd, sjd-pac: uniform (default) | one-hot | horizontal-repeat |\n"
-      "                       horizontal-sample (spatial priors for images); jacobi, multiblock:\n"
+      "                       horizontal-sample | horizontal-argmax | vertical-repeat |\n"
+      "                       vertical-sample | vertical-argmax (spatial priors on the image\n"
+      "                       grid; random tokens are image tokens); jacobi, multiblock:\n"
       "                       repeat (default) | random\n"
-      "  --pd-width K         sjd-pac: Proactive Drafting candidates per node (default 3)\n"
-      "  --pd-depth D         sjd-pac: Proactive Drafting depth (default 1)\n"
+      "  --pd-width K         sjd-pac: Proactive Drafting candidates per node (default 4)\n"
+      "  --pd-depth D         sjd-pac: Proactive Drafting depth (default 3; candidate levels\n"
+      "                       below the emitted token, one fewer under --count-root)\n"
+      "  --pd-first-path      sjd-pac: K candidates per level along the first path only (K D\n"
+      "                       nodes) instead of the full K-ary tree\n"
       "  --no-ac, --no-pd     sjd-pac: disable Adaptive Continuation / Proactive Drafting\n"
       "  --cool-schedule S    cool-sd: uniform (default) | exponential | linear\n"
       "  --delta D            cool-sd: relaxation budget (> 0, default 2; 1 with the uniform\n"
@@ -735,9 +760,10 @@ demo_options parse_args(int argc, char** argv) {
   demo_options o;
   bool have_task = false, have_method = false;
   std::string task;
-  const std::vector<std::string_view> switches = {"--greedy",       "--draft-greedy", "--no-ac",
-                                                  "--no-pd",        "--json",         "--quiet",
-                                                  "--no-recycling", "--mix-order",    "--fallback"};
+  const std::vector<std::string_view> switches = {
+      "--greedy",   "--draft-greedy", "--no-ac",         "--no-pd",
+      "--json",     "--quiet",        "--no-recycling",  "--mix-order",
+      "--fallback", "--count-root",   "--no-count-root", "--pd-first-path"};
   const std::vector<std::string_view> valued = {
       "--task",          "--method",         "--temperature", "--top-k",     "--top-p",
       "--seed",          "--max-new-tokens", "--prompt",      "--label",     "--num-samples",
@@ -861,6 +887,12 @@ demo_options parse_args(int argc, char** argv) {
       o.no_ac = true;
     } else if (flag == "--no-pd") {
       o.no_pd = true;
+    } else if (flag == "--pd-first-path") {
+      o.pd_first_path = true;
+    } else if (flag == "--count-root") {
+      o.count_root = 1;
+    } else if (flag == "--no-count-root") {
+      o.count_root = 0;
     } else if (flag == "--json") {
       o.json_output = true;
     } else if (flag == "--quiet") {
@@ -905,12 +937,12 @@ const method_entry& find_method(const demo_options& o) {
 /// Checks the flags against the method, fills in method and task defaults, checks ranges.
 void resolve(demo_options& o, const method_entry& m) {
   const std::vector<std::string_view> method_flags = {
-      "--greedy",        "--draft-greedy", "--draft-length", "--draft-tree",   "--window",
-      "--init",          "--pd-width",     "--pd-depth",     "--no-ac",        "--no-pd",
-      "--cool-schedule", "--delta",        "--nu",           "--ell",          "--resampling",
-      "--block-size",    "--blocks",       "--spawn-ratio",  "--no-recycling", "--pool-size",
-      "--ngram",         "--pool",         "--spawn",        "--mix-order",    "--cache",
-      "--refresh",       "--fallback"};
+      "--greedy",        "--draft-greedy", "--draft-length", "--draft-tree",    "--window",
+      "--init",          "--pd-width",     "--pd-depth",     "--no-ac",         "--no-pd",
+      "--cool-schedule", "--delta",        "--nu",           "--ell",           "--resampling",
+      "--block-size",    "--blocks",       "--spawn-ratio",  "--no-recycling",  "--pool-size",
+      "--ngram",         "--pool",         "--spawn",        "--mix-order",     "--cache",
+      "--refresh",       "--fallback",     "--count-root",   "--no-count-root", "--pd-first-path"};
   for (const auto& f : o.given)
     if (std::find(method_flags.begin(), method_flags.end(), f) != method_flags.end() &&
         std::find(m.flags.begin(), m.flags.end(), f) == m.flags.end())
@@ -950,14 +982,18 @@ void resolve(demo_options& o, const method_entry& m) {
   if (o.greedy && o.draft_greedy) throw usage_error("--draft-greedy: implied by --greedy");
 
   // Windows and initialisation.
-  if (o.window < 0) o.window = o.method == "sjd-pac" ? 32 : 16;
+  if (o.window < 0) o.window = o.method == "sjd-pac" ? 64 : 16;
+  if (o.count_root < 0) o.count_root = o.method == "sjd-pac" ? 1 : 0;
   require(o.window >= 1 && o.window <= 256, "--window", "must be in [1, 256]");
   if (o.method == "sjd" || o.method == "sjd-pac") {
     if (o.init.empty()) o.init = "uniform";
     require(o.init == "uniform" || o.init == "one-hot" || o.init == "horizontal-repeat" ||
-                o.init == "horizontal-sample",
+                o.init == "horizontal-sample" || o.init == "horizontal-argmax" ||
+                o.init == "vertical-repeat" || o.init == "vertical-sample" ||
+                o.init == "vertical-argmax",
             "--init",
-            "must be uniform, one-hot, horizontal-repeat or horizontal-sample for method " +
+            "must be uniform, one-hot, horizontal-repeat, horizontal-sample, horizontal-argmax, "
+            "vertical-repeat, vertical-sample or vertical-argmax for method " +
                 o.method + ", got '" + o.init + "'");
   } else if (o.method == "jacobi") {
     if (o.init.empty()) o.init = "repeat";
@@ -991,8 +1027,10 @@ void resolve(demo_options& o, const method_entry& m) {
   if (o.has("--refresh") && o.cache != "dual") throw usage_error("--refresh: needs --cache dual");
   require(o.pd_width >= 1 && o.pd_width <= 60, "--pd-width", "must be in [1, 60]");
   require(o.pd_depth >= 1, "--pd-depth", "must be >= 1");
-  if (o.no_pd && (o.has("--pd-width") || o.has("--pd-depth")))
-    throw usage_error(std::string(o.has("--pd-width") ? "--pd-width" : "--pd-depth") +
+  if (o.no_pd && (o.has("--pd-width") || o.has("--pd-depth") || o.has("--pd-first-path")))
+    throw usage_error(std::string(o.has("--pd-width")   ? "--pd-width"
+                                  : o.has("--pd-depth") ? "--pd-depth"
+                                                        : "--pd-first-path") +
                       ": not used with --no-pd");
 
   // Cool-SD.
@@ -1103,6 +1141,7 @@ int run(int argc, char** argv) {
   std::optional<ex::vq_codebook> vq;
   std::vector<token_t> prompt;
   index_t vocab_limit = 0;
+  index_t image_width = 0;
   index_t label = -2;
   if (o.task == task_kind::text) {
     model.emplace(load_model(o.models_dir, "text-target", o.threads));
@@ -1125,6 +1164,7 @@ int run(int argc, char** argv) {
     label = resolve_label(o.label, *vq);
     prompt.push_back(vq->label_token(label));
     vocab_limit = vq->codes();
+    image_width = vq->grid();
     require(o.max_new_tokens == vq->tokens_per_image(), "--max-new-tokens",
             "must be " + std::to_string(vq->tokens_per_image()) + " for the image task");
   } else {
@@ -1149,10 +1189,14 @@ int run(int argc, char** argv) {
   for (index_t i = 0; i < o.num_samples; ++i) {
     sample_result& r = results[static_cast<std::size_t>(i)];
     progress.begin(i, o.num_samples, o.max_new_tokens);
-    const run_input in{
-        o,        *model,      draft ? &*draft : nullptr,
-        prompt,   vocab_limit, specula::request_rng{o.seed, static_cast<std::uint32_t>(i), 0},
-        &progress};
+    const run_input in{o,
+                       *model,
+                       draft ? &*draft : nullptr,
+                       prompt,
+                       vocab_limit,
+                       image_width,
+                       specula::request_rng{o.seed, static_cast<std::uint32_t>(i), 0},
+                       &progress};
     const auto t0 = std::chrono::steady_clock::now();
     r.tokens = method.run(in, r.stats);
     r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -294,7 +294,7 @@ TEST_CASE("batched stochastic loops run on the shipped text models", "[decode][m
   for (std::size_t i = 0; i < 4; ++i) prompts.push_back(decode_testing::bytes(texts[i]));
   example::transformer_batch target(target_model, 4);
   std::vector<decode_stats> st(prompts.size());
-  sjd_options opt = sjd_options::sjd_pac(16);
+  sjd_options opt = sjd_options::sjd_pac(16, 3, 1);
   opt.max_new_tokens = 24;
   const auto out = sjd_decode_batch(target, prompts, opt, rngs_for(4, 9), st);
   for (std::size_t r = 0; r < prompts.size(); ++r) {

@@ -26,17 +26,20 @@
 ///      lie below every token the verifier examined, so their law given what it saw is q_old.
 ///      The position after the old draft's end is a fresh sample from its row;
 ///    - PD (after a rejection): the first D positions become a K-ary tree — every node at depth
-///      d < D gets K children drawn without replacement from R_{d+1} (the first-path child is
-///      the SJD/AC token, the others exclude the tokens already drawn) — and the first path
-///      continues as a chain. Every node at depth d - 1 proposes from the same stale row R_d,
+///      d < D (or only the first path's, `pd_full_tree = false`) gets K children drawn without
+///      replacement from R_{d+1} (the first-path child is the SJD/AC token, the others exclude
+///      the tokens already drawn) — and the first path continues as a chain with what the
+///      tree leaves of the window (a fixed budget of drafted nodes, SJD-PAC §5.3.2). Every node
+///      at depth d - 1 proposes from the same stale row R_d,
 ///      which can be nearly one-hot in float (all but ~1e-7 of the mass on the first
 ///      candidate): the tree verifier renormalises the later candidates' proposal by the
 ///      summed remaining mass, not 1 - removed mass, so that stays exact (docs/decoding.md);
-///    - positions without a stale row are initialised with uniform random tokens, proposed by
-///      the uniform row (`sjd_init::uniform_q`, as SJD-PAC) or by the one-hot row at the token
-///      (`sjd_init::one_hot_q`, as SJD's code), or with a spatial prior for images: the previous
-///      window token repeated (`horizontal_repeat`, one-hot row) or a sample from the row the
-///      previous token was drawn from (`horizontal_sample`, that row).
+///    - positions without a stale row are initialised with random tokens (from a token subset,
+///      e.g. image tokens), proposed by the uniform row over the subset (`sjd_init::uniform_q`,
+///      as SJD-PAC's code) or by the one-hot row at the token (`sjd_init::one_hot_q`, as SJD's
+///      code), or with a spatial prior on the image grid (`sjd_options::image_width`): the left
+///      neighbour or the token above repeated (one-hot row), a sample from the row it was drawn
+///      from (that row), or that row's argmax (one-hot row).
 ///
 /// Every draft token is verified against fresh target rows with q the distribution it was
 /// actually drawn from, so the output law is the target's whatever the switches (tested by
@@ -60,41 +63,89 @@
 
 namespace specula {
 
-/// How window positions without a stale row are initialised.
+/// How window positions without a stale row are initialised. Random tokens are drawn from
+/// `sjd_options::init_tokens` (all tokens by default; image tokens only in the authors' code).
+/// The spatial priors (SJD, Table 10) use the image layout `sjd_options::image_width` (tokens
+/// per image row in raster order, from `image_first` generated tokens on): a position without
+/// the neighbour a prior needs (a row start for the horizontal ones, the first image row for
+/// the vertical ones) is initialised as `uniform_q`.
 enum class sjd_init {
-  uniform_q,  ///< uniform random token, proposal row uniform (SJD-PAC's code)
-  one_hot_q,  ///< uniform random token, proposal row one-hot at it (SJD's code)
-  /// Spatial prior (SJD, Table 10): repeat the previous token of the window (in raster order,
-  /// the left neighbour); proposal row one-hot at it.
+  uniform_q,  ///< random token, proposal row uniform over init_tokens (SJD-PAC's code)
+  one_hot_q,  ///< random token, proposal row one-hot at it (SJD's code)
+  /// Repeat the left neighbour (the previous token); proposal row one-hot at it.
   horizontal_repeat,
-  /// Spatial prior: a sample from the row the previous window token was drawn from (uniform
-  /// after the root); proposal row that row.
+  /// A sample from the row the left neighbour was drawn from; proposal row that row.
   horizontal_sample,
+  /// Repeat the token one image row above; proposal row one-hot at it.
+  vertical_repeat,
+  /// A sample from the row the token above was drawn from; proposal row that row.
+  vertical_sample,
+  /// The argmax of the row the left neighbour was drawn from (lowest id on ties); proposal row
+  /// one-hot at it (the "horizontal sample" of SJD's code).
+  horizontal_argmax,
+  /// The argmax of the row the token above was drawn from; proposal row one-hot at it.
+  vertical_argmax,
 };
 
-/// Options of sjd_decode. Defaults are vanilla SJD with the official window L = 16.
+/// Options of sjd_decode. Defaults are vanilla SJD with a window of 16 draft tokens.
+///
+/// `window` is a fixed token budget (SJD-PAC §5.3.2): it counts every drafted node of an
+/// iteration's draft, the Proactive Drafting tree included; the chain below the tree's first
+/// path gets what the tree leaves. The root (the last committed token, which the forward pass
+/// also evaluates) is not counted and `pd_depth` counts candidate levels below it, unless
+/// `count_root` is set: then both count the root as the authors' code does (its L = 64 is 63
+/// drafted nodes, its SJD window of 16 is 15 drafts, and its `tree_depth = 3` is two candidate
+/// levels).
 struct sjd_options {
-  index_t window = 16;                 ///< L: draft tokens per iteration (depth of the draft)
+  index_t window = 16;                 ///< L: drafted nodes per iteration (tree + chain), >= 1
   index_t max_new_tokens = 64;         ///< >= 1
   bool adaptive_continuation = false;  ///< AC (SJD-PAC §4.2)
   bool proactive_drafting = false;     ///< PD (SJD-PAC §4.1)
   index_t pd_width = 3;                ///< K: candidates per tree node, >= 1
   index_t pd_depth = 1;                ///< D: candidate levels below the emitted token, >= 1
+  bool count_root = false;             ///< window and pd_depth include the root (authors' code)
+  /// PD tree shape: full K-ary tree (K + ... + K^D nodes; the authors' code), or K siblings
+  /// per level along the first path only (K D nodes; the lighter reading of the paper's text).
+  bool pd_full_tree = true;
   sjd_init init = sjd_init::uniform_q;
+  /// Random initialisation draws from tokens [init_tokens_begin, init_tokens_end) (end <= 0:
+  /// the vocabulary size), e.g. an image model's image tokens.
+  index_t init_tokens_begin = 0;
+  index_t init_tokens_end = 0;
+  /// Image layout for the spatial priors: tokens per image row (0: no rows — the left
+  /// neighbour is the previous token, there is no token above) and the number of generated
+  /// tokens before the image's first token.
+  index_t image_width = 0;
+  index_t image_first = 0;
   sampling_params target{};       ///< target logits -> p
   token_t stop_token = no_token;  ///< generation ends after emitting it (-1: never)
 
-  /// SJD-PAC with both components (the paper's full method).
-  [[nodiscard]] static sjd_options sjd_pac(index_t window = 32, index_t width = 3,
-                                           index_t depth = 1) {
+  /// Drafted nodes per iteration: window, less the root under `count_root`.
+  [[nodiscard]] index_t draft_budget() const noexcept { return window - (count_root ? 1 : 0); }
+  /// Candidate levels of the Proactive Drafting tree: pd_depth, less the root's under
+  /// `count_root`.
+  [[nodiscard]] index_t pd_levels() const noexcept { return pd_depth - (count_root ? 1 : 0); }
+
+  /// SJD-PAC with both components: window L, K = `width` candidates per node, D = `depth`
+  /// (candidate levels; the root counted too under `count_root`).
+  [[nodiscard]] static sjd_options sjd_pac(index_t window, index_t width, index_t depth,
+                                           bool count_root = false) {
     sjd_options o;
     o.window = window;
     o.adaptive_continuation = true;
     o.proactive_drafting = true;
     o.pd_width = width;
     o.pd_depth = depth;
+    o.count_root = count_root;
     return o;
   }
+
+  /// The paper's full method as the authors ran it: L = 64, K = 4, D = 3 in their code's
+  /// convention (`count_root`): 63 drafted nodes, a full 4-ary tree of two candidate levels
+  /// (20 nodes) and a chain of 43 below its first path. Read as three levels below the
+  /// emitted token, a full 4-ary tree has 84 nodes and does not fit L = 64 (the lighter
+  /// shape, `pd_full_tree = false`, has 12).
+  [[nodiscard]] static sjd_options sjd_pac() { return sjd_pac(64, 4, 3, true); }
 };
 
 namespace detail {
@@ -131,45 +182,98 @@ struct sjd_draft {
 inline constexpr std::uint32_t sjd_init_slot = 0xFFFFFFF0u;
 inline constexpr std::uint32_t sjd_first_window_slot = 0xFFFFFFF1u;
 
+/// What initialisation needs besides the draft: the options, the generated tokens committed so
+/// far and the rows they were drawn from (the last `rows_kept` of them, when a prior samples).
+struct sjd_init_context {
+  const sjd_options* options = nullptr;
+  std::span<const token_t> generated;
+  const std::vector<float>* rows = nullptr;  ///< rows of generated[rows_first ..], V each
+  index_t rows_first = 0;
+  bool misreport = false;  ///< test-only fault: a sampled prior reports the uniform row
+};
+
 /// The token of a new child of `parent` at a position without a stale row, drawn with the
-/// uniform `u` as `init` says; writes the parent's q row (what the child is drawn from).
-inline token_t sjd_init_child(sjd_draft& draft, index_t parent, sjd_init init, index_t vocab,
-                              double u) {
+/// uniform `u` as `ctx.options->init` says; writes the parent's q row (what the child is drawn
+/// from).
+inline token_t sjd_init_child(sjd_draft& draft, index_t parent, const sjd_init_context& ctx,
+                              index_t vocab, double u) {
+  const sjd_options& o = *ctx.options;
   auto qrow = draft.q_row(parent, vocab);
-  const auto uniform_token = [&] {
-    return static_cast<token_t>(
-        std::min<index_t>(vocab - 1, static_cast<index_t>(u * static_cast<double>(vocab))));
+  const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
+  const index_t begin = std::clamp<index_t>(o.init_tokens_begin, 0, vocab - 1);
+  const index_t end =
+      o.init_tokens_end <= 0 ? vocab : std::clamp<index_t>(o.init_tokens_end, begin + 1, vocab);
+  const auto one_hot = [&](token_t x) {
+    std::fill(qrow.begin(), qrow.end(), 0.0f);
+    qrow[sz(x)] = 1.0f;
+    return x;
   };
-  switch (init) {
-    case sjd_init::uniform_q:
-      std::fill(qrow.begin(), qrow.end(), 1.0f / static_cast<float>(vocab));
-      return uniform_token();
-    case sjd_init::one_hot_q: {
-      const token_t x = uniform_token();
-      std::fill(qrow.begin(), qrow.end(), 0.0f);
-      qrow[static_cast<std::size_t>(x)] = 1.0f;
-      return x;
-    }
-    case sjd_init::horizontal_repeat: {
-      const token_t x = draft.tokens[static_cast<std::size_t>(parent)];
-      std::fill(qrow.begin(), qrow.end(), 0.0f);
-      qrow[static_cast<std::size_t>(x)] = 1.0f;
-      return x;
-    }
-    case sjd_init::horizontal_sample:
+  const auto random = [&](bool uniform_row) {
+    const auto n = static_cast<double>(end - begin);
+    const auto x = static_cast<token_t>(
+        begin + std::min<index_t>(end - begin - 1, static_cast<index_t>(u * n)));
+    if (!uniform_row) return one_hot(x);
+    std::fill(qrow.begin(), qrow.end(), 0.0f);
+    std::fill(qrow.begin() + begin, qrow.begin() + end, static_cast<float>(1.0 / n));
+    return x;
+  };
+  if (o.init == sjd_init::uniform_q) return random(true);
+  if (o.init == sjd_init::one_hot_q) return random(false);
+
+  // The neighbour the prior copies or samples from: generated index h of the child's left
+  // neighbour or of the token above.
+  const index_t committed = static_cast<index_t>(ctx.generated.size());
+  const index_t child = committed + draft.depth[sz(parent)];  // the child's generated index
+  const bool vertical = o.init == sjd_init::vertical_repeat ||
+                        o.init == sjd_init::vertical_sample || o.init == sjd_init::vertical_argmax;
+  index_t h = -1;
+  if (vertical) {
+    if (o.image_width > 0 && child - o.image_width >= o.image_first) h = child - o.image_width;
+  } else if (o.image_width <= 0) {
+    h = child - 1;  // the previous token, the root included (it may be a prompt token)
+  } else if ((child - o.image_first) % o.image_width != 0 && child - 1 >= o.image_first) {
+    h = child - 1;
+  }
+  if (o.image_width <= 0 && !vertical && draft.depth[sz(parent)] == 0 &&
+      o.init == sjd_init::horizontal_repeat)
+    return one_hot(draft.tokens[0]);  // the root, committed or a prompt token
+  if (h < 0) return random(true);
+
+  // The neighbour's token and the row it was drawn from (empty when not known).
+  token_t token = no_token;
+  std::span<const float> row;
+  if (h >= committed) {  // a node of the draft: the ancestor of the child at that depth
+    index_t a = parent;
+    while (draft.depth[sz(a)] > h - committed + 1) a = draft.parents[sz(a)];
+    token = draft.tokens[sz(a)];
+    row = draft.q_row(draft.parents[sz(a)], vocab);
+  } else {
+    token = ctx.generated[sz(h)];
+    if (ctx.rows != nullptr && h >= ctx.rows_first)
+      row = std::span<const float>(ctx.rows->data() + (h - ctx.rows_first) * vocab, sz(vocab));
+  }
+  switch (o.init) {
+    case sjd_init::horizontal_repeat:
+    case sjd_init::vertical_repeat:
+      return one_hot(token);
+    case sjd_init::horizontal_argmax:
+    case sjd_init::vertical_argmax:
+      if (row.empty()) return random(true);
+      return one_hot(static_cast<token_t>(
+          argmax_lowest(row_view<const float>(row.data(), static_cast<index_t>(row.size())))));
+    default:
       break;
   }
-  // horizontal_sample: the row the parent was drawn from (its parent's q row), uniform below
-  // the root.
-  const index_t grand = draft.parents[static_cast<std::size_t>(parent)];
-  if (grand < 0) {
+  // horizontal_sample / vertical_sample
+  if (row.empty()) return random(true);
+  const auto w = [&](index_t y) { return static_cast<double>(row[sz(y)]); };
+  const auto x = static_cast<token_t>(sample_inverse_cdf(vocab, w, positive_mass(vocab, w), u));
+  if (ctx.misreport) {
     std::fill(qrow.begin(), qrow.end(), 1.0f / static_cast<float>(vocab));
-    return uniform_token();
+    return x;
   }
-  const auto src = draft.q_row(grand, vocab);
-  std::copy(src.begin(), src.end(), qrow.begin());
-  const auto w = [&](index_t y) { return static_cast<double>(qrow[static_cast<std::size_t>(y)]); };
-  return static_cast<token_t>(sample_inverse_cdf(vocab, w, positive_mass(vocab, w), u));
+  std::copy(row.begin(), row.end(), qrow.begin());
+  return x;
 }
 
 }  // namespace detail
@@ -186,6 +290,8 @@ enum class sjd_fault {
   /// extra siblings are drawn (without replacement) from the AC residual max(R - q_old, 0)
   /// while the next verification is told they came from R.
   residual_siblings,
+  /// A sampling spatial prior reports the uniform row as the row its token was drawn from.
+  prior_misreports_row,
 };
 
 /// SJD / SJD-PAC decoding of one request (see file comment), as a task; `m` is its handle.
@@ -194,26 +300,41 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
                      request_rng rng, Verifier verify, decode_stats& st,
                      std::vector<token_t>& result, sjd_fault fault = sjd_fault::none) {
   if (prompt.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "prompt");
-  require_parameter(options.window >= 1, "window", static_cast<double>(options.window),
-                    "must be >= 1");
+  require_parameter(options.draft_budget() >= 1, "window", static_cast<double>(options.window),
+                    options.count_root ? "must be >= 2 (it counts the root)" : "must be >= 1");
   require_parameter(options.max_new_tokens >= 1, "max_new_tokens",
                     static_cast<double>(options.max_new_tokens), "must be >= 1");
   require_parameter(options.pd_width >= 1 && options.pd_width <= 60, "pd_width",
                     static_cast<double>(options.pd_width), "must be in [1, 60]");
   require_parameter(options.pd_depth >= 1, "pd_depth", static_cast<double>(options.pd_depth),
                     "must be >= 1");
-  {
-    // The candidate levels hold pd_width + pd_width^2 + ... + pd_width^pd_depth nodes.
+  if (options.proactive_drafting) {
+    // The candidate levels hold pd_width + pd_width^2 + ... + pd_width^levels nodes, which
+    // come out of the window.
     double level = 1.0, tree_nodes = 0.0;
-    for (index_t d = 0; d < options.pd_depth && tree_nodes <= 65536.0; ++d)
-      tree_nodes += (level *= static_cast<double>(options.pd_width));
-    require_parameter(!options.proactive_drafting || tree_nodes <= 65536.0, "pd_depth",
+    for (index_t d = 0; d < options.pd_levels() && tree_nodes <= 65536.0; ++d)
+      tree_nodes += options.pd_full_tree ? (level *= static_cast<double>(options.pd_width))
+                                         : static_cast<double>(options.pd_width);
+    require_parameter(tree_nodes <= static_cast<double>(options.draft_budget()), "pd_depth",
                       static_cast<double>(options.pd_depth),
-                      "gives a Proactive Drafting tree of more than 65536 nodes at this pd_width");
+                      "gives a Proactive Drafting tree of more nodes than the window holds at "
+                      "this pd_width");
   }
   validate_sampling_params(options.target);
   const index_t V = m.vocab_size();
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
+  {
+    const index_t end = options.init_tokens_end <= 0 ? V : options.init_tokens_end;
+    require_parameter(options.init_tokens_begin >= 0 && options.init_tokens_begin < end,
+                      "init_tokens_begin", static_cast<double>(options.init_tokens_begin),
+                      "must be in [0, init_tokens_end)");
+    require_parameter(end <= V, "init_tokens_end", static_cast<double>(options.init_tokens_end),
+                      "must be <= the vocabulary size (or <= 0: the vocabulary size)");
+    require_parameter(options.image_width >= 0, "image_width",
+                      static_cast<double>(options.image_width), "must be >= 0");
+    require_parameter(options.image_first >= 0, "image_first",
+                      static_cast<double>(options.image_first), "must be >= 0");
+  }
 
   m.prefill(prompt);
   std::vector<token_t> seq(prompt.begin(), prompt.end());
@@ -225,12 +346,25 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
   std::vector<index_t> out_nodes, stale;
   std::vector<token_t> chosen;
   bool fresh = true;  // the draft below the root still has to be built from scratch
+  // Spatial priors that sample or take an argmax need the rows of the committed neighbours.
+  const bool prior_rows =
+      options.init == sjd_init::horizontal_sample || options.init == sjd_init::vertical_sample ||
+      options.init == sjd_init::horizontal_argmax || options.init == sjd_init::vertical_argmax;
+  const index_t keep_rows = prior_rows ? std::max<index_t>(options.image_width, 1) : 0;
+  std::vector<float> rows;  // rows of the generated tokens rows_first, rows_first + 1, ...
+  index_t rows_first = 0;
+  const auto init_context = [&] {
+    return detail::sjd_init_context{
+        &options, std::span<const token_t>(seq.data() + prompt_len, seq.size() - sz(prompt_len)),
+        &rows, rows_first, fault == sjd_fault::prior_misreports_row};
+  };
 
   for (std::uint32_t step = 0;; ++step) {
     const index_t remaining =
         options.max_new_tokens - (static_cast<index_t>(seq.size()) - prompt_len);
     if (remaining <= 0) break;
-    const index_t max_depth = std::min(options.window, remaining - 1);
+    const index_t budget = options.draft_budget();
+    const index_t max_depth = std::min(budget, remaining - 1);
     const request_rng draw_rng{fold_in(rng.seed, 1), rng.request_id, step};
 
     // --- Initial window: L uniform random tokens (only before the first iteration; later
@@ -241,7 +375,7 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
       index_t u = 0;
       for (index_t d = 1; d <= max_depth; ++d) {
         const token_t x = detail::sjd_init_child(
-            draft, u, options.init, V,
+            draft, u, init_context(), V,
             uniform_at(draw_rng,
                        draw_id{static_cast<std::uint32_t>(d), detail::sjd_first_window_slot}));
         u = draft.add(u, x, V);
@@ -289,6 +423,16 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
       k = detail::verify_one(verify, tree, V, probs, draft.q, verify_rng, out_tokens, out_nodes);
     }
     m.commit(std::span<const index_t>(out_nodes.data(), sz(k + 1)));
+    if (keep_rows > 0) {  // the rows the committed tokens were drawn from (the last keep_rows)
+      for (index_t j = 0; j <= k; ++j)
+        rows.insert(rows.end(), probs.begin() + out_nodes[sz(j)] * V,
+                    probs.begin() + (out_nodes[sz(j)] + 1) * V);
+      const index_t drop = static_cast<index_t>(rows.size()) / V - keep_rows;
+      if (drop > 0) {
+        rows.erase(rows.begin(), rows.begin() + drop * V);
+        rows_first += drop;
+      }
+    }
     if (detail::emit_step(out_tokens, k, options.stop_token, seq, st)) break;
 
     // --- 3. The next draft below the emitted token, from the stale rows.
@@ -320,8 +464,10 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
     const bool tree_mode = options.proactive_drafting && rejected;
     const index_t width = tree_mode ? options.pd_width : 1;
     // Level by level: `level` holds the nodes at depth d - 1; the first is on the first path.
+    // The tree's levels (which fit the budget) come first, the first path's chain gets the
+    // rest of the budget.
     std::vector<index_t> level{0}, below;
-    for (index_t d = 1; d <= options.window; ++d) {
+    for (index_t d = 1; static_cast<index_t>(next.parents.size()) - 1 < budget; ++d) {
       below.clear();
       const bool have_row = d <= stale_rows;
       for (std::size_t li = 0; li < level.size(); ++li) {
@@ -331,14 +477,16 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
         if (!have_row) {  // initialisation (random or spatial prior)
           if (!first_path) continue;
           const token_t x = detail::sjd_init_child(
-              next, parent, options.init, V,
+              next, parent, init_context(), V,
               uniform_at(draw_rng, draw_id{static_cast<std::uint32_t>(d), detail::sjd_init_slot}));
           below.push_back(next.add(parent, x, V));
           continue;
         }
         const auto R = row_of(stale[sz(d - 1)]);
         std::copy(R.begin(), R.end(), qrow.begin());
-        const index_t kids = (tree_mode && d <= options.pd_depth) ? width : (first_path ? 1 : 0);
+        const bool branches =
+            tree_mode && d <= options.pd_levels() && (options.pd_full_tree || first_path);
+        const index_t kids = branches ? width : (first_path ? 1 : 0);
         chosen.clear();
         const auto slot = static_cast<std::uint32_t>(64 * li);
         for (index_t c = 0; c < kids; ++c) {
