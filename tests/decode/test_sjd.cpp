@@ -1,7 +1,9 @@
-// SJD and SJD-PAC (each combination of Adaptive Continuation and Proactive Drafting, both
-// window initialisations): the output law is the target's (G-tests on toy models with known
-// laws, 10^6 generations each), a biased verifier fails the same test, and bad input is
-// rejected.
+// SJD and SJD-PAC (each combination of Adaptive Continuation and Proactive Drafting, every
+// window initialisation, trees wide enough that side candidates are often accepted): the output
+// law is the target's (G-tests on toy models with known laws, 10^6 generations each), while
+// biased variants fail the same test (a biased verifier, AC with the wrong q row, the authors'
+// code's longest-sibling choice and residual-drawn siblings, a prior misreporting its row); the
+// window is a fixed budget of drafted nodes; bad input is rejected.
 
 #include <algorithm>
 #include <catch2/catch.hpp>
