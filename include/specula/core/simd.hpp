@@ -546,9 +546,12 @@ template <bool HasQ, bool Check, class Record>
 inline index_t avx2_tile_groups(const dense_f32_weights& f, index_t begin, index_t end, index_t n,
                                 index_t tile, double* out, tile_checks* c,
                                 Record& record) noexcept {
-  // Four tiles at a time; checking with q keeps three sums per tile, which leaves registers
-  // for one tile only.
-  constexpr int group = Check && HasQ ? 1 : 4;
+  // Four tiles of one row at a time; with q one tile at a time: checking keeps three sums per
+  // tile, which leaves registers for one tile only, and unchecked, eight interleaved streams
+  // (p and q of four tiles) ran the residual pass at half the speed of two once the rows come
+  // from memory (B = 16, L = 8, V = 128256, reject_mid: 753-968 against 1510-2246 us,
+  // docs/PERFORMANCE.md). The sums do not depend on the grouping.
+  constexpr int group = HasQ ? 1 : 4;
   index_t t = begin;
   index_t k = 0;
   for (; t + group * tile <= n && t < end; t += group * tile, k += group) {
