@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -99,31 +100,73 @@ struct script_buffers {
   device_vector<int> depth{std::vector<int>(1, 0)};
 };
 
-/// Runs launch(run) (one kernel launch) along every path of decisions, depth first; after each
-/// run calls outcome(probability of the path).
-template <class Launch, class Outcome>
-void enumerate_device(script_buffers& b, Launch&& launch, Outcome&& outcome) {
+/// The decisions of one scripted run, as read back after it.
+struct script_record {
+  int depth = 0;
+  std::vector<int> counts;
+  std::vector<double> probs;
+};
+
+/// Runs run(path) (returning the run's script_record) along every path of decisions, depth
+/// first; after each run calls outcome(probability of the path).
+template <class Run, class Outcome>
+void enumerate_paths(Run&& run, Outcome&& outcome) {
   std::vector<int> path;
   for (;;) {
-    std::vector<int> s(max_decisions, 0);
-    std::copy(path.begin(), path.end(), s.begin());
-    b.script.assign(s);
-    launch(script_run{b.script.ptr, static_cast<int>(path.size()), b.counts.ptr, b.probs.ptr,
-                      b.depth.ptr});
-    specula::cuda::throw_on_error(cudaDeviceSynchronize(), "scripted kernel");
-    const int d = b.depth.to_host()[0];
+    const script_record rec = run(path);
+    const int d = rec.depth;
     REQUIRE(d <= max_decisions);
-    const auto c = b.counts.to_host();
-    const auto pr = b.probs.to_host();
     double prob = 1.0;
-    for (int i = 0; i < d; ++i) prob *= pr[static_cast<std::size_t>(i)];
+    for (int i = 0; i < d; ++i) prob *= rec.probs[static_cast<std::size_t>(i)];
     outcome(prob);
     path.resize(static_cast<std::size_t>(d), 0);
-    while (!path.empty() && path.back() + 1 >= c[path.size() - 1]) path.pop_back();
+    while (!path.empty() && path.back() + 1 >= rec.counts[path.size() - 1]) path.pop_back();
     if (path.empty()) break;
     ++path.back();
   }
 }
+
+/// Runs launch(run) (one kernel launch) along every path of decisions, depth first; after each
+/// run calls outcome(probability of the path).
+template <class Launch, class Outcome>
+void enumerate_device(script_buffers& b, Launch&& launch, Outcome&& outcome) {
+  enumerate_paths(
+      [&](const std::vector<int>& path) {
+        std::vector<int> s(max_decisions, 0);
+        std::copy(path.begin(), path.end(), s.begin());
+        b.script.assign(s);
+        launch(script_run{b.script.ptr, static_cast<int>(path.size()), b.counts.ptr, b.probs.ptr,
+                          b.depth.ptr});
+        specula::cuda::throw_on_error(cudaDeviceSynchronize(), "scripted kernel");
+        return script_record{b.depth.to_host()[0], b.counts.to_host(), b.probs.to_host()};
+      },
+      std::forward<Outcome>(outcome));
+}
+
+/// The host replay of enumerate_device: run(source) runs the same code path on the host (the
+/// host's verifier with its sequential passes, which sum in the device's order) under a scripted
+/// source, so the law a device test will check can be checked here, without a GPU.
+template <class Run, class Outcome>
+void enumerate_host(Run&& run, Outcome&& outcome) {
+  std::vector<int> script(max_decisions, 0);
+  script_record rec{0, std::vector<int>(max_decisions, 0), std::vector<double>(max_decisions, 0.0)};
+  enumerate_paths(
+      [&](const std::vector<int>& path) {
+        std::fill(script.begin(), script.end(), 0);
+        std::copy(path.begin(), path.end(), script.begin());
+        scripted_source src{script.data(), static_cast<int>(path.size()), rec.counts.data(),
+                            rec.probs.data()};
+        run(src);
+        rec.depth = src.depth;
+        return rec;
+      },
+      std::forward<Outcome>(outcome));
+}
+
+/// Row element type of the exact-law tests, on the device and in their host replays. The
+/// enumeration's drafting probabilities are doubles; rows of another precision would give the
+/// law of the rounded rows (float rows miss the 1e-12 threshold by ~5e-9).
+using law_row = double;
 
 /// Adds an outcome to the law of the first two tokens: tokens[0], then tokens[1] when at least
 /// one draft was accepted, otherwise the target's exact conditional after tokens[0].
@@ -159,6 +202,27 @@ inline double max_abs_diff(const std::vector<double>& a, const std::vector<doubl
   for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
     m = std::max(m, a[i] > b[i] ? a[i] - b[i] : b[i] - a[i]);
   return m;
+}
+
+/// The toy target of an exact-law test and its draft (the target perturbed with weight `mix`,
+/// seed + 1; see testing::toy_ar_model).
+struct law_models {
+  testing::toy_ar_model target;
+  testing::toy_ar_model draft;
+  law_models(index_t vocab, index_t horizon, std::uint64_t seed, double sparsity, double mix)
+      : target(vocab, horizon, seed, sparsity),
+        draft(testing::toy_ar_model::perturbed(target, mix, seed + 1, sparsity)) {}
+};
+
+/// The checks of an exact-law test's host replay: law(T{}, ω) is the replayed law with rows of T.
+/// With law_row rows and ω = 1 it must be `expected` to 1e-12 (what the device test checks);
+/// rows rounded to float give the law of the rounded rows, ~5e-9 away (so the test's rows must
+/// have the precision of the drafting probabilities); ω = 2 must miss it (negative control).
+template <class LawFn>
+void check_host_replay(const std::vector<double>& expected, LawFn&& law) {
+  CHECK(max_abs_diff(law(law_row{}, 1.0), expected) < 1e-12);
+  CHECK(max_abs_diff(law(float{}, 1.0), expected) > 1e-12);
+  CHECK(max_abs_diff(law(law_row{}, 2.0), expected) > 1e-3);
 }
 
 }  // namespace specula::cuda_test

@@ -16,6 +16,7 @@
 #include "device_enumerate.cuh"
 #include "specula/cuda/chain.cuh"
 #include "specula/cuda/error.cuh"
+#include "specula/cuda/rules.cuh"
 #include "specula/rules/lantern.hpp"
 #include "specula/rules/relaxed.hpp"
 #include "specula/rules/typical.hpp"
@@ -95,12 +96,53 @@ results run_host(const batch& bt, bool one_hot, const Rule& rule = {}) {
   return r;
 }
 
+/// Greedy chain verification of the batch on the host.
+results run_host_greedy(const batch& bt) {
+  results r{std::vector<token_t>(static_cast<std::size_t>(bt.drafts() + bt.size())),
+            std::vector<std::int32_t>(static_cast<std::size_t>(bt.size())),
+            std::vector<std::uint8_t>(static_cast<std::size_t>(bt.drafts())),
+            std::vector<std::uint32_t>(static_cast<std::size_t>(bt.size()))};
+  verify_chain_greedy(
+      host::seq,
+      chain_batch_input<float>{bt.vocab,
+                               bt.offsets,
+                               bt.tokens,
+                               {},
+                               {bt.target.data(), bt.drafts() + bt.size(), bt.vocab},
+                               bt.rng},
+      chain_batch_output{r.tokens, r.n, r.acc, r.flags});
+  return r;
+}
+
+/// How a device run is made: the stream it is enqueued on (null: the legacy default stream), and
+/// extra elements between rows (row_stride = V + row_pad, the padding filled with NaN, which a
+/// kernel ignoring the stride would read).
+struct device_setup {
+  cudaStream_t stream = nullptr;
+  index_t row_pad = 0;
+  /// Receives the split path's workspace after the run (when not null).
+  std::vector<std::byte>* workspace_after = nullptr;
+};
+
+/// Rows of `cols` entries laid out with a stride of cols + pad (pad entries NaN).
+std::vector<float> with_stride(const std::vector<float>& rows, index_t cols, index_t pad) {
+  if (pad == 0) return rows;
+  const auto n = static_cast<index_t>(rows.size()) / cols;
+  std::vector<float> out(static_cast<std::size_t>(n * (cols + pad)),
+                         std::numeric_limits<float>::quiet_NaN());
+  for (index_t r = 0; r < n; ++r)
+    std::copy_n(rows.begin() + r * cols, cols, out.begin() + r * (cols + pad));
+  return out;
+}
+
 template <class Rule = exact_rule>
 results run_device(const batch& bt, bool one_hot, const Rule& rule = {}, bool greedy = false,
-                   int split = 1) {
+                   int split = 1, const device_setup& setup = {}) {
+  const index_t stride = bt.vocab + setup.row_pad;
   device_vector<index_t> off(bt.offsets);
   device_vector<token_t> tok(bt.tokens);
-  device_vector<float> dr(bt.draft), tg(bt.target);
+  device_vector<float> dr(with_stride(bt.draft, bt.vocab, setup.row_pad)),
+      tg(with_stride(bt.target, bt.vocab, setup.row_pad));
   device_vector<request_rng> rng(bt.rng);
   device_vector<token_t> out(
       std::vector<token_t>(static_cast<std::size_t>(bt.drafts() + bt.size()), 77));
@@ -109,22 +151,25 @@ results run_device(const batch& bt, bool one_hot, const Rule& rule = {}, bool gr
       std::vector<std::uint8_t>(static_cast<std::size_t>(bt.drafts()), 9));
   device_vector<std::uint32_t> fl(
       std::vector<std::uint32_t>(static_cast<std::size_t>(bt.size()), 0));
-  chain_batch_input<float> in{
-      bt.vocab,
-      {off.ptr, bt.size() + 1},
-      {tok.ptr, bt.drafts()},
-      one_hot ? batch_view<const float>{} : batch_view<const float>{dr.ptr, bt.drafts(), bt.vocab},
-      {tg.ptr, bt.drafts() + bt.size(), bt.vocab},
-      {rng.ptr, bt.size()}};
+  chain_batch_input<float> in{bt.vocab,
+                              {off.ptr, bt.size() + 1},
+                              {tok.ptr, bt.drafts()},
+                              one_hot
+                                  ? batch_view<const float>{}
+                                  : batch_view<const float>{dr.ptr, bt.drafts(), bt.vocab, stride},
+                              {tg.ptr, bt.drafts() + bt.size(), bt.vocab, stride},
+                              {rng.ptr, bt.size()}};
   const chain_batch_output o{out.view(), n.view(), acc.view(), fl.view()};
-  device_vector<std::byte> ws(
-      std::vector<std::byte>(split == 1 ? 1 : cuda::chain_workspace_bytes(bt.size(), bt.vocab)));
-  const auto pol = cuda::par_on(nullptr).with_workspace(ws.ptr, ws.n).with_row_split(split);
+  // The workspace starts as all-ones bytes (NaN doubles), so a run shows whether it was written.
+  device_vector<std::byte> ws(std::vector<std::byte>(
+      split == 1 ? 8 : cuda::chain_workspace_bytes(bt.size(), bt.vocab), std::byte{0xff}));
+  const auto pol = cuda::par_on(setup.stream).with_workspace(ws.ptr, ws.n).with_row_split(split);
   if (greedy)
     cuda::throw_on_error(cuda::verify_chain_greedy_async(pol, in, o), "greedy");
   else
     cuda::verify_chain(pol, in, o, chain_options{}, rule);
-  cuda::throw_on_error(cudaDeviceSynchronize(), "chain kernel");
+  cuda::throw_on_error(cudaStreamSynchronize(setup.stream), "chain kernel");
+  if (setup.workspace_after != nullptr) *setup.workspace_after = ws.to_host();
   return {out.to_host(), n.to_host(), acc.to_host(), fl.to_host()};
 }
 
@@ -137,7 +182,7 @@ void require_equal(const results& a, const results& b) {
 
 }  // namespace
 
-TEST_CASE("device chain verification equals the host backend", "[cuda]") {
+TEST_CASE("device chain verification equals the host backend", "[cuda][device]") {
   if (!have_gpu()) return;
   for (index_t vocab : {7, 300, 5000, 128256}) {
     for (std::uint64_t seed = 1; seed <= (vocab > 10000 ? 2u : 6u); ++seed) {
@@ -149,7 +194,7 @@ TEST_CASE("device chain verification equals the host backend", "[cuda]") {
   }
 }
 
-TEST_CASE("device chain verification split across CTAs per row equals the host", "[cuda]") {
+TEST_CASE("device chain verification split across CTAs per row equals the host", "[cuda][device]") {
   if (!have_gpu()) return;
   const auto sch = relaxation_schedule::make_exponential(2.0, 0.5, 6);
   const scheduled_relaxed_rule relaxed{sch, resampling::optimal};
@@ -164,7 +209,8 @@ TEST_CASE("device chain verification split across CTAs per row equals the host",
   }
 }
 
-TEST_CASE("device chain verification with a relaxed schedule equals the host", "[cuda][relaxed]") {
+TEST_CASE("device chain verification with a relaxed schedule equals the host",
+          "[cuda][relaxed][device]") {
   if (!have_gpu()) return;
   const auto sch = relaxation_schedule::make_exponential(2.0, 0.5, 6);
   const scheduled_relaxed_rule rule{sch, resampling::optimal};
@@ -175,7 +221,7 @@ TEST_CASE("device chain verification with a relaxed schedule equals the host", "
 }
 
 TEST_CASE("device chain verification with row-aware rules (LANTERN++, typical) equals the host",
-          "[cuda][relaxed]") {
+          "[cuda][relaxed][device]") {
   if (!have_gpu()) return;
   const index_t V = 500;
   // Neighbour table from random 4-dimensional embeddings (k = 8), copied to the device.
@@ -184,23 +230,20 @@ TEST_CASE("device chain verification with row-aware rules (LANTERN++, typical) e
     emb.push_back(static_cast<float>(
         uniform_at(request_rng{41, 0, 0}, draw_id{static_cast<std::uint32_t>(t), 0})));
   const neighbour_table table(batch_view<const float>(emb.data(), V, 4), 8);
-  const auto ids = table.view();
-  device_vector<token_t> d_ids(std::vector<token_t>(ids.ids, ids.ids + V * 8));
   const lantern_rule host_rule = lantern_rule::make_relative(table, 0.5, resampling::optimal);
-  lantern_rule device_rule = host_rule;
-  device_rule.table.ids = d_ids.ptr;
+  const auto device_rule = cuda::to_device(host_rule);  // the table's ids in device memory
   const typical_rule typical = typical_rule::make(0.09, 0.3);
   for (std::uint64_t seed = 1; seed <= 4; ++seed) {
     const batch bt(V, {5, 3, 0, 7}, seed);
     INFO("seed " << seed);
-    require_equal(run_device(bt, false, device_rule), run_host(bt, false, host_rule));
+    require_equal(run_device(bt, false, device_rule.rule()), run_host(bt, false, host_rule));
     // Typical: equal unless some p(x) lies within a few ulps of the entropy threshold (the host
     // and the device take log from different libraries).
     require_equal(run_device(bt, false, typical), run_host(bt, false, typical));
   }
 }
 
-TEST_CASE("device greedy chain verification equals the host", "[cuda]") {
+TEST_CASE("device greedy chain verification equals the host", "[cuda][device]") {
   if (!have_gpu()) return;
   for (std::uint64_t seed = 1; seed <= 4; ++seed) {
     batch bt(2000, {4, 1, 6}, seed);
@@ -218,24 +261,11 @@ TEST_CASE("device greedy chain verification equals the host", "[cuda]") {
         ++row;
       }
     }
-    results h{std::vector<token_t>(static_cast<std::size_t>(bt.drafts() + bt.size())),
-              std::vector<std::int32_t>(static_cast<std::size_t>(bt.size())),
-              std::vector<std::uint8_t>(static_cast<std::size_t>(bt.drafts())),
-              std::vector<std::uint32_t>(static_cast<std::size_t>(bt.size()))};
-    verify_chain_greedy(
-        host::seq,
-        chain_batch_input<float>{bt.vocab,
-                                 bt.offsets,
-                                 bt.tokens,
-                                 {},
-                                 {bt.target.data(), bt.drafts() + bt.size(), bt.vocab},
-                                 bt.rng},
-        chain_batch_output{h.tokens, h.n, h.acc, h.flags});
-    require_equal(run_device(bt, true, exact_rule{}, true), h);
+    require_equal(run_device(bt, true, exact_rule{}, true), run_host_greedy(bt));
   }
 }
 
-TEST_CASE("device chain verification: batch-position invariance", "[cuda]") {
+TEST_CASE("device chain verification: batch-position invariance", "[cuda][device]") {
   if (!have_gpu()) return;
   const batch full(800, {2, 5, 3}, 11);
   const auto all = run_device(full, false);
@@ -253,7 +283,7 @@ TEST_CASE("device chain verification: batch-position invariance", "[cuda]") {
 }
 
 TEST_CASE("device chain verification: bad input sets flags and reads nothing out of bounds",
-          "[cuda][bad_input]") {
+          "[cuda][bad_input][device]") {
   if (!have_gpu()) return;
   batch bt(64, {3, 2, 2}, 5);
   bt.tokens[1] = 64;        // out of range in request 0
@@ -271,42 +301,12 @@ TEST_CASE("device chain verification: bad input sets flags and reads nothing out
   // the fallback to p finds no mass either: no token, not valid.
   CHECK((r.flags[2] & chain_valid) == 0);
   CHECK(r.tokens[static_cast<std::size_t>(5 + 2)] == no_token);
-  // A vocabulary beyond the kernel's limit is refused at launch.
-  // Inconsistent extents are refused before launching (only sizes are read, so null data
-  // pointers are fine here).
-  const chain_batch_input<float> in1{
-      8, {nullptr, 2}, {nullptr, 1}, {nullptr, 1, 8}, {nullptr, 2, 8}, {nullptr, 1}};
-  const chain_batch_output out1{{nullptr, 2}, {nullptr, 1}, {}, {}};
-  const auto pol = cuda::par_on(nullptr);
-  auto bad = in1;
-  bad.target_probs.cols = 7;  // rows shorter than vocab_size
-  CHECK(cuda::verify_chain_async(pol, bad, out1) == cudaErrorInvalidValue);
-  CHECK(cuda::verify_chain_greedy_async(pol, bad, out1) == cudaErrorInvalidValue);
-  bad = in1;
-  bad.draft_probs.cols = 9;  // q rows of another length
-  CHECK(cuda::verify_chain_async(pol, bad, out1) == cudaErrorInvalidValue);
-  bad = in1;
-  bad.target_probs.rows = 1;  // fewer target rows than drafts + B
-  CHECK(cuda::verify_chain_async(pol, bad, out1) == cudaErrorInvalidValue);
-  bad = in1;
-  bad.rng.size = 0;  // no random stream for the request
-  CHECK(cuda::verify_chain_async(pol, bad, out1) == cudaErrorInvalidValue);
-  auto bad_out = out1;
-  bad_out.output_tokens.size = 1;  // output shorter than drafts + B
-  CHECK(cuda::verify_chain_async(pol, in1, bad_out) == cudaErrorInvalidValue);
-  const padded_chain_input<float> pin{8,           2, 3, {nullptr, 5}, {}, {}, {nullptr, 8, 8},
-                                      {nullptr, 2}};  // draft_tokens shorter than B x L
-  CHECK(
-      cuda::verify_chain_async(pol, pin, padded_chain_output{{nullptr, 8}, {nullptr, 2}, {}, {}}) ==
-      cudaErrorInvalidValue);
-  chain_batch_input<float> huge{};
-  huge.vocab_size = cuda::chain_max_vocab + 1;
-  CHECK(cuda::verify_chain_async(cuda::par_on(nullptr), huge, chain_batch_output{}) ==
-        cudaErrorInvalidValue);
+  // Launch checks (extents, null data, strides, rules, workspace alignment) run on the host
+  // before any CUDA call: tests/cuda/test_launch_checks.cu.
 }
 
 TEST_CASE("device G-test: one speculative round per request reproduces the toy model's law",
-          "[cuda][stats]") {
+          "[cuda][stats][device]") {
   if (!have_gpu()) return;
   // 200 000 requests, each one round of draft length 3 on a toy model (V = 5, horizon 4), all in
   // one launch; the emitted tokens are extended to 4 with target samples on the host. The law of
@@ -368,7 +368,7 @@ TEST_CASE("device G-test: one speculative round per request reproduces the toy m
   CHECK(bad < 1e-4);
 }
 
-TEST_CASE("device chain verification, padded layout, equals the host", "[cuda]") {
+TEST_CASE("device chain verification, padded layout, equals the host", "[cuda][device]") {
   if (!have_gpu()) return;
   const index_t V = 300, L = 4, B = 3;
   const batch bt(V, {2, 4, 0}, 17);
@@ -416,23 +416,151 @@ TEST_CASE("device chain verification, padded layout, equals the host", "[cuda]")
   CHECK(d_fl.to_host() == h_fl);
 }
 
+namespace {
+
+/// A non-default stream, destroyed at scope exit.
+struct stream_guard {
+  cudaStream_t s = nullptr;
+  stream_guard() {
+    cuda::throw_on_error(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  }
+  stream_guard(const stream_guard&) = delete;
+  stream_guard& operator=(const stream_guard&) = delete;
+  ~stream_guard() { cudaStreamDestroy(s); }
+};
+
+}  // namespace
+
+TEST_CASE("device chain verification on a non-default stream with strided rows equals the host",
+          "[cuda][device]") {
+  if (!have_gpu()) return;
+  const stream_guard stream;
+  for (index_t vocab : {300, 151936}) {  // 151 936: beyond 512 recorded tiles (Qwen's vocabulary)
+    const batch bt(vocab, {3, 0, 5, 1}, 23);
+    for (int split : {1, 4}) {
+      INFO("vocab " << vocab << " split " << split);
+      const device_setup setup{stream.s, 37};
+      require_equal(run_device(bt, false, exact_rule{}, false, split, setup), run_host(bt, false));
+      require_equal(run_device(bt, true, exact_rule{}, false, split, setup), run_host(bt, true));
+    }
+    require_equal(run_device(bt, true, exact_rule{}, true, 1, device_setup{stream.s, 37}),
+                  run_host_greedy(bt));
+  }
+}
+
+TEST_CASE("device chain verification: the split path runs when asked and not otherwise",
+          "[cuda][device]") {
+  if (!have_gpu()) return;
+  const batch bt(5000, {3, 2}, 29);
+  std::vector<std::byte> after;
+  // With row_split = 4 the first kernel writes the stopping rows' tile sums to the workspace.
+  require_equal(run_device(bt, false, exact_rule{}, false, 4, device_setup{nullptr, 0, &after}),
+                run_host(bt, false));
+  const auto untouched = [](const std::vector<std::byte>& w) {
+    for (std::byte x : w)
+      if (x != std::byte{0xff}) return false;
+    return true;
+  };
+  CHECK_FALSE(untouched(after));
+  // With row_split = 1 the workspace is never written.
+  require_equal(run_device(bt, false, exact_rule{}, false, 1, device_setup{nullptr, 0, &after}),
+                run_host(bt, false));
+  CHECK(untouched(after));
+}
+
+TEST_CASE("device chain verification with per-request rules and a custom schedule equals the host",
+          "[cuda][relaxed][device]") {
+  if (!have_gpu()) return;
+  const batch bt(700, {4, 2, 6, 0, 3}, 31);
+  // One relaxed rule per request (the array copied to the device by to_device).
+  std::vector<relaxed_rule> rules;
+  for (index_t b = 0; b < bt.size(); ++b)
+    rules.push_back(relaxed_rule{1.0 + 0.3 * static_cast<double>(b),
+                                 b % 2 == 0 ? resampling::optimal : resampling::vanilla});
+  const per_request<relaxed_rule> host_rules{{rules.data(), bt.size()}};
+  const auto device_rules = cuda::to_device(host_rules);
+  require_equal(run_device(bt, false, device_rules.rule()), run_host(bt, false, host_rules));
+  // A custom ω schedule (its values copied to the device), alone and per request.
+  const std::vector<double> omegas{2.0, 1.5, 1.25, 1.1};
+  const scheduled_relaxed_rule custom{relaxation_schedule::make_custom(omegas.data(), 4),
+                                      resampling::optimal};
+  const auto device_custom = cuda::to_device(custom);
+  require_equal(run_device(bt, false, device_custom.rule()), run_host(bt, false, custom));
+  const std::vector<scheduled_relaxed_rule> customs(static_cast<std::size_t>(bt.size()), custom);
+  const per_request<scheduled_relaxed_rule> host_customs{{customs.data(), bt.size()}};
+  const auto device_customs = cuda::to_device(host_customs);
+  require_equal(run_device(bt, false, device_customs.rule()), run_host(bt, false, host_customs));
+}
+
+TEST_CASE("device padded chain verification with explicit lengths equals the host",
+          "[cuda][device]") {
+  if (!have_gpu()) return;
+  const index_t V = 400, L = 5, B = 4;
+  const std::vector<std::int32_t> lengths{2, 5, 0, 3};
+  std::vector<token_t> tokens;
+  std::vector<float> q, p;
+  std::vector<request_rng> rng;
+  std::uint32_t id = 0;
+  for (index_t b = 0; b < B; ++b) {
+    for (index_t i = 0; i <= L; ++i) {
+      const auto pr = testing::random_probability_row(V, 33, id++, 0.1);
+      p.insert(p.end(), pr.begin(), pr.end());
+      if (i == L) break;
+      const auto qr = testing::random_probability_row(V, 33, id++, 0.2);
+      q.insert(q.end(), qr.begin(), qr.end());
+      // Every slot holds a valid token, also past the request's length: only draft_lengths
+      // says where a draft ends.
+      tokens.push_back(cuda_test::draw_from(qr, uniform_at(request_rng{34, id++, 0}, draw_id{})));
+    }
+    rng.push_back(request_rng{35, static_cast<std::uint32_t>(b), 0});
+  }
+  std::vector<token_t> h_out(static_cast<std::size_t>(B * (L + 1)));
+  std::vector<std::int32_t> h_n(static_cast<std::size_t>(B));
+  std::vector<std::uint8_t> h_acc(static_cast<std::size_t>(B * L));
+  std::vector<std::uint32_t> h_fl(static_cast<std::size_t>(B));
+  const padded_chain_input<float> hin{
+      V, B, L, tokens, lengths, {q.data(), B * L, V}, {p.data(), B * (L + 1), V}, rng};
+  verify_chain_unchecked(host::seq, hin, padded_chain_output{h_out, h_n, h_acc, h_fl});
+
+  device_vector<token_t> d_tok(tokens), d_out(std::vector<token_t>(h_out.size(), 77));
+  device_vector<std::int32_t> d_len(lengths), d_n(std::vector<std::int32_t>(h_n.size(), 9));
+  device_vector<float> d_q(q), d_p(p);
+  device_vector<request_rng> d_rng(rng);
+  device_vector<std::uint8_t> d_acc(std::vector<std::uint8_t>(h_acc.size(), 9));
+  device_vector<std::uint32_t> d_fl(h_fl);
+  const padded_chain_input<float> din{V,
+                                      B,
+                                      L,
+                                      {d_tok.ptr, B * L},
+                                      index_view(d_len.ptr, B),
+                                      {d_q.ptr, B * L, V},
+                                      {d_p.ptr, B * (L + 1), V},
+                                      {d_rng.ptr, B}};
+  cuda::verify_chain(cuda::par_on(nullptr), din,
+                     padded_chain_output{d_out.view(), d_n.view(), d_acc.view(), d_fl.view()});
+  cuda::throw_on_error(cudaDeviceSynchronize(), "padded chain kernel");
+  CHECK(d_out.to_host() == h_out);
+  CHECK(d_n.to_host() == h_n);
+  CHECK(d_acc.to_host() == h_acc);
+  CHECK(d_fl.to_host() == h_fl);
+}
+
 namespace specula::cuda_test {
 
 /// One request's chain under the scripted source (the chain kernels' path: the host's
-/// verify_chain_request with CTA-wide passes), relaxed rule ω (1 = exact).
-__global__ void scripted_chain_kernel(const token_t* drafts, const float* p_rows,
-                                      const float* q_rows, index_t vocab, index_t length,
-                                      script_run run, token_t* out_tokens,
-                                      std::int32_t* num_accepted, double omega) {
+/// verify_chain_request with CTA-wide passes), relaxed rule ω (1 = exact), rows of T.
+template <class T>
+__global__ void scripted_chain_kernel(const token_t* drafts, const T* p_rows, const T* q_rows,
+                                      index_t vocab, index_t length, script_run run,
+                                      token_t* out_tokens, std::int32_t* num_accepted,
+                                      double omega) {
   __shared__ specula::cuda::detail::chain_storage storage;
   const specula::cuda::detail::chain_passes passes(storage);
   scripted_source src = run.source();
   const auto r = verify_chain_request(
       relaxed_rule{omega, resampling::optimal}, src, length, drafts,
-      [&](index_t i) { return row_view<const float>(p_rows + i * vocab, vocab); },
-      [&](index_t i) {
-        return dense_proposal<float>{row_view<const float>(q_rows + i * vocab, vocab)};
-      },
+      [&](index_t i) { return row_view<const T>(p_rows + i * vocab, vocab); },
+      [&](index_t i) { return dense_proposal<T>{row_view<const T>(q_rows + i * vocab, vocab)}; },
       default_residual_floor, out_tokens, nullptr, passes);
   if (threadIdx.x == 0) {
     *num_accepted = r.num_accepted;
@@ -440,59 +568,126 @@ __global__ void scripted_chain_kernel(const token_t* drafts, const float* p_rows
   }
 }
 
+/// One enumerated 2-token draft (x1 ~ q, x2 ~ q(. | x1)) of the toy model, with its rows in T:
+/// the target rows after (), (x1), (x1, x2) and the draft rows after (), (x1).
+template <class T>
+struct chain_law_draft {
+  std::vector<token_t> tokens;
+  std::vector<T> p_rows, q_rows;
+  double probability = 0.0;  ///< drafting probability, from the model's double rows
+};
+
+template <class T, class Visit>
+void for_each_chain_draft(const testing::toy_ar_model& target, const testing::toy_ar_model& draft,
+                          Visit&& visit) {
+  const index_t V = target.vocab_size();
+  for (token_t x1 = 0; x1 < V; ++x1)
+    for (token_t x2 = 0; x2 < V; ++x2) {
+      const std::vector<token_t> a{x1}, ab{x1, x2};
+      chain_law_draft<T> d;
+      d.tokens = ab;
+      d.probability =
+          draft.row({})[static_cast<std::size_t>(x1)] * draft.row(a)[static_cast<std::size_t>(x2)];
+      if (!(d.probability > 0.0)) continue;
+      for (const auto& pre : {std::vector<token_t>{}, a, ab}) {
+        const auto pr = target.row(pre);
+        d.p_rows.insert(d.p_rows.end(), pr.begin(), pr.end());
+      }
+      for (const auto& pre : {std::vector<token_t>{}, a}) {
+        const auto qr = draft.row(pre);
+        d.q_rows.insert(d.q_rows.end(), qr.begin(), qr.end());
+      }
+      visit(d);
+    }
+}
+
 /// Exact law of the first two tokens of one round with a 2-token draft on the toy model: drafts
-/// enumerated on the host (x1 ~ q, x2 ~ q(. | x1)), verification on the device.
+/// enumerated on the host, verification on the device (rows of law_row).
 std::vector<double> device_chain_two_token_law(const testing::toy_ar_model& target,
                                                const testing::toy_ar_model& draft, double omega) {
   const index_t V = target.vocab_size();
   std::vector<double> law(static_cast<std::size_t>(V * V), 0.0);
   script_buffers sb;
   device_vector<token_t> tok(std::vector<token_t>(2)), out(std::vector<token_t>(3));
-  device_vector<float> p(std::vector<float>(static_cast<std::size_t>(3 * V))),
-      q(std::vector<float>(static_cast<std::size_t>(2 * V)));
+  device_vector<law_row> p(std::vector<law_row>(static_cast<std::size_t>(3 * V))),
+      q(std::vector<law_row>(static_cast<std::size_t>(2 * V)));
   device_vector<std::int32_t> nacc(std::vector<std::int32_t>(1));
-  for (token_t x1 = 0; x1 < V; ++x1)
-    for (token_t x2 = 0; x2 < V; ++x2) {
-      const std::vector<token_t> a{x1}, ab{x1, x2};
-      const double p_draft =
-          draft.row({})[static_cast<std::size_t>(x1)] * draft.row(a)[static_cast<std::size_t>(x2)];
-      if (!(p_draft > 0.0)) continue;
-      std::vector<float> p_rows, q_rows;
-      for (const auto& pre : {std::vector<token_t>{}, a, ab}) {
-        const auto pr = target.row(pre);
-        p_rows.insert(p_rows.end(), pr.begin(), pr.end());
-      }
-      for (const auto& pre : {std::vector<token_t>{}, a}) {
-        const auto qr = draft.row(pre);
-        q_rows.insert(q_rows.end(), qr.begin(), qr.end());
-      }
-      tok.assign(ab);
-      p.assign(p_rows);
-      q.assign(q_rows);
-      enumerate_device(
-          sb,
-          [&](const script_run& run) {
-            scripted_chain_kernel<<<1, specula::cuda::chain_block_threads>>>(
-                tok.ptr, p.ptr, q.ptr, V, 2, run, out.ptr, nacc.ptr, omega);
-          },
-          [&](double prob) {
-            add_two_token_outcome(law, target, out.to_host(), nacc.to_host()[0], p_draft * prob);
-          });
-    }
+  for_each_chain_draft<law_row>(target, draft, [&](const chain_law_draft<law_row>& d) {
+    tok.assign(d.tokens);
+    p.assign(d.p_rows);
+    q.assign(d.q_rows);
+    enumerate_device(
+        sb,
+        [&](const script_run& run) {
+          scripted_chain_kernel<law_row><<<1, specula::cuda::chain_block_threads>>>(
+              tok.ptr, p.ptr, q.ptr, V, 2, run, out.ptr, nacc.ptr, omega);
+        },
+        [&](double prob) {
+          add_two_token_outcome(law, target, out.to_host(), nacc.to_host()[0],
+                                d.probability * prob);
+        });
+  });
+  return law;
+}
+
+/// The host replay of device_chain_two_token_law with rows of T: the same verifier, the same
+/// scripted decisions, the host's sequential passes (the device's summation order).
+template <class T>
+std::vector<double> host_chain_two_token_law(const testing::toy_ar_model& target,
+                                             const testing::toy_ar_model& draft, double omega) {
+  const index_t V = target.vocab_size();
+  std::vector<double> law(static_cast<std::size_t>(V * V), 0.0);
+  std::vector<token_t> out(3);
+  std::int32_t nacc = 0;
+  for_each_chain_draft<T>(target, draft, [&](const chain_law_draft<T>& d) {
+    enumerate_host(
+        [&](scripted_source& src) {
+          nacc = verify_chain_request(
+                     relaxed_rule{omega, resampling::optimal}, src, 2, d.tokens.data(),
+                     [&](index_t i) { return row_view<const T>(d.p_rows.data() + i * V, V); },
+                     [&](index_t i) {
+                       return dense_proposal<T>{row_view<const T>(d.q_rows.data() + i * V, V)};
+                     },
+                     default_residual_floor, out.data(), nullptr)
+                     .num_accepted;
+        },
+        [&](double prob) { add_two_token_outcome(law, target, out, nacc, d.probability * prob); });
+  });
   return law;
 }
 
 }  // namespace specula::cuda_test
 
+namespace {
+
+/// The models of the exact-law tests (host replay and device).
+const cuda_test::law_models& chain_law() {
+  static const cuda_test::law_models m(4, 3, 505, 0.2, 0.6);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("host replay of the device chain exact-law test: the rows it runs on give the law",
+          "[cuda][exact][host]") {
+  // Runs on the host what the device test below runs on the GPU (same rows, same decisions, the
+  // same summation order), so a mistake in the test itself shows without a GPU.
+  cuda_test::check_host_replay(cuda_test::two_token_law(chain_law().target),
+                               [](auto row, double omega) {
+                                 return cuda_test::host_chain_two_token_law<decltype(row)>(
+                                     chain_law().target, chain_law().draft, omega);
+                               });
+}
+
 TEST_CASE("device chain verification: exact law of the first two tokens by enumeration",
-          "[cuda][exact]") {
+          "[cuda][exact][device]") {
   if (!have_gpu()) return;
-  const testing::toy_ar_model target(4, 3, 505, 0.2);
-  const auto draft = testing::toy_ar_model::perturbed(target, 0.6, 506, 0.2);
-  const auto expected = cuda_test::two_token_law(target);
-  CHECK(cuda_test::max_abs_diff(cuda_test::device_chain_two_token_law(target, draft, 1.0),
-                                expected) < 1e-12);
+  const auto expected = cuda_test::two_token_law(chain_law().target);
+  CHECK(cuda_test::max_abs_diff(
+            cuda_test::device_chain_two_token_law(chain_law().target, chain_law().draft, 1.0),
+            expected) < 1e-12);
   // Negative control: ω = 2 (accepts too often).
-  CHECK(cuda_test::max_abs_diff(cuda_test::device_chain_two_token_law(target, draft, 2.0),
-                                expected) > 1e-3);
+  CHECK(cuda_test::max_abs_diff(
+            cuda_test::device_chain_two_token_law(chain_law().target, chain_law().draft, 2.0),
+            expected) > 1e-3);
 }

@@ -157,7 +157,7 @@ void check_equal_to_unfused(index_t vocab) {
 }  // namespace
 
 TEST_CASE("fused verification from fp32 logits equals logits_to_probs + verify_chain",
-          "[cuda][fused]") {
+          "[cuda][fused][device]") {
   if (!have_gpu()) return;
   for (index_t vocab : {7, 3000, 128256}) check_equal_to_unfused<float>(vocab);
   const logit_batch bt(2000, {4, 2}, 5);
@@ -166,7 +166,7 @@ TEST_CASE("fused verification from fp32 logits equals logits_to_probs + verify_c
         run<float>(bt, {sampling_params{}}, false, false, false, relaxed));
 }
 
-TEST_CASE("fused verification reads bf16 and fp16 logits directly", "[cuda][fused]") {
+TEST_CASE("fused verification reads bf16 and fp16 logits directly", "[cuda][fused][device]") {
   if (!have_gpu()) return;
   for (index_t vocab : {300, 32000}) {
     check_equal_to_unfused<__nv_bfloat16>(vocab);
@@ -175,7 +175,7 @@ TEST_CASE("fused verification reads bf16 and fp16 logits directly", "[cuda][fuse
 }
 
 TEST_CASE("fused verification: rows that fail the transform behave as in the unfused path",
-          "[cuda][fused][bad_input]") {
+          "[cuda][fused][bad_input][device]") {
   if (!have_gpu()) return;
   logit_batch bt(100, {2, 3}, 8);
   // Request 0's first row: a NaN logit; request 1's bonus row: all -Inf.
@@ -194,26 +194,4 @@ TEST_CASE("fused verification: rows that fail the transform behave as in the unf
   CHECK((fused.flags[0] & chain_valid) == 0);
 }
 
-TEST_CASE("fused verification refuses inconsistent launches", "[cuda][fused][bad_input]") {
-  if (!have_gpu()) return;
-  const logit_batch bt(64, {2}, 1);
-  device_vector<float> lg(bt.logits);
-  device_vector<sampling_params> par(std::vector<sampling_params>(1));
-  device_vector<index_t> off(bt.offsets);
-  device_vector<request_rng> rng(bt.rng);
-  device_vector<std::int32_t> n(std::vector<std::int32_t>(1));
-  sc::fused_chain_input<float> in{64, off.cview(), {},         {}, {lg.ptr, bt.rows(), 64},
-                                  {}, par.cview(), rng.cview()};
-  const chain_batch_output o{{}, n.view(), {}, {}};
-  // No workspace.
-  CHECK(sc::verify_chain_from_logits_async(sc::par_on(nullptr), in, o) == cudaErrorInvalidValue);
-  device_vector<std::byte> ws(std::vector<std::byte>(sc::fused_chain_workspace_bytes(bt.rows())));
-  const auto pol = sc::par_on(nullptr).with_workspace(ws.ptr, ws.n);
-  // Logit rows of the wrong length; params neither 1 nor one per row.
-  auto bad = in;
-  bad.target_logits.cols = 63;
-  CHECK(sc::verify_chain_from_logits_async(pol, bad, o) == cudaErrorInvalidValue);
-  bad = in;
-  bad.params.size = 2;
-  CHECK(sc::verify_chain_from_logits_async(pol, bad, o) == cudaErrorInvalidValue);
-}
+// Launch checks of the fused path run on the host: tests/cuda/test_launch_checks.cu.

@@ -55,7 +55,7 @@ bool have_gpu() {
 
 }  // namespace
 
-TEST_CASE("Philox uniforms on the device equal the host's", "[cuda]") {
+TEST_CASE("Philox uniforms on the device equal the host's", "[cuda][device]") {
   if (!have_gpu()) return;
   const request_rng rng{0x1234567890ull, 5, 9};
   const std::uint32_t n = 4096;
@@ -68,7 +68,8 @@ TEST_CASE("Philox uniforms on the device equal the host's", "[cuda]") {
   for (std::uint32_t i = 0; i < n; ++i) REQUIRE(got[i] == uniform_at(rng, draw_id{i, 3}));
 }
 
-TEST_CASE("per-request chain verification on the device equals the host backend", "[cuda]") {
+TEST_CASE("per-request chain verification on the device equals the host backend",
+          "[cuda][device]") {
   if (!have_gpu()) return;
   const index_t vocab = 257, batch = 64;
   std::vector<index_t> offsets = {0};

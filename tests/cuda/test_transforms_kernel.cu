@@ -183,7 +183,7 @@ std::vector<sampling_params> parameter_grid() {
 
 }  // namespace
 
-TEST_CASE("device logits_to_probs matches the host on fp32 rows", "[cuda]") {
+TEST_CASE("device logits_to_probs matches the host on fp32 rows", "[cuda][device]") {
   if (!have_gpu()) return;
   const index_t rows = 6, cols = 3001;
   for (const auto& sp : parameter_grid()) {
@@ -196,7 +196,7 @@ TEST_CASE("device logits_to_probs matches the host on fp32 rows", "[cuda]") {
   }
 }
 
-TEST_CASE("device logits_to_probs matches the host on a 128256-token row", "[cuda]") {
+TEST_CASE("device logits_to_probs matches the host on a 128256-token row", "[cuda][device]") {
   if (!have_gpu()) return;
   const index_t rows = 2, cols = 128256;
   const auto logits = random_logits(static_cast<std::size_t>(rows * cols), 5, 2.0f);
@@ -206,24 +206,25 @@ TEST_CASE("device logits_to_probs matches the host on a 128256-token row", "[cud
   compare(res2.device, res2.host, 1e-6, "V=128256 top-p + min-p");
 }
 
-TEST_CASE("device logits_to_probs with classifier-free guidance matches the host", "[cuda]") {
+TEST_CASE("device logits_to_probs with classifier-free guidance matches the host",
+          "[cuda][device]") {
   if (!have_gpu()) return;
   const index_t rows = 4, cols = 2048;
   const auto cond = random_logits(static_cast<std::size_t>(rows * cols), 21);
   const auto uncond = random_logits(static_cast<std::size_t>(rows * cols), 22);
-  // The device may contract uncond + s * (cond - uncond) into an FMA, so the mixed logits can
-  // differ by an ulp; exp amplifies that by |x - max| (up to ~30 here): 1e-5 relative.
+  // cfg_mix_op rounds each operation on its own on both backends (__fmul_rn / __fadd_rn on the
+  // device), so the mixed logits are the host's bits and the fp32 tolerance applies.
   for (float s : {1.0f, 1.5f, 3.0f, 7.5f})
     for (const auto& base : {make(1.0f, 0, 1.0f, 0.0f), make(0.7f, 50, 0.9f, 0.0f)}) {
       auto sp = base;
       sp.cfg_scale = s;
       const auto res = run_both<float>(cond, uncond, {sp}, rows, cols);
       for (auto st : res.status) CHECK(st == 0u);
-      compare(res.device, res.host, 1e-5, "cfg_scale=" + std::to_string(s));
+      compare(res.device, res.host, 1e-6, "cfg_scale=" + std::to_string(s));
     }
 }
 
-TEST_CASE("device logits_to_probs reads bf16 and fp16 logits directly", "[cuda]") {
+TEST_CASE("device logits_to_probs reads bf16 and fp16 logits directly", "[cuda][device]") {
   if (!have_gpu()) return;
   const index_t rows = 3, cols = 32000;
   const auto logits = random_logits(static_cast<std::size_t>(rows * cols), 31);
@@ -236,10 +237,10 @@ TEST_CASE("device logits_to_probs reads bf16 and fp16 logits directly", "[cuda]"
   }
   auto sp = make(0.7f, 50, 0.9f, 0.0f, 2.0f);
   const auto cfg = run_both<__nv_bfloat16>(logits, uncond, {sp}, rows, cols);
-  compare(cfg.device, cfg.host, 1e-5, "bf16 cfg");  // FMA contraction: see the fp32 CFG case
+  compare(cfg.device, cfg.host, 1e-6, "bf16 cfg");  // unfused CFG mix: see the fp32 CFG case
 }
 
-TEST_CASE("device top-k and top-p keep ties at their thresholds, as the host", "[cuda]") {
+TEST_CASE("device top-k and top-p keep ties at their thresholds, as the host", "[cuda][device]") {
   if (!have_gpu()) return;
   // Logits from a small set (with -0 and +0): many ties everywhere, including the thresholds.
   const index_t rows = 5, cols = 1000;
@@ -269,7 +270,8 @@ TEST_CASE("device top-k and top-p keep ties at their thresholds, as the host", "
   }
 }
 
-TEST_CASE("device probabilities of a row do not depend on the rest of the batch", "[cuda]") {
+TEST_CASE("device probabilities of a row do not depend on the rest of the batch",
+          "[cuda][device]") {
   if (!have_gpu()) return;
   const index_t cols = 4099, stride = 4160;
   const auto row = random_logits(static_cast<std::size_t>(cols), 99);
@@ -310,7 +312,7 @@ TEST_CASE("device probabilities of a row do not depend on the rest of the batch"
 }
 
 TEST_CASE("device logits_to_probs reports bad rows per row and fills them with NaN",
-          "[cuda][bad_input]") {
+          "[cuda][bad_input][device]") {
   if (!have_gpu()) return;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
@@ -378,7 +380,7 @@ TEST_CASE("device logits_to_probs reports bad rows per row and fills them with N
 }
 
 TEST_CASE("device logits_to_probs rejects inconsistent shapes before launching",
-          "[cuda][bad_input]") {
+          "[cuda][bad_input][device]") {
   if (!have_gpu()) return;
   const device_buffer<float> d_in(std::vector<float>(64, 0.0f));
   const device_buffer<float> d_out(64);

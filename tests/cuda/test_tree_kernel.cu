@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <span>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include "device_buffer.cuh"
 #include "device_enumerate.cuh"
+#include "specula/cuda/rules.cuh"
 #include "specula/cuda/sampling.cuh"
 #include "specula/cuda/tree.cuh"
 #include "specula/rules/relaxed.hpp"
@@ -142,14 +144,35 @@ tree_results run_host(const tree_data& d, bool one_hot, sibling_sampling samplin
   return r;
 }
 
+/// Rows of `cols` entries laid out with a stride of cols + pad (pad entries NaN).
+std::vector<float> with_stride(const std::vector<float>& rows, index_t cols, index_t pad) {
+  if (pad == 0) return rows;
+  const auto n = static_cast<index_t>(rows.size()) / cols;
+  std::vector<float> out(static_cast<std::size_t>(n * (cols + pad)),
+                         std::numeric_limits<float>::quiet_NaN());
+  for (index_t r = 0; r < n; ++r)
+    std::copy_n(rows.begin() + r * cols, cols, out.begin() + r * (cols + pad));
+  return out;
+}
+
+/// Where a device run is enqueued (null: the legacy default stream) and the extra (NaN)
+/// elements between rows.
+struct device_setup {
+  cudaStream_t stream = nullptr;
+  index_t row_pad = 0;
+};
+
 /// Device run; `flat` may be edited by the caller (malformed trees).
 template <class Rule = exact_rule>
 tree_results run_device(const tree_data& d, const sc::flat_trees& flat, bool one_hot,
-                        sibling_sampling sampling, bool greedy = false, const Rule& rule = {}) {
+                        sibling_sampling sampling, bool greedy = false, const Rule& rule = {},
+                        const device_setup& setup = {}) {
   auto r = empty_results(d);
+  const index_t stride = d.vocab + setup.row_pad;
   device_vector<index_t> off(flat.node_offsets), par(flat.parents);
   device_vector<token_t> tok(flat.tokens);
-  device_vector<float> tg(d.target), dr(d.draft);
+  device_vector<float> tg(with_stride(d.target, d.vocab, setup.row_pad)),
+      dr(with_stride(d.draft, d.vocab, setup.row_pad));
   device_vector<request_rng> rng(d.rng);
   device_vector<token_t> out(r.tokens);
   device_vector<std::int32_t> n(r.n);
@@ -160,18 +183,20 @@ tree_results run_device(const tree_data& d, const sc::flat_trees& flat, bool one
       off.cview(),
       par.cview(),
       tok.cview(),
-      {tg.ptr, d.nodes(), d.vocab},
-      one_hot ? batch_view<const float>{} : batch_view<const float>{dr.ptr, d.nodes(), d.vocab},
+      {tg.ptr, d.nodes(), d.vocab, stride},
+      one_hot ? batch_view<const float>{}
+              : batch_view<const float>{dr.ptr, d.nodes(), d.vocab, stride},
       rng.cview()};
   const tree_batch_output o{out.view(), n.view(), nodes.view(), fl.view()};
+  const auto pol = sc::par_on(setup.stream);
   if (greedy) {
-    sc::throw_on_error(sc::verify_tree_greedy_async(sc::par_on(nullptr), in, o), "greedy");
+    sc::throw_on_error(sc::verify_tree_greedy_async(pol, in, o), "greedy");
   } else {
     tree_options opt;
     opt.sampling = sampling;
-    sc::throw_on_error(sc::verify_tree_async(sc::par_on(nullptr), in, o, opt, rule), "tree");
+    sc::throw_on_error(sc::verify_tree_async(pol, in, o, opt, rule), "tree");
   }
-  sc::throw_on_error(cudaDeviceSynchronize(), "tree kernel");
+  sc::throw_on_error(cudaStreamSynchronize(setup.stream), "tree kernel");
   return {out.to_host(), n.to_host(), nodes.to_host(), fl.to_host()};
 }
 
@@ -182,7 +207,7 @@ std::vector<token_tree> shapes() {
 
 }  // namespace
 
-TEST_CASE("device tree verification equals the host backend", "[cuda][tree]") {
+TEST_CASE("device tree verification equals the host backend", "[cuda][tree][device]") {
   if (!have_gpu()) return;
   for (const auto sampling :
        {sibling_sampling::without_replacement, sibling_sampling::with_replacement}) {
@@ -205,7 +230,47 @@ TEST_CASE("device tree verification equals the host backend", "[cuda][tree]") {
         run_host(big, false, sibling_sampling::without_replacement));
 }
 
-TEST_CASE("device tree verification with a relaxed rule equals the host", "[cuda][tree]") {
+TEST_CASE("device tree verification on a non-default stream with strided rows equals the host",
+          "[cuda][tree][device]") {
+  if (!have_gpu()) return;
+  cudaStream_t stream = nullptr;
+  sc::throw_on_error(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  // 151 936 (Qwen's vocabulary): 594 tiles, beyond the 512 the tree kernels used to record.
+  for (index_t vocab : {300, 151936}) {
+    const tree_data d(vocab, {trees::full(2, 2), trees::chain(3), trees::sjd_pac(3, 2, 16)}, 19,
+                      sibling_sampling::without_replacement);
+    const auto flat = sc::flatten_trees({d.trees.data(), d.batch()});
+    const device_setup setup{stream, 29};
+    INFO("vocab " << vocab);
+    for (const auto sampling :
+         {sibling_sampling::without_replacement, sibling_sampling::with_replacement}) {
+      CHECK(run_device(d, flat, false, sampling, false, exact_rule{}, setup) ==
+            run_host(d, false, sampling));
+      CHECK(run_device(d, flat, true, sampling, false, exact_rule{}, setup) ==
+            run_host(d, true, sampling));
+    }
+    CHECK(run_device(d, flat, true, sibling_sampling::without_replacement, true, exact_rule{},
+                     setup) == run_host(d, true, sibling_sampling::without_replacement, true));
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("device tree verification with per-request rules equals the host",
+          "[cuda][tree][relaxed][device]") {
+  if (!have_gpu()) return;
+  const tree_data d(500, shapes(), 27, sibling_sampling::without_replacement);
+  const auto flat = sc::flatten_trees({d.trees.data(), d.batch()});
+  std::vector<relaxed_rule> rules;
+  for (index_t b = 0; b < d.batch(); ++b)
+    rules.push_back(relaxed_rule{1.0 + 0.4 * static_cast<double>(b), resampling::optimal});
+  const per_request<relaxed_rule> host_rules{{rules.data(), d.batch()}};
+  const auto device_rules = sc::to_device(host_rules);
+  CHECK(run_device(d, flat, false, sibling_sampling::without_replacement, false,
+                   device_rules.rule()) ==
+        run_host(d, false, sibling_sampling::without_replacement, false, host_rules));
+}
+
+TEST_CASE("device tree verification with a relaxed rule equals the host", "[cuda][tree][device]") {
   if (!have_gpu()) return;
   const relaxed_rule rule{1.8, resampling::optimal};
   for (std::uint64_t seed = 1; seed <= 4; ++seed) {
@@ -216,7 +281,7 @@ TEST_CASE("device tree verification with a relaxed rule equals the host", "[cuda
   }
 }
 
-TEST_CASE("device greedy tree verification equals the host", "[cuda][tree]") {
+TEST_CASE("device greedy tree verification equals the host", "[cuda][tree][device]") {
   if (!have_gpu()) return;
   for (std::uint64_t seed = 1; seed <= 4; ++seed) {
     tree_data d(900, shapes(), seed, sibling_sampling::without_replacement);
@@ -242,7 +307,7 @@ TEST_CASE("device greedy tree verification equals the host", "[cuda][tree]") {
 }
 
 TEST_CASE("device tree verification: malformed trees and bad tokens are flagged per request",
-          "[cuda][tree][bad_input]") {
+          "[cuda][tree][bad_input][device]") {
   if (!have_gpu()) return;
   const tree_data d(50,
                     {trees::full(2, 2), trees::full(2, 2), trees::full(2, 2), trees::full(2, 2),
@@ -274,7 +339,8 @@ TEST_CASE("device tree verification: malformed trees and bad tokens are flagged 
   CHECK((wr.flags[3] & chain_invalid_input) == 0);
 }
 
-TEST_CASE("device tree verification: oversized trees and bad launches", "[cuda][tree][bad_input]") {
+TEST_CASE("device tree verification: oversized trees and bad launches",
+          "[cuda][tree][bad_input][device]") {
   if (!have_gpu()) return;
   // A chain of tree_max_nodes + 1 nodes, and a node with tree_max_children + 1 children.
   std::vector<index_t> long_chain(static_cast<std::size_t>(sc::tree_max_nodes + 1));
@@ -293,20 +359,7 @@ TEST_CASE("device tree verification: oversized trees and bad launches", "[cuda][
   flat2.node_offsets = {0, d.trees[0].size(), d.trees[0].size() + 10000};
   const auto r2 = run_device(d, flat2, false, sibling_sampling::with_replacement);
   CHECK(r2.flags[1] == chain_invalid_input);
-  // Rows of another length than vocab_size.
-  {
-    const sc::tree_device_input<float> in2{
-        40, {nullptr, 2}, {nullptr, 3}, {nullptr, 3}, {nullptr, 3, 39}, {}, {nullptr, 1}};
-    CHECK(sc::verify_tree_async(sc::par_on(nullptr), in2,
-                                tree_batch_output{{nullptr, 3}, {nullptr, 1}, {}, {}}) ==
-          cudaErrorInvalidValue);
-  }
-  // Empty batch, zero vocabulary.
-  sc::tree_device_input<float> in{};
-  CHECK(sc::verify_tree_async(sc::par_on(nullptr), in, tree_batch_output{}) ==
-        cudaErrorInvalidValue);
-  CHECK(sc::verify_tree_greedy_async(sc::par_on(nullptr), in, tree_batch_output{}) ==
-        cudaErrorInvalidValue);
+  // Launch checks (extents, strides, rules): tests/cuda/test_launch_checks.cu (host-side).
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -402,7 +455,7 @@ cand_results cand_device(const cand_data& d, bool one_hot, sibling_sampling samp
 
 }  // namespace
 
-TEST_CASE("device K-candidate verification equals the host", "[cuda][tree]") {
+TEST_CASE("device K-candidate verification equals the host", "[cuda][tree][device]") {
   if (!have_gpu()) return;
   for (const auto sampling :
        {sibling_sampling::without_replacement, sibling_sampling::with_replacement}) {
@@ -418,7 +471,7 @@ TEST_CASE("device K-candidate verification equals the host", "[cuda][tree]") {
 }
 
 TEST_CASE("device K-candidate verification: bad candidates are flagged",
-          "[cuda][tree][bad_input]") {
+          "[cuda][tree][bad_input][device]") {
   if (!have_gpu()) return;
   cand_data d(30, {2, 2, 2, 2}, 7, sibling_sampling::without_replacement);
   d.cand[0] = 30;         // request 0: out of range
@@ -431,8 +484,6 @@ TEST_CASE("device K-candidate verification: bad candidates are flagged",
     CHECK(r.accepted[b] == -1);
   }
   CHECK((r.flags[3] & chain_valid) != 0);
-  sc::candidates_device_input<float> in{};
-  CHECK(sc::verify_candidates_async(sc::par_on(nullptr), in, {}) == cudaErrorInvalidValue);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -446,43 +497,51 @@ TEST_CASE("device K-candidate verification: bad candidates are flagged",
 
 namespace specula::cuda_test {
 
-/// One request's tree under the scripted source (the tree kernel's path).
-__global__ void scripted_tree_kernel(sc::tree_device_input<float> in, script_run run,
+/// One request's tree under the scripted source (the tree kernel's path), rows of T.
+template <class T>
+__global__ void scripted_tree_kernel(sc::tree_device_input<T> in, script_run run,
                                      token_t* out_tokens, std::int32_t* num_accepted,
                                      double omega) {
   __shared__ sc::detail::tree_storage storage;
   __shared__ sc::detail::shared_tree tree;
-  const sc::detail::tree_passes passes(storage);
+  __shared__ sc::detail::tree_recursion_state state;
+  const sc::detail::tree_passes passes = sc::detail::make_tree_passes(storage, in.vocab_size);
   const index_t size = in.node_offsets[1];
   if (!sc::detail::load_tree(tree, 0, size, in.vocab_size, in.parents, in.tokens, in.draft_probs,
                              true))
     return;
-  double z[candidates_workspace_size(sc::tree_max_children)];
-  token_t cand[sc::tree_max_children];
-  index_t children[sc::tree_max_children];
   scripted_source src = run.source();
   const auto r = verify_tree_request(
       relaxed_rule{omega, resampling::optimal}, src, tree.view(),
       [&](index_t u) { return in.target_probs.row(u); },
-      [&](index_t u) { return without_replacement<float>{in.draft_probs.row(u)}; },
-      default_residual_floor, out_tokens, nullptr, tree_request_workspace{z, cand, children},
-      passes);
+      [&](index_t u) { return without_replacement<T>{in.draft_probs.row(u)}; },
+      default_residual_floor, out_tokens, nullptr, state.workspace(), passes);
   if (threadIdx.x == 0) {
     *num_accepted = r.num_accepted;
     *run.depth = src.depth;
   }
 }
 
-/// Exact law of the first two tokens of one tree verification on the toy model: drafts
-/// enumerated on the host (children of every node drawn from q without replacement, all ordered
-/// draws with their probabilities), verification enumerated on the device; a single emitted
-/// token is extended by the target's exact conditional.
-std::vector<double> device_two_token_law(const testing::toy_ar_model& target,
-                                         const testing::toy_ar_model& draft, double omega) {
+/// The exact-law test's tree: root with 2 children, each with 2 children (7 nodes).
+inline const std::vector<index_t>& law_tree_parents() {
+  static const std::vector<index_t> parents{-1, 0, 0, 1, 1, 2, 2};
+  return parents;
+}
+
+/// One enumerated draft of the law test's tree: children of every node drawn from q without
+/// replacement (all ordered draws), with its node rows in T (prefixes (), (a), (b), (a, a1),
+/// (a, a2), (b, b1), (b, b2)) and its drafting probability (from the model's double rows).
+template <class T>
+struct tree_law_draft {
+  std::vector<token_t> tokens;
+  std::vector<T> p_rows, q_rows;
+  double probability = 0.0;
+};
+
+template <class T, class Visit>
+void for_each_tree_draft(const testing::toy_ar_model& target, const testing::toy_ar_model& draft,
+                         Visit&& visit) {
   const index_t V = target.vocab_size();
-  std::vector<double> law(static_cast<std::size_t>(V * V), 0.0);
-  // Tree: root with 2 children, each with 2 children (7 nodes).
-  const std::vector<index_t> parents{-1, 0, 0, 1, 1, 2, 2};
   // Ordered pairs of distinct tokens drawn without replacement from q, with probabilities.
   auto pairs = [&](std::span<const double> q) {
     std::vector<std::pair<std::array<token_t, 2>, double>> out;
@@ -496,71 +555,130 @@ std::vector<double> device_two_token_law(const testing::toy_ar_model& target,
       }
     return out;
   };
-  device_vector<index_t> off(std::vector<index_t>{0, 7}), par(parents);
-  device_vector<token_t> tok(std::vector<token_t>(7, no_token));
-  device_vector<float> tg(std::vector<float>(static_cast<std::size_t>(7 * V))),
-      dr(std::vector<float>(static_cast<std::size_t>(7 * V)));
-  script_buffers sb;
-  device_vector<token_t> out(std::vector<token_t>(7, no_token));
-  device_vector<std::int32_t> nacc(std::vector<std::int32_t>(1, 0));
-  const sc::tree_device_input<float> in{
-      V, off.cview(), par.cview(), tok.cview(), {tg.ptr, 7, V}, {dr.ptr, 7, V}, {}};
   for (const auto& [root_kids, p_root] : pairs(draft.row({}))) {
     const std::vector<token_t> c1{root_kids[0]}, c2{root_kids[1]};
     for (const auto& [kids1, p1] : pairs(draft.row(c1)))
       for (const auto& [kids2, p2] : pairs(draft.row(c2))) {
-        const std::vector<token_t> tokens{no_token, root_kids[0], root_kids[1], kids1[0],
-                                          kids1[1], kids2[0],     kids2[1]};
-        // Node rows: prefixes (), (a), (b), (a, a1), (a, a2), (b, b1), (b, b2).
-        std::vector<std::vector<token_t>> prefix{{},
-                                                 {tokens[1]},
-                                                 {tokens[2]},
-                                                 {tokens[1], tokens[3]},
-                                                 {tokens[1], tokens[4]},
-                                                 {tokens[2], tokens[5]},
-                                                 {tokens[2], tokens[6]}};
-        std::vector<float> p_rows, q_rows;
+        tree_law_draft<T> d;
+        d.tokens = {no_token, root_kids[0], root_kids[1], kids1[0], kids1[1], kids2[0], kids2[1]};
+        const auto& t = d.tokens;
+        const std::vector<std::vector<token_t>> prefix{
+            {}, {t[1]}, {t[2]}, {t[1], t[3]}, {t[1], t[4]}, {t[2], t[5]}, {t[2], t[6]}};
         for (const auto& pre : prefix) {
           const auto p = target.row(pre);
           const auto q = draft.row(pre);
-          p_rows.insert(p_rows.end(), p.begin(), p.end());
-          q_rows.insert(q_rows.end(), q.begin(), q.end());
+          d.p_rows.insert(d.p_rows.end(), p.begin(), p.end());
+          d.q_rows.insert(d.q_rows.end(), q.begin(), q.end());
         }
-        tok.assign(tokens);
-        tg.assign(p_rows);
-        dr.assign(q_rows);
-        const double p_draft = p_root * p1 * p2;
-        enumerate_device(
-            sb,
-            [&](const script_run& run) {
-              scripted_tree_kernel<<<1, sc::tree_block_threads>>>(in, run, out.ptr, nacc.ptr,
-                                                                  omega);
-            },
-            [&](double prob) {
-              add_two_token_outcome(law, target, out.to_host(), nacc.to_host()[0], p_draft * prob);
-            });
+        d.probability = p_root * p1 * p2;
+        visit(d);
       }
   }
+}
+
+/// Exact law of the first two tokens of one tree verification on the toy model: drafts
+/// enumerated on the host, verification enumerated on the device (rows of law_row); a single
+/// emitted token is extended by the target's exact conditional.
+std::vector<double> device_two_token_law(const testing::toy_ar_model& target,
+                                         const testing::toy_ar_model& draft, double omega) {
+  const index_t V = target.vocab_size();
+  std::vector<double> law(static_cast<std::size_t>(V * V), 0.0);
+  device_vector<index_t> off(std::vector<index_t>{0, 7}), par(law_tree_parents());
+  device_vector<token_t> tok(std::vector<token_t>(7, no_token));
+  device_vector<law_row> tg(std::vector<law_row>(static_cast<std::size_t>(7 * V))),
+      dr(std::vector<law_row>(static_cast<std::size_t>(7 * V)));
+  script_buffers sb;
+  device_vector<token_t> out(std::vector<token_t>(7, no_token));
+  device_vector<std::int32_t> nacc(std::vector<std::int32_t>(1, 0));
+  const sc::tree_device_input<law_row> in{
+      V, off.cview(), par.cview(), tok.cview(), {tg.ptr, 7, V}, {dr.ptr, 7, V}, {}};
+  for_each_tree_draft<law_row>(target, draft, [&](const tree_law_draft<law_row>& d) {
+    tok.assign(d.tokens);
+    tg.assign(d.p_rows);
+    dr.assign(d.q_rows);
+    enumerate_device(
+        sb,
+        [&](const script_run& run) {
+          scripted_tree_kernel<law_row>
+              <<<1, sc::tree_block_threads, sc::detail::tree_dynamic_smem(V)>>>(in, run, out.ptr,
+                                                                                nacc.ptr, omega);
+        },
+        [&](double prob) {
+          add_two_token_outcome(law, target, out.to_host(), nacc.to_host()[0],
+                                d.probability * prob);
+        });
+  });
+  return law;
+}
+
+/// The host replay of device_two_token_law with rows of T: the host's verify_tree_request on the
+/// same tree, rows and scripted decisions, with its sequential passes (the device's order).
+template <class T>
+std::vector<double> host_two_token_law(const testing::toy_ar_model& target,
+                                       const testing::toy_ar_model& draft, double omega) {
+  const index_t V = target.vocab_size();
+  std::vector<double> law(static_cast<std::size_t>(V * V), 0.0);
+  std::vector<token_t> out(7, no_token);
+  std::int32_t nacc = 0;
+  std::vector<double> z(static_cast<std::size_t>(candidates_workspace_size(2)));
+  std::vector<token_t> cand(2);
+  std::vector<index_t> children(2);
+  for_each_tree_draft<T>(target, draft, [&](const tree_law_draft<T>& d) {
+    const token_tree tree(law_tree_parents(), d.tokens);
+    enumerate_host(
+        [&](scripted_source& src) {
+          nacc = verify_tree_request(
+                     relaxed_rule{omega, resampling::optimal}, src, tree.view(),
+                     [&](index_t u) { return row_view<const T>(d.p_rows.data() + u * V, V); },
+                     [&](index_t u) {
+                       return without_replacement<T>{row_view<const T>(d.q_rows.data() + u * V, V)};
+                     },
+                     default_residual_floor, out.data(), nullptr,
+                     tree_request_workspace{z.data(), cand.data(), children.data()})
+                     .num_accepted;
+        },
+        [&](double prob) { add_two_token_outcome(law, target, out, nacc, d.probability * prob); });
+  });
   return law;
 }
 
 }  // namespace specula::cuda_test
 
+namespace {
+
+/// The models of the exact-law tests (host replay and device).
+const cuda_test::law_models& tree_law() {
+  static const cuda_test::law_models m(3, 3, 404, 0.0, 0.7);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("host replay of the device tree exact-law test: the rows it runs on give the law",
+          "[cuda][tree][exact][host]") {
+  // Runs on the host what the device test below runs on the GPU, so a mistake in the test
+  // itself (such as rows of another precision than the drafting probabilities) shows without a
+  // GPU.
+  cuda_test::check_host_replay(cuda_test::two_token_law(tree_law().target), [](auto row,
+                                                                               double omega) {
+    return cuda_test::host_two_token_law<decltype(row)>(tree_law().target, tree_law().draft, omega);
+  });
+}
+
 TEST_CASE("device tree verification: exact law of the first two tokens by enumeration",
-          "[cuda][tree][exact]") {
+          "[cuda][tree][exact][device]") {
   if (!have_gpu()) return;
-  const testing::toy_ar_model target(3, 3, 404, 0.0);
-  const auto draft = testing::toy_ar_model::perturbed(target, 0.7, 405, 0.0);
-  const auto expected = cuda_test::two_token_law(target);
-  const auto law = cuda_test::device_two_token_law(target, draft, 1.0);
+  const auto expected = cuda_test::two_token_law(tree_law().target);
+  const auto law = cuda_test::device_two_token_law(tree_law().target, tree_law().draft, 1.0);
   CHECK(cuda_test::max_abs_diff(law, expected) < 1e-12);
   // Negative control: ω = 2 accepts too often; its law differs from the target's.
-  CHECK(cuda_test::max_abs_diff(cuda_test::device_two_token_law(target, draft, 2.0), expected) >
+  CHECK(cuda_test::max_abs_diff(
+            cuda_test::device_two_token_law(tree_law().target, tree_law().draft, 2.0), expected) >
         1e-3);
 }
 
 TEST_CASE("device G-test: one tree round per request reproduces the toy model's law",
-          "[cuda][tree][stats]") {
+          "[cuda][tree][stats][device]") {
   if (!have_gpu()) return;
   // 100 000 requests, each a full binary tree of depth 2 drafted from the toy draft model
   // without replacement; the law of the first two tokens (a single emitted token extended by a
@@ -637,7 +755,7 @@ TEST_CASE("device G-test: one tree round per request reproduces the toy model's 
 // Sampling without replacement
 
 TEST_CASE("device sampling without replacement equals the host, whatever the row split",
-          "[cuda][sample]") {
+          "[cuda][sample][device]") {
   if (!have_gpu()) return;
   for (index_t vocab : {5, 1000, 128256}) {
     const index_t rows = 3;

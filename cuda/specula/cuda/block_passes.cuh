@@ -21,7 +21,11 @@
 /// depends only on values all threads share), and writes to memory other threads read must be
 /// made by one thread and followed by a barrier (the passes do this for their own buffers).
 /// Outputs written redundantly (every thread storing the same value to global memory) are
-/// harmless.
+/// harmless. Scratch the verifiers write and read back (the tree kernels' recursion state) may
+/// live in shared memory written alike by every thread — one copy per CTA, read by broadcast —
+/// provided every rewrite follows a barrier after the last read of the old contents: the passes
+/// end with one, and verifiers call detail::workspace_barrier (sync() below) where no pass
+/// separates a rewrite from earlier reads.
 
 #include <cstdint>
 
@@ -39,6 +43,16 @@ template <int Threads, index_t MaxTiles = specula::weight_summary::max_tiles>
 struct block_passes_storage {
   static_assert(Threads % 8 == 0 && Threads >= 8, "eight lanes per tile");
   double tile_sum[MaxTiles];
+  double round[Threads / 8];
+  double lanes[Threads];
+  index_t index[Threads];
+};
+
+/// Shared memory of a block_passes<Threads> without its tile sums, for kernels that keep those
+/// in dynamic shared memory sized at launch (the tree kernels).
+template <int Threads>
+struct block_passes_scratch {
+  static_assert(Threads % 8 == 0 && Threads >= 8, "eight lanes per tile");
   double round[Threads / 8];
   double lanes[Threads];
   index_t index[Threads];
@@ -64,6 +78,14 @@ struct block_passes {
   template <index_t MaxTiles>
   __device__ explicit block_passes(block_passes_storage<Threads, MaxTiles>& s)
       : tile_sum(s.tile_sum), max_tiles(MaxTiles), round(s.round), lanes(s.lanes), index(s.index) {}
+
+  /// Passes recording up to `tiles` tile sums at `tile_sums` (shared memory).
+  __device__ block_passes(block_passes_scratch<Threads>& s, double* tile_sums, index_t tiles)
+      : tile_sum(tile_sums), max_tiles(tiles), round(s.round), lanes(s.lanes), index(s.index) {}
+
+  /// A CTA barrier (detail::workspace_barrier): verifiers call it before rewriting scratch that
+  /// every thread writes alike and reads back, such as the tree kernels' shared recursion state.
+  __device__ void sync() const { __syncthreads(); }
 
   /// Calls visit(t, sum of tile t) for every tile t of [first_tile, last_tile) (default: all
   /// tiles of a row of n) in order, in every thread.

@@ -30,6 +30,7 @@
 #include "specula/cuda/block_passes.cuh"
 #include "specula/cuda/config.cuh"
 #include "specula/cuda/error.cuh"
+#include "specula/cuda/launch_checks.cuh"
 #include "specula/cuda/policy.cuh"
 #include "specula/rules/exact.hpp"
 #include "specula/rules/rule.hpp"
@@ -131,6 +132,24 @@ __device__ inline bool drafts_in_range(const token_t* drafts, index_t length, in
   return ok;
 }
 
+/// Whether a segment's drafts and target rows lie inside the arrays.
+__device__ inline bool segment_in_bounds(const specula::detail::chain_segment& s,
+                                         index_t num_drafts, index_t num_target_rows) {
+  return s.length >= 0 && s.draft_row >= 0 && s.draft_row + s.length <= num_drafts &&
+         s.target_row >= 0 && s.target_row + s.length < num_target_rows;
+}
+
+/// Marks a request whose offsets point outside the arrays: chain_invalid_input, nothing
+/// accepted, -1 in its first output slot when that slot is in bounds.
+__device__ inline void write_out_of_bounds(index_t first_slot, token_t* out_tokens,
+                                           index_t num_out_tokens, std::int32_t* num_accepted,
+                                           std::uint32_t* flags) {
+  if (threadIdx.x != 0) return;
+  if (first_slot >= 0 && first_slot < num_out_tokens) out_tokens[first_slot] = no_token;
+  *num_accepted = 0;
+  if (flags != nullptr) *flags = chain_invalid_input;
+}
+
 /// Marks a request with out-of-range drafts: no tokens, nothing accepted, chain_invalid_input.
 __device__ inline void write_invalid(index_t length, token_t* out_tokens, std::uint8_t* accepted,
                                      std::int32_t* num_accepted, std::uint32_t* flags) {
@@ -152,14 +171,11 @@ __device__ void block_chain_segment(const Rule& rule, const request_rng& rng,
                                     token_t* out_tokens, std::uint8_t* accepted,
                                     std::int32_t* num_accepted, std::uint32_t* flags,
                                     const Passes& passes, index_t num_drafts,
-                                    index_t num_target_rows) {
-  // Offsets that point outside the arrays: flag the request, write nothing else.
-  if (s.length < 0 || s.draft_row < 0 || s.draft_row + s.length > num_drafts ||
-      s.target_row + s.length >= num_target_rows) {
-    if (threadIdx.x == 0) {
-      *num_accepted = 0;
-      if (flags != nullptr) *flags = chain_invalid_input;
-    }
+                                    index_t num_target_rows, index_t num_out_tokens) {
+  // Offsets that point outside the arrays: flag the request and write -1 to its first output
+  // slot when that is in bounds (so no stale token reads as this round's), nothing else.
+  if (!segment_in_bounds(s, num_drafts, num_target_rows)) {
+    write_out_of_bounds(s.target_row, out_tokens, num_out_tokens, num_accepted, flags);
     return;
   }
   if (!drafts_in_range(tokens + s.draft_row, s.length, vocab)) {
@@ -186,7 +202,7 @@ __device__ void flattened_request(const Rule& rule, const chain_batch_input<T>& 
                       in.draft_tokens.data, in.draft_probs, in.target_probs, residual_floor,
                       out.output_tokens.data, out.accepted.empty() ? nullptr : out.accepted.data,
                       out.num_accepted.data + b, out.flags.empty() ? nullptr : out.flags.data + b,
-                      passes, in.draft_tokens.size, in.target_probs.rows);
+                      passes, in.draft_tokens.size, in.target_probs.rows, out.output_tokens.size);
 }
 
 template <class Rule, class T>
@@ -214,7 +230,7 @@ SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
                       in.draft_tokens.data, in.draft_probs, in.target_probs, residual_floor,
                       out.output_tokens.data, acc, out.num_accepted.data + b,
                       out.flags.empty() ? nullptr : out.flags.data + b, passes,
-                      in.batch_size * len_max, in.target_probs.rows);
+                      in.batch_size * len_max, in.target_probs.rows, out.output_tokens.size);
   if (threadIdx.x == 0) {
     token_t* outp = out.output_tokens.data + b * (len_max + 1);
     for (index_t i = n + 1; i <= len_max; ++i) outp[i] = no_token;
@@ -237,9 +253,7 @@ SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
   const capture_passes passes{chain_passes(storage), tile_sums + b * tiles, part * tiles / split,
                               (part + 1) * tiles / split};
   const auto s = specula::detail::flattened_segment(in.draft_offsets, b);
-  if (s.length < 0 || s.draft_row < 0 || s.draft_row + s.length > in.draft_tokens.size ||
-      s.target_row + s.length >= in.target_probs.rows)
-    return;
+  if (!segment_in_bounds(s, in.draft_tokens.size, in.target_probs.rows)) return;
   if (!drafts_in_range(in.draft_tokens.data + s.draft_row, s.length, in.vocab_size)) return;
   (void)specula::detail::run_segment(specula::detail::request_rule(rule, b), in.rng[b], s,
                                      in.draft_tokens.data, in.draft_probs, in.target_probs,
@@ -270,12 +284,9 @@ SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
   std::uint8_t* acc = out.accepted.empty() ? nullptr : out.accepted.data + s.draft_row;
   std::uint32_t* fl = out.flags.empty() ? nullptr : out.flags.data + b;
   const token_t* drafts = in.draft_tokens.data + s.draft_row;
-  if (s.length < 0 || s.draft_row < 0 || s.draft_row + s.length > in.draft_tokens.size ||
-      s.target_row + s.length >= in.target_probs.rows) {
-    if (threadIdx.x == 0) {
-      out.num_accepted[b] = 0;
-      if (fl != nullptr) *fl = chain_invalid_input;
-    }
+  if (!segment_in_bounds(s, in.draft_tokens.size, in.target_probs.rows)) {
+    write_out_of_bounds(s.target_row, out.output_tokens.data, out.output_tokens.size,
+                        out.num_accepted.data + b, fl);
     return;
   }
   if (!drafts_in_range(drafts, s.length, in.vocab_size)) {
@@ -295,24 +306,40 @@ inline cudaError_t check_vocab(index_t vocab) {
   return (vocab <= 0 || vocab > chain_max_vocab) ? cudaErrorInvalidValue : cudaSuccess;
 }
 
-/// Host checks of a flattened launch's extents (no device memory is read): the rows must be
-/// vocab_size long, and every array long enough for the batch it describes. `sampled`: rng and
-/// draft rows are read (not by greedy verification).
+/// Host checks of a flattened launch (no device memory is read): the rows must be vocab rows
+/// (draft rows optional), with data and a stride of at least V, and every array present and
+/// long enough for the batch it describes. `target_rows` is the target probabilities' (or the
+/// fused path's logits') view. `sampled`: rng and draft rows are read (not by greedy
+/// verification).
+template <class Target, class Draft>
+launch_check check_flattened_layout(index_t vocab, index_view offsets,
+                                    row_view<const token_t> draft_tokens,
+                                    batch_view<const Draft> draft_probs,
+                                    batch_view<const Target> target_rows,
+                                    row_view<const request_rng> rng, const chain_batch_output& out,
+                                    bool sampled) {
+  const index_t batch = offsets.size - 1;
+  const index_t drafts = draft_tokens.size;
+  launch_check c;
+  c.grid(batch)
+      .indices(offsets, batch + 1)
+      .require(drafts >= 0)
+      .array(draft_tokens, drafts)
+      .rows(target_rows, vocab, drafts + batch)
+      .array(out.num_accepted, batch)
+      .array(out.output_tokens, drafts + batch)
+      .optional_array(out.accepted, drafts)
+      .optional_array(out.flags, batch);
+  if (sampled) c.optional_rows(draft_probs, vocab, drafts).array(rng, batch);
+  return c;
+}
+
 template <class T>
 cudaError_t check_flattened(const chain_batch_input<T>& in, const chain_batch_output& out,
                             bool sampled) {
-  const index_t batch = in.draft_offsets.size - 1;
-  const index_t drafts = in.draft_tokens.size;
-  const bool dense = sampled && in.draft_probs.rows > 0;
-  if (batch <= 0 || drafts < 0 || in.target_probs.cols != in.vocab_size ||
-      in.target_probs.rows < drafts + batch ||
-      (dense && (in.draft_probs.cols != in.vocab_size || in.draft_probs.rows < drafts)) ||
-      (sampled && in.rng.size < batch) || out.num_accepted.size < batch ||
-      out.output_tokens.size < drafts + batch ||
-      (!out.accepted.empty() && out.accepted.size < drafts) ||
-      (!out.flags.empty() && out.flags.size < batch))
-    return cudaErrorInvalidValue;
-  return cudaSuccess;
+  return check_flattened_layout(in.vocab_size, in.draft_offsets, in.draft_tokens, in.draft_probs,
+                                in.target_probs, in.rng, out, sampled)
+      .status();
 }
 
 /// The same for the padded layout.
@@ -320,16 +347,19 @@ template <class T>
 cudaError_t check_padded(const padded_chain_input<T>& in, const padded_chain_output& out) {
   const index_t b = in.batch_size;
   const index_t l = in.max_draft;
-  if (b <= 0 || l < 0 || in.draft_tokens.size < b * l ||
-      (!in.draft_lengths.empty() && in.draft_lengths.size < b) ||
-      in.target_probs.cols != in.vocab_size || in.target_probs.rows < b * (l + 1) ||
-      (in.draft_probs.rows > 0 &&
-       (in.draft_probs.cols != in.vocab_size || in.draft_probs.rows < b * l)) ||
-      in.rng.size < b || out.output_tokens.size < b * (l + 1) || out.num_accepted.size < b ||
-      (!out.accepted.empty() && out.accepted.size < b * l) ||
-      (!out.flags.empty() && out.flags.size < b))
-    return cudaErrorInvalidValue;
-  return cudaSuccess;
+  launch_check c;
+  c.grid(b)
+      .require(l >= 0)
+      .array(in.draft_tokens, b * l)
+      .optional_indices(in.draft_lengths, b)
+      .rows(in.target_probs, in.vocab_size, b * (l + 1))
+      .optional_rows(in.draft_probs, in.vocab_size, b * l)
+      .array(in.rng, b)
+      .array(out.output_tokens, b * (l + 1))
+      .array(out.num_accepted, b)
+      .optional_array(out.accepted, b * l)
+      .optional_array(out.flags, b);
+  return c.status();
 }
 
 inline index_t row_tiles(index_t vocab) {
@@ -347,8 +377,11 @@ inline index_t row_tiles(index_t vocab) {
 /// Enqueues chain verification of a flattened (ragged) batch on pol.stream. All pointers in
 /// `in` and `out` are device pointers; extents are those of the host API. Returns the launch
 /// status without synchronising, or cudaErrorInvalidValue without launching when the extents
-/// are inconsistent (rows not vocab_size long, arrays shorter than the batch needs). Per-request
-/// problems (bad tokens, offsets outside the arrays) are reported in out.flags.
+/// are inconsistent (rows not vocab_size long or with a stride below it, arrays missing or
+/// shorter than the batch needs), the workspace is not aligned for doubles, or the rule's data
+/// is not readable by the device (detail::check_rule: per_request arrays of at least B rules,
+/// neighbour tables of V rows, custom schedules; in device memory). Per-request problems (bad
+/// tokens, offsets outside the arrays) are reported in out.flags.
 ///
 /// CTAs per request (pol.row_split; see par_policy): with 1, or without a workspace of
 /// chain_workspace_bytes(B, V), one CTA verifies each request. Otherwise the stopping row's
@@ -362,6 +395,11 @@ cudaError_t verify_chain_async(const par_policy& pol, const chain_batch_input<T>
   if (const cudaError_t e = detail::check_vocab(in.vocab_size); e != cudaSuccess) return e;
   if (const cudaError_t e = detail::check_flattened(in, out, true); e != cudaSuccess) return e;
   const index_t batch = in.draft_offsets.size - 1;
+  if (const cudaError_t e = detail::launch_check{}.aligned(pol.workspace, alignof(double)).status();
+      e != cudaSuccess)
+    return e;  // the split path stores doubles there
+  if (const cudaError_t e = detail::check_rule(rule, in.vocab_size, batch); e != cudaSuccess)
+    return e;
   const index_t tiles = detail::row_tiles(in.vocab_size);
   const int split =
       pol.workspace_bytes >= chain_workspace_bytes(batch, in.vocab_size) && pol.workspace != nullptr
@@ -385,7 +423,8 @@ cudaError_t verify_chain_async(const par_policy& pol, const chain_batch_input<T>
 }
 
 /// Enqueues chain verification of a padded [B, L, V] batch (device pointers). Returns
-/// cudaErrorInvalidValue without launching for inconsistent extents.
+/// cudaErrorInvalidValue without launching for inconsistent extents or a rule whose data the
+/// device cannot read (detail::check_rule).
 template <class T, batch_chain_rule Rule = exact_rule>
 cudaError_t verify_chain_async(const par_policy& pol, const padded_chain_input<T>& in,
                                const padded_chain_output& out, const chain_options& options = {},
@@ -393,6 +432,9 @@ cudaError_t verify_chain_async(const par_policy& pol, const padded_chain_input<T
   if (in.batch_size == 0) return cudaSuccess;  // B = 0 is a no-op
   if (const cudaError_t e = detail::check_vocab(in.vocab_size); e != cudaSuccess) return e;
   if (const cudaError_t e = detail::check_padded(in, out); e != cudaSuccess) return e;
+  if (const cudaError_t e = detail::check_rule(rule, in.vocab_size, in.batch_size);
+      e != cudaSuccess)
+    return e;
   detail::chain_padded_kernel<Rule, T>
       <<<static_cast<unsigned>(in.batch_size), chain_block_threads, 0, pol.stream>>>(
           rule, in, out, options.residual_floor);

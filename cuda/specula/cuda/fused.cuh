@@ -27,6 +27,7 @@
 #include "specula/core/row.hpp"
 #include "specula/core/types.hpp"
 #include "specula/cuda/chain.cuh"
+#include "specula/cuda/launch_checks.cuh"
 #include "specula/cuda/policy.cuh"
 #include "specula/cuda/transforms.cuh"
 #include "specula/rules/rule.hpp"
@@ -72,7 +73,7 @@ SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
                       in.draft_tokens.data, in.draft_probs, rows, residual_floor,
                       out.output_tokens.data, out.accepted.empty() ? nullptr : out.accepted.data,
                       out.num_accepted.data + b, out.flags.empty() ? nullptr : out.flags.data + b,
-                      passes, in.draft_tokens.size, in.target_logits.rows);
+                      passes, in.draft_tokens.size, in.target_logits.rows, out.output_tokens.size);
 }
 
 }  // namespace detail
@@ -85,8 +86,11 @@ SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
 ///   sees NaN probabilities there, exactly as with the unfused path (no chain_valid flag when no
 ///   token can be sampled).
 ///
-/// Returns cudaErrorInvalidValue without launching for inconsistent extents, a missing
-/// workspace, or a vocabulary beyond chain_max_vocab.
+/// Returns cudaErrorInvalidValue without launching for inconsistent extents (the flattened
+/// layout's checks, on the logit rows: rows of V with a stride of at least V, arrays present and
+/// long enough for the batch; uncond of the logits' shape; params of 1 entry or one per row), a
+/// missing, short or misaligned workspace, a vocabulary beyond chain_max_vocab, or a rule whose
+/// data the device cannot read (detail::check_rule).
 template <logit_element T, batch_tree_rule Rule = exact_rule>
 cudaError_t verify_chain_from_logits_async(const par_policy& policy, const fused_chain_input<T>& in,
                                            const chain_batch_output& out,
@@ -94,16 +98,22 @@ cudaError_t verify_chain_from_logits_async(const par_policy& policy, const fused
                                            std::uint32_t* row_status = nullptr) {
   const index_t batch = in.draft_offsets.size - 1;
   if (in.draft_offsets.size <= 1) return cudaSuccess;  // B = 0 is a no-op
+  if (const cudaError_t e = detail::check_vocab(in.vocab_size); e != cudaSuccess) return e;
   const index_t rows = in.target_logits.rows;
-  if (batch <= 0 || in.vocab_size <= 0 || in.vocab_size > chain_max_vocab ||
-      in.target_logits.cols != in.vocab_size || in.target_logits.data == nullptr ||
-      (in.uncond_logits.rows != 0 &&
-       (in.uncond_logits.rows != rows || in.uncond_logits.cols != in.vocab_size)) ||
-      (in.params.size != 1 && in.params.size != rows) || in.params.data == nullptr ||
-      in.rng.size < batch || out.num_accepted.size < batch ||
-      (rows > 1 && in.target_logits.row_stride < in.vocab_size) || policy.workspace == nullptr ||
-      policy.workspace_bytes < fused_chain_workspace_bytes(rows))
-    return cudaErrorInvalidValue;
+  detail::launch_check c =
+      detail::check_flattened_layout(in.vocab_size, in.draft_offsets, in.draft_tokens,
+                                     in.draft_probs, in.target_logits, in.rng, out, true);
+  c.grid(rows)
+      .optional_rows(in.uncond_logits, in.vocab_size, rows)
+      .require(in.uncond_logits.rows == 0 || in.uncond_logits.rows == rows)
+      .require(in.params.size == 1 || in.params.size == rows)
+      .array(in.params, 1)
+      .require(policy.workspace != nullptr &&
+               policy.workspace_bytes >= fused_chain_workspace_bytes(rows))
+      .aligned(policy.workspace, alignof(transforms_detail::row_transform));
+  if (const cudaError_t e = c.status(); e != cudaSuccess) return e;
+  if (const cudaError_t e = detail::check_rule(rule, in.vocab_size, batch); e != cudaSuccess)
+    return e;
   auto* transforms = static_cast<transforms_detail::row_transform*>(policy.workspace);
   transforms_detail::row_transform_kernel<T, transforms_block_size>
       <<<static_cast<unsigned>(rows), transforms_block_size, 0, policy.stream>>>(

@@ -32,6 +32,7 @@
 #include "specula/core/types.hpp"
 #include "specula/cuda/config.cuh"
 #include "specula/cuda/error.cuh"
+#include "specula/cuda/launch_checks.cuh"
 #include "specula/cuda/policy.cuh"
 #include "specula/sample/without_replacement.hpp"
 
@@ -148,9 +149,14 @@ SPECULA_KERNEL void __launch_bounds__(sample_block_threads)
   }
 }
 
-SPECULA_KERNEL void __launch_bounds__(sample_block_threads)
+/// A template (of the block size) so that, like every kernel of these headers, it may be defined
+/// in several translation units of one program (a plain kernel defined in a header is a
+/// multiple definition at link time).
+template <int Threads = sample_block_threads>
+SPECULA_KERNEL void __launch_bounds__(Threads)
     wor_merge_kernel(index_t k, index_t split, const keyed_index* slices, token_t* out_tokens,
                      std::int32_t* out_counts) {
+  static_assert(Threads == sample_block_threads, "block_merge reduces over sample_block_threads");
   const auto r = static_cast<index_t>(blockIdx.x);
   const index_t s = threadIdx.x;
   const keyed_index* list = slices + (r * split + s) * k;
@@ -176,17 +182,23 @@ SPECULA_KERNEL void __launch_bounds__(sample_block_threads)
 /// - `out_tokens`: rows x k device tokens, in draw order, -1 past the row's count;
 /// - `out_counts`: rows device counts (min(k, positive weights)).
 ///
-/// Returns cudaErrorInvalidValue without launching for k outside [1, sample_max_k] or
-/// inconsistent extents.
+/// Returns cudaErrorInvalidValue without launching for k outside [1, sample_max_k],
+/// inconsistent extents, null data, a row stride below the row length, or a workspace not
+/// aligned for keyed_index.
 template <class T>
 cudaError_t sample_without_replacement_async(const par_policy& pol, batch_view<const T> weights,
                                              index_t k, row_view<const request_rng> rng,
                                              std::uint32_t position, row_view<token_t> out_tokens,
                                              row_view<std::int32_t> out_counts) {
-  if (k < 1 || k > sample_max_k || weights.rows <= 0 || weights.cols <= 0 ||
-      rng.size < weights.rows || out_tokens.size < weights.rows * k ||
-      out_counts.size < weights.rows)
-    return cudaErrorInvalidValue;
+  detail::launch_check c;
+  c.require(k >= 1 && k <= sample_max_k && weights.cols > 0)
+      .grid(weights.rows)
+      .rows(weights, weights.cols, weights.rows)
+      .array(rng, weights.rows)
+      .array(out_tokens, weights.rows * k)
+      .array(out_counts, weights.rows)
+      .aligned(pol.workspace, alignof(keyed_index));
+  if (const cudaError_t e = c.status(); e != cudaSuccess) return e;
   const index_t groups = (weights.cols + 3) / 4;
   int split = 1;
   if (pol.workspace != nullptr &&
@@ -204,8 +216,9 @@ cudaError_t sample_without_replacement_async(const par_policy& pol, batch_view<c
          sample_block_threads, 0, pol.stream>>>(weights, k, rng, position, slices, nullptr,
                                                 nullptr);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  detail::wor_merge_kernel<<<static_cast<unsigned>(weights.rows), sample_block_threads, 0,
-                             pol.stream>>>(k, split, slices, out_tokens.data, out_counts.data);
+  detail::wor_merge_kernel<>
+      <<<static_cast<unsigned>(weights.rows), sample_block_threads, 0, pol.stream>>>(
+          k, split, slices, out_tokens.data, out_counts.data);
   return cudaGetLastError();
 }
 

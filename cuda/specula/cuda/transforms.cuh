@@ -165,6 +165,26 @@ __device__ V block_all_reduce(const V& v, Op op,
   return out;
 }
 
+/// Calls use(i, load(i)) for i = threadIdx.x, threadIdx.x + Block, ... < n in that order, with
+/// the loads of four consecutive strides issued before their uses (independent loads in flight
+/// instead of one at a time). Each thread sees the same elements in the same order as a plain
+/// strided loop, so the per-thread sums, and the output bits, do not change.
+template <int Block, class Load, class Use>
+__device__ __forceinline__ void strided_pass(index_t n, const Load& load, Use&& use) {
+  index_t i = threadIdx.x;
+  for (; i + 3 * Block < n; i += 4 * Block) {
+    const auto x0 = load(i);
+    const auto x1 = load(i + Block);
+    const auto x2 = load(i + 2 * Block);
+    const auto x3 = load(i + 3 * Block);
+    use(i, x0);
+    use(i + Block, x1);
+    use(i + 2 * Block, x2);
+    use(i + 3 * Block, x3);
+  }
+  for (; i < n; i += Block) use(i, load(i));
+}
+
 /// Host-side check of the parameters, repeated per row on the device.
 __host__ __device__ inline bool valid_params(const sampling_params& s) {
   return specula::detail::is_finite(s.temperature) && s.temperature > 0.0f && s.top_k >= 0 &&
@@ -192,10 +212,12 @@ struct logit_source {
 /// Radix select (4 bits per pass, 8 passes): the largest key K such that
 /// F(K) = sum of w_i over the elements with x_i >= key_threshold(K) is >= target, where
 /// `target = make_target(F(0))` (F(0) is the total weight). Returns key_threshold(K); `kept`
-/// receives F(K). item(i, x, w) yields element i's value and weight. Elements below the current
-/// lower bound are skipped after the test, so later passes add only near the threshold.
-template <int Block, class A, class Item, class MakeTarget>
-__device__ float radix_select(index_t n, const Item& item, const MakeTarget& make_target,
+/// receives F(K). load(i) reads element i's logit; item(logit, x, w) yields its value and
+/// weight. Elements below the current lower bound are skipped after the test, so later passes
+/// add only near the threshold.
+template <int Block, class A, class Load, class Item, class MakeTarget>
+__device__ float radix_select(index_t n, const Load& load, const Item& item,
+                              const MakeTarget& make_target,
                               typename cub::BlockReduce<acc16<A>, Block>::TempStorage& tmp,
                               acc16<A>& slot, A& kept) {
   std::uint32_t prefix = 0;
@@ -208,22 +230,28 @@ __device__ float radix_select(index_t n, const Item& item, const MakeTarget& mak
     acc16<A> acc;
 #pragma unroll
     for (int j = 0; j < 16; ++j) acc.v[j] = A(0);
-    for (index_t i = threadIdx.x; i < n; i += Block) {
+    strided_pass<Block>(n, load, [&](index_t, float logit) {
       float x;
       A w;
-      item(i, x, w);
-      if (!(x >= thr[0])) continue;
+      item(logit, x, w);
+      if (!(x >= thr[0])) return;
 #pragma unroll
       for (int j = 0; j < 16; ++j) acc.v[j] += x >= thr[j] ? w : A(0);
-    }
+    });
     const acc16<A> f = block_all_reduce<Block>(acc, acc16_sum{}, tmp, slot);
     if (shift == 28) target = make_target(f.v[0]);
-    int best = 0;  // f is non-increasing in j and f.v[0] >= target (invariant)
+    // f is non-increasing in j and f.v[0] >= target (invariant). Compile-time indices only (a
+    // dynamic f.v[best] put f in a 128-byte local-memory frame).
+    int best = 0;
+    A best_f = f.v[0];
 #pragma unroll
     for (int j = 1; j < 16; ++j)
-      if (f.v[j] >= target) best = j;
+      if (f.v[j] >= target) {
+        best = j;
+        best_f = f.v[j];
+      }
     prefix |= static_cast<std::uint32_t>(best) << shift;
-    kept = f.v[best];
+    kept = best_f;
   }
   return key_threshold(prefix);
 }
@@ -242,33 +270,38 @@ struct row_transform {
   bool do_top_p = false;
   bool do_min_p = false;
 
-  /// Softmax over the top-k survivors.
-  template <class Source>
-  __device__ __forceinline__ float p1(const Source& src, index_t i) const {
-    const float x = src(i);
+  /// Softmax over the top-k survivors, of logit x (after CFG and temperature).
+  __device__ __forceinline__ float p1_of(float x) const {
     if (!(x >= thr_k)) return 0.0f;
     return static_cast<float>(static_cast<double>(expf(x - max)) * inv_sum);
   }
   /// After top-p.
-  template <class Source>
-  __device__ __forceinline__ float p2(const Source& src, index_t i) const {
-    float p = p1(src, i);
+  __device__ __forceinline__ float p2_of(float x) const {
+    float p = p1_of(x);
     if (do_top_p) {
       if (p < thr_p) p = 0.0f;
       p = static_cast<float>(static_cast<double>(p) * inv_p);
     }
     return p;
   }
-  /// Output entry i (quiet NaN for a failed row).
-  template <class Source>
-  __device__ __forceinline__ float prob(const Source& src, index_t i) const {
-    if (status != 0u) return quiet_nan();
-    float p = p2(src, i);
+  /// Output entry of logit x of a row whose transform succeeded.
+  __device__ __forceinline__ float filtered(float x) const {
+    float p = p2_of(x);
     if (do_min_p) {
       if (p < thr_m) p = 0.0f;
       p = static_cast<float>(static_cast<double>(p) * inv_m);
     }
     return p;
+  }
+  /// Output entry of logit x (quiet NaN for a failed row).
+  __device__ __forceinline__ float prob_of(float x) const {
+    return status != 0u ? quiet_nan() : filtered(x);
+  }
+  /// Output entry i of the row `src` reads (a failed row reads nothing).
+  template <class Source>
+  __device__ __forceinline__ float prob(const Source& src, index_t i) const {
+    if (status != 0u) return quiet_nan();
+    return filtered(src(i));
   }
 };
 
@@ -279,15 +312,13 @@ __device__ row_transform compute_row_transform(const logit_source<T>& src,
                                                const sampling_params& sp, index_t n,
                                                reduce_storage<Block>& tmp, reduce_slots& slots) {
   row_transform t;
-  const index_t tid = threadIdx.x;
   if (!valid_params(sp)) {
     t.status = static_cast<std::uint32_t>(status::invalid_parameter);
     return t;
   }
   // Pass 1: max, first NaN, first +Inf (the host's softmax reports the first offender).
   scan_acc s{neg_inf(), n, n};
-  for (index_t i = tid; i < n; i += Block) {
-    const float x = src(i);
+  strided_pass<Block>(n, src, [&](index_t i, float x) {
     if (x != x) {
       if (s.first_nan == n) s.first_nan = i;
     } else if (x == pos_inf()) {
@@ -295,7 +326,7 @@ __device__ row_transform compute_row_transform(const logit_source<T>& src,
     } else if (x > s.max) {
       s.max = x;
     }
-  }
+  });
   s = block_all_reduce<Block>(s, scan_combine{}, tmp.scan, slots.scan);
   if (s.first_nan < n || s.first_inf < n) {
     t.status = static_cast<std::uint32_t>(s.first_nan < s.first_inf ? status::nan_value
@@ -314,9 +345,9 @@ __device__ row_transform compute_row_transform(const logit_source<T>& src,
     const auto k = static_cast<unsigned>(sp.top_k);
     unsigned kept_count = 0;
     t.thr_k = radix_select<Block, unsigned>(
-        n,
-        [&](index_t i, float& x, unsigned& w) {
-          x = src(i);
+        n, src,
+        [](float logit, float& x, unsigned& w) {
+          x = logit;
           w = 1u;
         },
         [k](unsigned) { return k; }, tmp.count, slots.count, kept_count);
@@ -324,10 +355,9 @@ __device__ row_transform compute_row_transform(const logit_source<T>& src,
 
   // Softmax denominator: exp(x - m) in float, summed in double (as the host).
   double sum = 0.0;
-  for (index_t i = tid; i < n; i += Block) {
-    const float x = src(i);
+  strided_pass<Block>(n, src, [&](index_t, float x) {
     if (x >= t.thr_k) sum += static_cast<double>(expf(x - t.max));
-  }
+  });
   sum = block_all_reduce<Block>(sum, double_sum{}, tmp.sum, slots.sum);
   t.inv_sum = 1.0 / sum;
 
@@ -337,9 +367,9 @@ __device__ row_transform compute_row_transform(const logit_source<T>& src,
     const double top_p = sp.top_p;
     double kept_mass = 0.0;
     t.thr_p = radix_select<Block, double>(
-        n,
-        [&](index_t i, float& x, double& w) {
-          x = t.p1(src, i);
+        n, src,
+        [&](float logit, float& x, double& w) {
+          x = t.p1_of(logit);
           w = x;
         },
         [top_p](double total) { return top_p * total; }, tmp.mass, slots.mass, kept_mass);
@@ -353,10 +383,10 @@ __device__ row_transform compute_row_transform(const logit_source<T>& src,
     if (t.do_top_p) pmax = static_cast<float>(static_cast<double>(pmax) * t.inv_p);
     t.thr_m = sp.min_p * pmax;
     double kept = 0.0;
-    for (index_t i = tid; i < n; i += Block) {
-      const float p = t.p2(src, i);
+    strided_pass<Block>(n, src, [&](index_t, float x) {
+      const float p = t.p2_of(x);
       if (!(p < t.thr_m)) kept += static_cast<double>(p);
-    }
+    });
     kept = block_all_reduce<Block>(kept, double_sum{}, tmp.sum, slots.sum);
     t.inv_m = 1.0 / kept;
   }
@@ -390,7 +420,7 @@ SPECULA_KERNEL void __launch_bounds__(Block)
   }
   const auto src = row_source(logits, uncond, sp, r);
   const row_transform t = compute_row_transform<T, Block>(src, sp, n, tmp, slots);
-  for (index_t i = threadIdx.x; i < n; i += Block) out[i] = t.prob(src, i);
+  strided_pass<Block>(n, src, [&](index_t i, float x) { out[i] = t.prob_of(x); });
   if (threadIdx.x == 0 && row_status != nullptr) row_status[r] = t.status;
 }
 

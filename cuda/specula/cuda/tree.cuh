@@ -31,6 +31,7 @@
 #include "specula/cuda/block_passes.cuh"
 #include "specula/cuda/config.cuh"
 #include "specula/cuda/error.cuh"
+#include "specula/cuda/launch_checks.cuh"
 #include "specula/cuda/policy.cuh"
 #include "specula/rules/exact.hpp"
 #include "specula/rules/rule.hpp"
@@ -49,6 +50,11 @@ inline constexpr int tree_block_threads = 256;
 inline constexpr index_t tree_max_nodes = 512;
 /// Most children of one node, and most candidates at one position.
 inline constexpr index_t tree_max_children = 32;
+/// Most tile sums the tree and candidate kernels record (in dynamic shared memory, 8 bytes each,
+/// sized at launch for the vocabulary): rows up to 4096 · 256 = 1 048 576 tokens have every
+/// tile sum recorded, so the final sample walks them and scans a single tile; longer rows have
+/// the rest recomputed.
+inline constexpr index_t tree_max_tiles = 4096;
 
 /// A batch of flat trees on the device (all pointers device memory). Request b's nodes are
 /// [node_offsets[b], node_offsets[b + 1]); their rows are those rows of target_probs (and of
@@ -112,7 +118,46 @@ struct candidates_device_output {
 namespace detail {
 
 using tree_passes = block_passes<tree_block_threads>;
-using tree_storage = block_passes_storage<tree_block_threads>;
+/// Static shared memory of the tree kernels' passes; the tile sums are dynamic shared memory.
+using tree_storage = block_passes_scratch<tree_block_threads>;
+
+/// Tile sums the tree kernels record for rows of `vocab` tokens.
+[[nodiscard]] constexpr index_t tree_recorded_tiles(index_t vocab) noexcept {
+  const index_t tiles = (vocab + specula::detail::sum_tile - 1) / specula::detail::sum_tile;
+  return tiles < tree_max_tiles ? tiles : tree_max_tiles;
+}
+
+/// Dynamic shared memory of a tree or candidate kernel launch for rows of `vocab` tokens.
+[[nodiscard]] constexpr std::size_t tree_dynamic_smem(index_t vocab) noexcept {
+  return static_cast<std::size_t>(tree_recorded_tiles(vocab)) * sizeof(double);
+}
+
+/// The passes of a tree kernel: `scratch` in static shared memory, the tile sums of rows of
+/// `vocab` tokens in the launch's dynamic shared memory (tree_dynamic_smem(vocab) bytes).
+__device__ inline tree_passes make_tree_passes(tree_storage& scratch, index_t vocab) {
+  extern __shared__ double tree_tile_sums[];
+  return tree_passes(scratch, tree_tile_sums, tree_recorded_tiles(vocab));
+}
+
+/// Allows a kernel more than the default 48 KiB of shared memory when its dynamic part needs it
+/// (rows beyond 524 288 tokens; the static part is below 24 KiB).
+template <class Kernel>
+cudaError_t allow_dynamic_smem(Kernel* kernel, std::size_t bytes) {
+  if (bytes <= 16 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
+}
+
+/// The recursion state of verify_tree_request / verify_candidates (the candidate lists, the
+/// normalisers 1/Z_k and the renormalisers), kept once per CTA in shared memory: every thread
+/// writes the same values and reads them by broadcast (block_passes.cuh). In per-thread arrays
+/// it lived in local memory (dynamically indexed in every weight evaluation).
+struct tree_recursion_state {
+  double z[candidates_workspace_size(tree_max_children)];
+  token_t candidates[tree_max_children];
+  index_t children[tree_max_children];
+  [[nodiscard]] __device__ tree_request_workspace workspace() { return {z, candidates, children}; }
+};
 
 /// A request's tree in shared memory.
 struct shared_tree {
@@ -195,26 +240,35 @@ __device__ bool load_tree(shared_tree& t, index_t base, index_t size, index_t vo
 __device__ inline void write_invalid_tree(index_t b, index_t base, index_t size,
                                           const tree_batch_output& out) {
   if (threadIdx.x != 0) return;
-  if (size >= 1 && size <= tree_max_nodes && base >= 0 && base + size <= out.output_tokens.size)
+  if (size >= 1 && size <= tree_max_nodes && base >= 0 && base + size <= out.output_tokens.size) {
     for (index_t i = 0; i < size; ++i) {
       out.output_tokens[base + i] = no_token;
       if (base + size <= out.accepted_nodes.size) out.accepted_nodes[base + i] = -1;
     }
+  } else if (base >= 0 && base < out.output_tokens.size) {
+    // Offsets outside the arrays: still no stale token in the request's first slot.
+    out.output_tokens[base] = no_token;
+    if (base < out.accepted_nodes.size) out.accepted_nodes[base] = -1;
+  }
   out.num_accepted[b] = 0;
   if (!out.flags.empty()) out.flags[b] = chain_invalid_input;
 }
 
-template <class Rule, class T>
+/// How the children of a tree kernel's nodes were proposed: one kernel per kind, so that each
+/// holds one candidate recursion (three inlined in one kernel ran out of registers).
+enum class tree_proposal : std::uint8_t { one_hot, with_replacement, without_replacement };
+
+template <class Rule, class T, tree_proposal Proposal>
 SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
-    tree_kernel(Rule rule, tree_device_input<T> in, tree_batch_output out, double residual_floor,
-                sibling_sampling sampling) {
+    tree_kernel(Rule rule, tree_device_input<T> in, tree_batch_output out, double residual_floor) {
   __shared__ tree_storage storage;
   __shared__ shared_tree tree;
-  const tree_passes passes(storage);
+  __shared__ tree_recursion_state state;
+  const tree_passes passes = make_tree_passes(storage, in.vocab_size);
   const auto b = static_cast<index_t>(blockIdx.x);
   const index_t base = in.node_offsets[b];
   const index_t size = in.node_offsets[b + 1] - base;
-  const bool wor = sampling == sibling_sampling::without_replacement && in.draft_probs.rows > 0;
+  constexpr bool wor = Proposal == tree_proposal::without_replacement;
   const bool room = base + size <= out.output_tokens.size && base + size <= in.target_probs.rows &&
                     (in.draft_probs.rows == 0 || base + size <= in.draft_probs.rows) &&
                     (out.accepted_nodes.empty() || base + size <= out.accepted_nodes.size);
@@ -223,10 +277,7 @@ SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
     write_invalid_tree(b, base, size, out);
     return;
   }
-  double z[candidates_workspace_size(tree_max_children)];
-  token_t cand[tree_max_children];
-  index_t children[tree_max_children];
-  const tree_request_workspace ws{z, cand, children};
+  const tree_request_workspace ws = state.workspace();
   philox_source src{in.rng[b]};
   auto target_row = [&](index_t u) { return in.target_probs.row(base + u); };
   index_t* nodes = out.accepted_nodes.empty() ? nullptr : out.accepted_nodes.data + base;
@@ -237,9 +288,9 @@ SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
                                out.output_tokens.data + base, nodes, ws, passes);
   };
   tree_request_result r;
-  if (in.draft_probs.rows == 0)
+  if constexpr (Proposal == tree_proposal::one_hot)
     r = run([](index_t) { return one_hot_candidates{}; });
-  else if (sampling == sibling_sampling::with_replacement)
+  else if constexpr (Proposal == tree_proposal::with_replacement)
     r = run([&](index_t u) { return with_replacement<T>{in.draft_probs.row(base + u)}; });
   else
     r = run([&](index_t u) { return without_replacement<T>{in.draft_probs.row(base + u)}; });
@@ -254,7 +305,7 @@ SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
     greedy_tree_kernel(tree_device_input<T> in, tree_batch_output out) {
   __shared__ tree_storage storage;
   __shared__ shared_tree tree;
-  const tree_passes passes(storage);
+  const tree_passes passes(storage, nullptr, 0);  // argmax only: no tile sums
   const auto b = static_cast<index_t>(blockIdx.x);
   const index_t base = in.node_offsets[b];
   const index_t size = in.node_offsets[b + 1] - base;
@@ -280,7 +331,8 @@ SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
     candidates_kernel(Rule rule, candidates_device_input<T> in, candidates_device_output out,
                       double residual_floor, sibling_sampling sampling) {
   __shared__ tree_storage storage;
-  const tree_passes passes(storage);
+  __shared__ double z[candidates_workspace_size(tree_max_children)];  // see tree_recursion_state
+  const tree_passes passes = make_tree_passes(storage, in.vocab_size);
   const auto b = static_cast<index_t>(blockIdx.x);
   const index_t first = in.candidate_offsets[b];
   const index_t k = in.candidate_offsets[b + 1] - first;
@@ -304,7 +356,6 @@ SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
     }
     return;
   }
-  double z[candidates_workspace_size(tree_max_children)];
   philox_source src{in.rng[b]};
   const auto p = in.target_probs.row(b);
   const auto& rule_b = specula::detail::request_rule(rule, b);
@@ -327,25 +378,60 @@ SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
 
 }  // namespace detail
 
+namespace detail {
+
+/// Host checks of a tree launch (no device memory is read): node offsets, rows of vocab_size
+/// entries (draft rows optional), random streams (`sampled`), outputs for the batch. The node
+/// count is device data, so node rows and per-node outputs are bounded by the kernel.
+template <class T>
+launch_check check_tree_launch(const tree_device_input<T>& in, const tree_batch_output& out,
+                               index_t batch, bool sampled) {
+  launch_check c;
+  c.grid(batch)
+      .require(in.vocab_size > 0)
+      .array(in.node_offsets, batch + 1)
+      .rows(in.target_probs, in.vocab_size, 1)
+      .array(out.num_accepted, batch)
+      .optional_array(out.flags, batch)
+      .require(out.output_tokens.empty() || out.output_tokens.data != nullptr)
+      .require(out.accepted_nodes.empty() || out.accepted_nodes.data != nullptr)
+      .require(in.parents.empty() || in.parents.data != nullptr)
+      .require(in.tokens.empty() || in.tokens.data != nullptr);
+  if (sampled) c.optional_rows(in.draft_probs, in.vocab_size, 1).array(in.rng, batch);
+  return c;
+}
+
+}  // namespace detail
+
 /// Enqueues token-tree verification of every request (one CTA each) on pol.stream. Outputs as
 /// the host's verify_tree (tree_batch_output with device pointers, laid out like the node rows).
 /// An empty batch is a no-op; returns cudaErrorInvalidValue without launching for an empty
-/// vocabulary or outputs too short for the batch; malformed
-/// trees and bad tokens are reported per request (chain_invalid_input).
+/// vocabulary, missing or short arrays, rows of another length or with a stride below it, or a
+/// rule whose data the device cannot read (detail::check_rule); malformed trees and bad tokens
+/// are reported per request (chain_invalid_input).
 template <class T, batch_tree_rule Rule = exact_rule>
 cudaError_t verify_tree_async(const par_policy& pol, const tree_device_input<T>& in,
                               const tree_batch_output& out, const tree_options& options = {},
                               const Rule& rule = {}) {
   const index_t batch = in.node_offsets.size - 1;
   if (batch == 0 || in.node_offsets.size == 0) return cudaSuccess;  // B = 0 is a no-op
-  if (batch <= 0 || in.vocab_size <= 0 || in.rng.size < batch || out.num_accepted.size < batch ||
-      in.target_probs.cols != in.vocab_size ||
-      (in.draft_probs.rows > 0 && in.draft_probs.cols != in.vocab_size) ||
-      (!out.flags.empty() && out.flags.size < batch))
-    return cudaErrorInvalidValue;
-  detail::tree_kernel<Rule, T><<<static_cast<unsigned>(batch), tree_block_threads, 0, pol.stream>>>(
-      rule, in, out, options.residual_floor, options.sampling);
-  return cudaGetLastError();
+  if (const cudaError_t e = detail::check_tree_launch(in, out, batch, true).status();
+      e != cudaSuccess)
+    return e;
+  if (const cudaError_t e = detail::check_rule(rule, in.vocab_size, batch); e != cudaSuccess)
+    return e;
+  const std::size_t smem = detail::tree_dynamic_smem(in.vocab_size);
+  auto launch = [&](auto* kernel) {
+    if (const cudaError_t e = detail::allow_dynamic_smem(kernel, smem); e != cudaSuccess) return e;
+    kernel<<<static_cast<unsigned>(batch), tree_block_threads, smem, pol.stream>>>(
+        rule, in, out, options.residual_floor);
+    return cudaGetLastError();
+  };
+  using detail::tree_proposal;
+  if (in.draft_probs.rows == 0) return launch(detail::tree_kernel<Rule, T, tree_proposal::one_hot>);
+  if (options.sampling == sibling_sampling::with_replacement)
+    return launch(detail::tree_kernel<Rule, T, tree_proposal::with_replacement>);
+  return launch(detail::tree_kernel<Rule, T, tree_proposal::without_replacement>);
 }
 
 /// Enqueues greedy tree verification (rows may be logits; draft_probs and rng are ignored).
@@ -354,29 +440,43 @@ cudaError_t verify_tree_greedy_async(const par_policy& pol, const tree_device_in
                                      const tree_batch_output& out) {
   const index_t batch = in.node_offsets.size - 1;
   if (batch == 0 || in.node_offsets.size == 0) return cudaSuccess;  // B = 0 is a no-op
-  if (batch <= 0 || in.vocab_size <= 0 || out.num_accepted.size < batch ||
-      in.target_probs.cols != in.vocab_size || (!out.flags.empty() && out.flags.size < batch))
-    return cudaErrorInvalidValue;
+  if (const cudaError_t e = detail::check_tree_launch(in, out, batch, false).status();
+      e != cudaSuccess)
+    return e;
   detail::greedy_tree_kernel<T>
       <<<static_cast<unsigned>(batch), tree_block_threads, 0, pol.stream>>>(in, out);
   return cudaGetLastError();
 }
 
 /// Enqueues verification of K candidates per request at one position (one CTA each).
-/// `options.sampling` says how candidates with a q row were drawn.
+/// `options.sampling` says how candidates with a q row were drawn. Launch checks as
+/// verify_tree_async; the candidate offsets are device data, bounded by the kernel.
 template <class T, batch_tree_rule Rule = exact_rule>
 cudaError_t verify_candidates_async(const par_policy& pol, const candidates_device_input<T>& in,
                                     const candidates_device_output& out,
                                     const tree_options& options = {}, const Rule& rule = {}) {
   const index_t batch = in.candidate_offsets.size - 1;
   if (batch == 0 || in.candidate_offsets.size == 0) return cudaSuccess;  // B = 0 is a no-op
-  if (batch <= 0 || in.vocab_size <= 0 || in.rng.size < batch || out.tokens.size < batch ||
-      out.accepted.size < batch || in.target_probs.cols != in.vocab_size ||
-      (in.draft_probs.rows > 0 && in.draft_probs.cols != in.vocab_size) ||
-      (!out.flags.empty() && out.flags.size < batch))
-    return cudaErrorInvalidValue;
+  detail::launch_check c;
+  c.grid(batch)
+      .require(in.vocab_size > 0)
+      .array(in.candidate_offsets, batch + 1)
+      .require(in.candidates.empty() || in.candidates.data != nullptr)
+      .rows(in.target_probs, in.vocab_size, batch)
+      .optional_rows(in.draft_probs, in.vocab_size, batch)
+      .array(in.rng, batch)
+      .array(out.tokens, batch)
+      .array(out.accepted, batch)
+      .optional_array(out.flags, batch);
+  if (const cudaError_t e = c.status(); e != cudaSuccess) return e;
+  if (const cudaError_t e = detail::check_rule(rule, in.vocab_size, batch); e != cudaSuccess)
+    return e;
+  const std::size_t smem = detail::tree_dynamic_smem(in.vocab_size);
+  if (const cudaError_t e = detail::allow_dynamic_smem(detail::candidates_kernel<Rule, T>, smem);
+      e != cudaSuccess)
+    return e;
   detail::candidates_kernel<Rule, T>
-      <<<static_cast<unsigned>(batch), tree_block_threads, 0, pol.stream>>>(
+      <<<static_cast<unsigned>(batch), tree_block_threads, smem, pol.stream>>>(
           rule, in, out, options.residual_floor, options.sampling);
   return cudaGetLastError();
 }

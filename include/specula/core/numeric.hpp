@@ -34,4 +34,31 @@ SPECULA_HOST_DEVICE constexpr double mul_rn(double a, double b) noexcept {
 #endif
 }
 
+/// Float a * b, rounded and never fused (see mul_rn): __fmul_rn on the device.
+SPECULA_HOST_DEVICE constexpr float fmul_rn(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+/// Float a + b, rounded and never fused with a product that feeds it: __fadd_rn on the device.
+SPECULA_HOST_DEVICE constexpr float fadd_rn(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+/// Float a - b, rounded and never fused: __fsub_rn on the device.
+SPECULA_HOST_DEVICE constexpr float fsub_rn(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
 }  // namespace specula::detail

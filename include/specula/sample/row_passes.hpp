@@ -184,4 +184,18 @@ concept row_passes = tile_summary<typename P::summary_type> &&
 static_assert(row_passes<sequential_passes>);
 static_assert(row_passes<checking_passes>);
 
+namespace detail {
+
+/// Called by a verifier before it rewrites scratch memory that it read earlier (a tree walk's
+/// candidate lists, node after node). Passes whose threads share that scratch (the CUDA
+/// backend's block_passes keeps it in shared memory, written alike by every thread) provide
+/// sync(), a barrier after which no thread still reads the old contents; for the host's passes
+/// this does nothing.
+template <class Passes>
+SPECULA_HOST_DEVICE constexpr void workspace_barrier(const Passes& passes) noexcept {
+  if constexpr (requires { passes.sync(); }) passes.sync();
+}
+
+}  // namespace detail
+
 }  // namespace specula

@@ -61,7 +61,9 @@ struct cfg_mix_op {
   float scale = 1.0f;
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr float operator()(float cond,
                                                                float uncond) const noexcept {
-    return uncond + scale * (cond - uncond);
+    // Each operation rounded on its own on both backends (the device would otherwise fuse the
+    // product and the sum into one FMA), so the device's mixed logits are the host's bits.
+    return detail::fadd_rn(uncond, detail::fmul_rn(scale, detail::fsub_rn(cond, uncond)));
   }
 };
 
@@ -69,7 +71,8 @@ struct cfg_mix_op {
 struct temperature_op {
   float inv_temperature = 1.0f;
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr float operator()(float logit) const noexcept {
-    return logit * inv_temperature;
+    // Rounded on its own: never fused with the max subtraction that follows on the device.
+    return detail::fmul_rn(logit, inv_temperature);
   }
 };
 

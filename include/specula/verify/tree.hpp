@@ -32,6 +32,7 @@
 #include "specula/core/validate.hpp"
 #include "specula/rules/exact.hpp"
 #include "specula/sample/random_source.hpp"
+#include "specula/sample/row_passes.hpp"
 #include "specula/tree/token_tree.hpp"
 #include "specula/verify/candidates.hpp"
 #include "specula/verify/chain.hpp"
@@ -91,6 +92,7 @@ SPECULA_HOST_DEVICE tree_request_result verify_tree_request(
   index_t u = 0;
   // Each step moves to a child, whose index is larger: at most tree.size iterations.
   for (index_t step = 0; step < tree.size; ++step) {
+    detail::workspace_barrier(passes);  // ws is rewritten below (see row_passes.hpp)
     const auto p = target_row(u);
     const auto d = static_cast<std::uint32_t>(tree.depth[u]);
     index_t k = 0;
