@@ -101,7 +101,7 @@ void chain_case(benchmark::State& state, index_t vocab, index_t n, index_t batch
 
   // Copy baseline of the same bytes (counting the bytes the copy reads).
   specula::bench::time_against_copy(state, bytes, static_cast<std::size_t>(bytes), 1.0,
-                                    [&] { (void)sc::verify_chain_async(pol, in, out); });
+                                    [&] { return sc::verify_chain_async(pol, in, out); });
 }
 
 template <class T>
@@ -183,15 +183,15 @@ void fused_case(benchmark::State& state, index_t vocab, index_t n, index_t batch
                                      {d_rng.as<request_rng>(), batch}};
   const auto pol =
       sc::par_on(nullptr).with_workspace(ws.ptr, sc::fused_chain_workspace_bytes(rows));
-  auto launch = [&] {
-    if (fused) {
-      (void)sc::verify_chain_from_logits_async(pol, fin, out);
-    } else {
-      (void)sc::logits_to_probs_async<T>(pol, lg, {}, par, {d_probs.as<float>(), rows, vocab});
-      (void)sc::verify_chain_async(pol, uin, out);
-    }
+  auto launch = [&]() -> cudaError_t {
+    if (fused) return sc::verify_chain_from_logits_async(pol, fin, out);
+    if (const cudaError_t e =
+            sc::logits_to_probs_async<T>(pol, lg, {}, par, {d_probs.as<float>(), rows, vocab});
+        e != cudaSuccess)
+      return e;
+    return sc::verify_chain_async(pol, uin, out);
   };
-  launch();
+  sc::throw_on_error(launch(), "warm-up launch");
   sc::throw_on_error(cudaDeviceSynchronize(), "warm-up");
   // Floor: every logit row read once (its normalisers need all of it) plus the q row at the
   // rejected position.

@@ -1,7 +1,9 @@
 // Device fused logits -> probabilities (cuda/specula/cuda/transforms.cuh) against a
 // device-to-device copy moving the same number of bytes.
 //
-// Names: cuda_transforms/<f32|bf16>/V:<V>/B:<B>, V in {32000, 128256}, B in {1, 32}; typical
+// Names: cuda_transforms/<f32|bf16>/V:<V>/B:<B>, V in {32000, 128256}, B in {1, 32, 264, 1024}
+// (264: two rows per SM of a 132-SM H100, 1024: a full serving batch; one CTA per row, so the
+// small batches leave most SMs idle); typical
 // serving parameters (temperature 0.7, top_k 50, top_p 0.9, no min-p, no CFG), logits
 // N(0, 3^2). Counters:
 //   bytes         bytes the call must touch: the logits read once (B·V·sizeof(T)) plus the fp32
@@ -71,8 +73,8 @@ void transforms_case(benchmark::State& state, index_t vocab, index_t batch) {
   const row_view<const sampling_params> params{d_params.as<const sampling_params>(), 1};
   const batch_view<float> out{d_probs.as<float>(), batch, vocab};
   const auto launch = [&] {
-    (void)specula::cuda::logits_to_probs_async<T>(pol, in, {}, params, out,
-                                                  d_status.as<std::uint32_t>());
+    return specula::cuda::logits_to_probs_async<T>(pol, in, {}, params, out,
+                                                   d_status.as<std::uint32_t>());
   };
   specula::cuda::throw_on_error(specula::cuda::logits_to_probs_async<T>(
                                     pol, in, {}, params, out, d_status.as<std::uint32_t>()),
@@ -86,7 +88,7 @@ void transforms_case(benchmark::State& state, index_t vocab, index_t batch) {
 
 int register_all() {
   for (index_t v : {32000, 128256})
-    for (index_t b : {1, 32}) {
+    for (index_t b : {1, 32, 264, 1024}) {
       const std::string suffix = "/V:" + std::to_string(v) + "/B:" + std::to_string(b);
       benchmark::RegisterBenchmark(("cuda_transforms/f32" + suffix).c_str(),
                                    [=](benchmark::State& s) { transforms_case<float>(s, v, b); })

@@ -131,12 +131,10 @@ void tree_case(benchmark::State& state, const token_tree& shape, index_t vocab, 
       {d_out.as<token_t>(), total}, {d_n.as<std::int32_t>(), batch}, {}, {}};
   const auto pol = sc::par_on(nullptr);
   auto launch = [&] {
-    if (greedy)
-      (void)sc::verify_tree_greedy_async(pol, in, out);
-    else
-      (void)sc::verify_tree_async(pol, in, out);
+    return greedy ? sc::verify_tree_greedy_async(pol, in, out)
+                  : sc::verify_tree_async(pol, in, out);
   };
-  launch();
+  sc::throw_on_error(launch(), "warm-up launch");
   sc::throw_on_error(cudaDeviceSynchronize(), "warm-up");
   std::vector<std::int32_t> accepted(static_cast<std::size_t>(batch));
   cudaMemcpy(accepted.data(), d_n.ptr, accepted.size() * sizeof(std::int32_t),
@@ -183,8 +181,8 @@ void candidates_case(benchmark::State& state, index_t k, index_t vocab, index_t 
   const sc::candidates_device_output out{
       {d_tok.as<token_t>(), batch}, {d_acc.as<std::int32_t>(), batch}, {}};
   const auto pol = sc::par_on(nullptr);
-  auto launch = [&] { (void)sc::verify_candidates_async(pol, in, out); };
-  launch();
+  auto launch = [&] { return sc::verify_candidates_async(pol, in, out); };
+  sc::throw_on_error(launch(), "warm-up launch");
   sc::throw_on_error(cudaDeviceSynchronize(), "warm-up");
   const double bytes = 8.0 * static_cast<double>(vocab) * static_cast<double>(batch);
   specula::bench::time_against_copy(state, bytes, static_cast<std::size_t>(bytes), 1.0, launch);
@@ -208,12 +206,12 @@ void wor_case(benchmark::State& state, index_t k, index_t vocab, index_t batch, 
           .with_workspace(ws.ptr, sc::sample_without_replacement_workspace_bytes(batch, k))
           .with_row_split(split ? 0 : 1);
   auto launch = [&] {
-    (void)sc::sample_without_replacement_async(
+    return sc::sample_without_replacement_async(
         pol, batch_view<const float>{d_w.buf.as<float>(), batch, vocab}, k,
         {d_rng.as<request_rng>(), batch}, 0, {d_tok.as<token_t>(), batch * k},
         {d_cnt.as<std::int32_t>(), batch});
   };
-  launch();
+  sc::throw_on_error(launch(), "warm-up launch");
   sc::throw_on_error(cudaDeviceSynchronize(), "warm-up");
   const double bytes = 4.0 * static_cast<double>(vocab) * static_cast<double>(batch);
   specula::bench::time_against_copy(state, bytes, static_cast<std::size_t>(bytes), 1.0, launch);

@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "specula/core/rng.hpp"
@@ -49,16 +51,21 @@ inline std::vector<float> skewed_row(index_t vocab, std::uint64_t seed) {
   return row;
 }
 
-/// Milliseconds of `launch` on the legacy default stream, measured with CUDA events.
+/// Milliseconds of `launch` (which returns the cudaError_t of what it enqueued) on the legacy
+/// default stream, measured with CUDA events. `status` receives the first failure: the launch's
+/// own status, or an error of the kernels it ran (seen when the stop event completes), so a
+/// refused or failed launch is never timed as a fast result.
 template <class Launch>
-float time_ms(Launch&& launch) {
+float time_ms(Launch&& launch, cudaError_t& status) {
+  static_assert(std::is_same_v<decltype(launch()), cudaError_t>,
+                "a timed launch returns the cudaError_t of what it enqueued");
   cudaEvent_t a, b;
   specula::cuda::throw_on_error(cudaEventCreate(&a), "cudaEventCreate");
   specula::cuda::throw_on_error(cudaEventCreate(&b), "cudaEventCreate");
   cudaEventRecord(a, nullptr);
-  launch();
+  status = launch();
   cudaEventRecord(b, nullptr);
-  cudaEventSynchronize(b);
+  if (const cudaError_t e = cudaEventSynchronize(b); status == cudaSuccess) status = e;
   float ms = 0;
   cudaEventElapsedTime(&ms, a, b);
   cudaEventDestroy(a);
@@ -70,21 +77,33 @@ float time_ms(Launch&& launch) {
 /// device-to-device copy timed in the same process (best of 20). `bytes` is what one launch
 /// must touch; the copy moves `copy_bytes` bytes and each copied byte counts `copy_traffic`
 /// times towards the copy's rate (1: count its reads; 2: count reads and writes). Counters:
-/// bytes, copy_GBps, copy_us, frac_of_copy (launch rate over copy rate).
+/// bytes, copy_GBps, copy_us, frac_of_copy (launch rate over copy rate). `launch` returns the
+/// cudaError_t of what it enqueued; a failure stops the case with SkipWithError (the error's
+/// name), so that it reports no time.
 template <class State, class Launch>
 void time_against_copy(State& state, double bytes, std::size_t copy_bytes, double copy_traffic,
                        Launch&& launch) {
   device_buffer src(copy_bytes), dst(copy_bytes);
-  cudaMemcpyAsync(dst.ptr, src.ptr, copy_bytes, cudaMemcpyDeviceToDevice, nullptr);
+  auto copy = [&] {
+    return cudaMemcpyAsync(dst.ptr, src.ptr, copy_bytes, cudaMemcpyDeviceToDevice, nullptr);
+  };
+  cudaError_t status = copy();
   float best_copy = 1e30f;
-  for (int r = 0; r < 20; ++r) {
-    const float ms = time_ms(
-        [&] { cudaMemcpyAsync(dst.ptr, src.ptr, copy_bytes, cudaMemcpyDeviceToDevice, nullptr); });
+  for (int r = 0; r < 20 && status == cudaSuccess; ++r) {
+    const float ms = time_ms(copy, status);
     best_copy = ms < best_copy ? ms : best_copy;
+  }
+  if (status != cudaSuccess) {
+    state.SkipWithError((std::string("copy baseline: ") + cudaGetErrorName(status)).c_str());
+    return;
   }
   double total_ms = 0;
   for (auto _ : state) {
-    const float ms = time_ms(launch);
+    const float ms = time_ms(launch, status);
+    if (status != cudaSuccess) {
+      state.SkipWithError((std::string("launch failed: ") + cudaGetErrorName(status)).c_str());
+      return;
+    }
     total_ms += ms;
     state.SetIterationTime(ms / 1e3);
   }
