@@ -167,14 +167,8 @@ decode_task jacobi_task(Handle m, std::span<const token_t> prompt, jacobi_option
       if (report && (all_accepted || ends_output)) {
         const auto last = all_accepted ? seq.end() - 1 : seq.end();
         state.assign(last - options.window, last);
-        jacobi_iteration it;
-        it.step = step;
-        it.block = block;
-        it.position = block_start - 1;
-        it.state = state;
-        it.converged = options.window;
-        it.fixed_point = true;
-        options.on_iteration(it);
+        options.on_iteration(
+            jacobi_iteration{step, block, block_start - 1, state, options.window, true});
       }
       if (all_accepted) {
         ++block;

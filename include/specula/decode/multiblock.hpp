@@ -321,14 +321,11 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
     };
     // --- 7. Recycle the rejected tail of the RA guesses (per-key pool; the FIFO pool is fed
     // after the window update).
-    index_t ra_accepted = 0;  // accepted prefix of the RA guesses
-    while (ra_accepted < std::min(ra_left, eval_w) &&
-           static_cast<index_t>(win[sz(ra_accepted)]) == g_main(ra_accepted + 1))
-      ++ra_accepted;
-    const bool ra_rejected = !stochastic && ra_accepted < std::min(ra_left, eval_w);
+    index_t km = 0;  // accepted prefix of the window chain
+    while (km < eval_w && static_cast<index_t>(win[sz(km)]) == g_main(km + 1)) ++km;
+    // Some RA guess was rejected (feeds the FIFO pool below).
+    const bool ra_rejected = km < std::min(ra_left, eval_w);
     if (options.recycling && !fifo) {
-      index_t km = 0;  // accepted prefix of the window chain
-      while (km < eval_w && static_cast<index_t>(win[sz(km)]) == g_main(km + 1)) ++km;
       const index_t ra_end = std::min(ra_left, static_cast<index_t>(win.size()));
       for (index_t i = km; i + 1 < ra_end; ++i) {
         const index_t len = std::min(options.ngram_length, ra_end - 1 - i);
