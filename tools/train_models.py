@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train the four tiny example models shipped in examples/models/.
+"""Train the five tiny example models shipped in examples/models/.
 
 The models follow the contract in docs/model_format.md (llama-style decoder: RMSNorm,
 rotate-half RoPE, grouped-query attention, SwiGLU MLP, no biases, untied output projection):
@@ -8,6 +8,8 @@ rotate-half RoPE, grouped-query attention, SwiGLU MLP, no biases, untied output 
   text-draft      the same data and tokenizer, ~20x smaller (draft model for speculation)
   text-diffusion  byte-level bidirectional masked-diffusion LM (LLaDA-style training)
   image-ar        class-conditional autoregressive model over VQ tokens of procedural 32x32 images
+  image-ar-256    the same classes at 64x64 (a 16x16 grid: 256 tokens), same VQ codebook, ~2.5M
+                  params (trained after image-ar, whose codebook it reads back from --out)
 
 Every output is written to --out (default: examples/models/ next to this script's parent):
 
@@ -24,7 +26,8 @@ float64, so a conforming C++ engine should reproduce `heldout_nll` to well withi
 Only PyTorch and numpy are needed (Debian: python3-torch, python3-numpy); there are no downloads.
 The safetensors files are written by hand (the `safetensors` package is not required).
 
-Reproduce (30-45 minutes on one CPU thread, depending on the machine's other load):
+Reproduce (60-80 minutes on one CPU thread, depending on the machine's other load; one model
+alone with `--only NAME`, e.g. `--only image-ar-256`, which leaves the other files untouched):
 
     nice -n 10 /usr/bin/python3 tools/train_models.py
 
@@ -56,7 +59,8 @@ SEED = 1234
 # Model specifications. `steps` were chosen by timing steps on one CPU thread while a C++ build
 # shared the 2-core machine (s/step: target 1.6-2.9, draft 0.3-0.5, diffusion 1.2-2, image
 # 0.4-0.7) so that the four models together train in at most about 45 minutes; the target
-# model gets the largest share.
+# model gets the largest share. image-ar-256 (added later, trained alone) took about 3 s/step
+# on the same kind of loaded machine; its 600 steps take 30-35 minutes.
 # --------------------------------------------------------------------------------------------
 
 TEXT_CORPUS_ROOT = Path("/usr/lib/python3.11")
@@ -97,6 +101,18 @@ MODELS = {
         train=dict(steps=400, batch=32, seq_len=65, lr=3e-3, warmup=40, min_lr_frac=0.1,
                    weight_decay=0.1, label_dropout=0.1),
         heldout=dict(rows=200, seq_len=65),
+    ),
+    # 64x64 images of the same classes tokenized with image-ar's codebook (not retrained): a
+    # 16x16 grid, 256 image tokens, for Jacobi windows of the SJD papers' length (L = 64).
+    "image-ar-256": dict(
+        kind="image",
+        image_size=64,
+        config=dict(vocab_size=137, d_model=128, n_layers=6, n_heads=4,
+                    n_kv_heads=2, d_ff=384, max_seq_len=257, rope_theta=10000.0,
+                    norm_eps=1e-5, causal=True, mask_token=-1),
+        train=dict(steps=600, batch=16, seq_len=257, lr=3e-3, warmup=40, min_lr_frac=0.1,
+                   weight_decay=0.1, label_dropout=0.1),
+        heldout=dict(rows=100, seq_len=257),
     ),
 }
 
@@ -416,23 +432,27 @@ def _two_colours(rng):
     return PALETTE[i], PALETTE[j]
 
 
-def make_image(cls, rng):
-    """One 32x32 RGB image of class `cls` as float32 [32, 32, 3] in [0, 1]."""
-    S = IMAGE_SIZE
+def make_image(cls, rng, size=IMAGE_SIZE):
+    """One size x size RGB image of class `cls` as float32 [size, size, 3] in [0, 1]. Sizes are
+    multiples of 32; every length drawn for 32x32 is scaled by k = size / 32 (the same random
+    draws, so size 32 gives exactly image-ar's images)."""
+    S = size
+    assert size % IMAGE_SIZE == 0, size
+    k = size // IMAGE_SIZE
     yy, xx = np.mgrid[0:S, 0:S].astype(np.float32) + 0.5
     fg, bg = _two_colours(rng)
     name = IMAGE_CLASSES[cls]
     if name == "circle":
-        r = rng.uniform(5, 12)
+        r = rng.uniform(5, 12) * k
         cx, cy = rng.uniform(r, S - r, size=2)
         m = (xx - cx) ** 2 + (yy - cy) ** 2 <= r * r
     elif name == "square":
-        side = rng.uniform(9, 22)
+        side = rng.uniform(9, 22) * k
         x0, y0 = rng.uniform(0, S - side, size=2)
         m = (xx >= x0) & (xx < x0 + side) & (yy >= y0) & (yy < y0 + side)
     elif name == "triangle":  # upright isosceles triangle
-        w = rng.uniform(12, 28)
-        h = rng.uniform(10, 26)
+        w = rng.uniform(12, 28) * k
+        h = rng.uniform(10, 26) * k
         x0 = rng.uniform(0, S - w)
         y0 = rng.uniform(0, S - h)  # apex row
         frac = (yy - y0) / h        # 0 at the apex, 1 at the base
@@ -442,19 +462,19 @@ def make_image(cls, rng):
         t = (coord / S)[..., None]
         return (bg * (1 - t) + fg * t).astype(np.float32)
     elif name == "stripes":
-        period = rng.integers(4, 13)
+        period = rng.integers(4, 13) * k
         phase = rng.uniform(0, period)
         coord = xx if rng.random() < 0.5 else yy
         m = ((coord + phase) % period) < period / 2
     elif name == "checkerboard":
-        cell = int(rng.choice([4, 8]))
+        cell = int(rng.choice([4, 8])) * k
         m = ((xx // cell + yy // cell) % 2) == 0
     elif name == "blobs":  # a few soft Gaussian blobs of random colours on the background
         img = np.broadcast_to(bg, (S, S, 3)).astype(np.float32).copy()
         for _ in range(rng.integers(2, 5)):
             c = PALETTE[rng.integers(len(PALETTE))]
             cx, cy = rng.uniform(0, S, size=2)
-            s = rng.uniform(3, 8)
+            s = rng.uniform(3, 8) * k
             wgt = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * s * s))[..., None]
             img = img * (1 - wgt) + c * wgt
         return np.clip(img, 0, 1).astype(np.float32)
@@ -463,20 +483,33 @@ def make_image(cls, rng):
     return np.where(m[..., None], fg, bg).astype(np.float32)
 
 
-def make_images(n, seed):
-    """n images with uniformly random classes; returns (images [n,32,32,3], labels [n])."""
+def make_images(n, seed, size=IMAGE_SIZE):
+    """n images with uniformly random classes; returns (images [n,size,size,3], labels [n])."""
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, len(IMAGE_CLASSES), size=n)
-    imgs = np.stack([make_image(int(c), rng) for c in labels])
+    imgs = np.stack([make_image(int(c), rng, size) for c in labels])
     return imgs, labels
 
 
+def make_image_codes(n, seed, size, codebook, chunk=1000):
+    """The VQ codes [n, (size/4)^2] and labels [n] of make_images(n, seed, size), tokenized a
+    chunk of images at a time (the same images; the patches of all of them would not fit)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, len(IMAGE_CLASSES), size=n)
+    codes = []
+    for lo in range(0, n, chunk):
+        imgs = np.stack([make_image(int(c), rng, size) for c in labels[lo:lo + chunk]])
+        p = torch.from_numpy(to_patches(imgs).reshape(-1, PATCH * PATCH * 3))
+        codes.append(nearest_code(p, codebook).view(len(imgs), -1))
+    return torch.cat(codes), labels
+
+
 def to_patches(imgs):
-    """[n, 32, 32, 3] -> [n, 64, 48]; patches in row-major grid order, each flattened in
+    """[n, S, S, 3] -> [n, (S/4)^2, 48]; patches in row-major grid order, each flattened in
     (row, col, channel) order."""
-    n = imgs.shape[0]
-    p = imgs.reshape(n, GRID, PATCH, GRID, PATCH, 3).transpose(0, 1, 3, 2, 4, 5)
-    return p.reshape(n, GRID * GRID, PATCH * PATCH * 3)
+    n, grid = imgs.shape[0], imgs.shape[1] // PATCH
+    p = imgs.reshape(n, grid, PATCH, grid, PATCH, 3).transpose(0, 1, 3, 2, 4, 5)
+    return p.reshape(n, grid * grid, PATCH * PATCH * 3)
 
 
 def kmeans(x, k, iters, seed):
@@ -505,14 +538,15 @@ def nearest_code(x, c, chunk=65536):
     return torch.cat(out)
 
 
-def image_description():
+def image_description(size=IMAGE_SIZE):
+    grid = size // PATCH
     return dict(
-        image_size=IMAGE_SIZE, channels=3, patch=PATCH, grid=GRID, codebook_size=CODES,
+        image_size=size, channels=3, patch=PATCH, grid=grid, codebook_size=CODES,
         codebook_tensor="codebook F32 [128, 48] in image-vq.safetensors",
         patch_layout="each code is a 4x4x3 patch flattened in (row, col, channel) order",
         pixel_range=[0.0, 1.0],
-        token_order="row-major over the 8x8 grid of patches",
-        sequence="[label token] + 64 image tokens (max_seq_len 65)",
+        token_order=f"row-major over the {grid}x{grid} grid of patches",
+        sequence=f"[label token] + {grid * grid} image tokens (max_seq_len {grid * grid + 1})",
         classes=IMAGE_CLASSES,
         palette=PALETTE.tolist(),
         label_tokens={name: LABEL_BASE + i for i, name in enumerate(IMAGE_CLASSES)},
@@ -637,7 +671,19 @@ def train_diffusion(name, spec, out, steps, seed, corpus):
     return model, inputs, targets, wall, last, extra, "bytes+mask"
 
 
-def train_image(name, spec, out, steps, seed, _corpus, n_train=24000, n_heldout=200):
+def shipped_codebook(out):
+    """image-ar's codebook as written to `out` (or, for a scratch --out without one, as shipped
+    in examples/models/)."""
+    for d in (Path(out), DEFAULT_OUT):
+        if (d / "image-vq.safetensors").exists():
+            t, _ = read_safetensors(d / "image-vq.safetensors")
+            return torch.from_numpy(np.array(t["codebook"], dtype=np.float32)), d
+    raise FileNotFoundError("image-vq.safetensors: train image-ar first")
+
+
+def train_image(name, spec, out, steps, seed, corpus, n_train=24000, n_heldout=200):
+    if spec.get("image_size", IMAGE_SIZE) != IMAGE_SIZE:
+        return train_image_large(name, spec, out, steps, seed, corpus)
     cfg, tr = spec["config"], spec["train"]
     t0 = time.time()
     imgs, labels = make_images(n_train, seed)
@@ -659,6 +705,24 @@ def train_image(name, spec, out, steps, seed, _corpus, n_train=24000, n_heldout=
                        "classes": json.dumps(IMAGE_CLASSES), "label_token_base": LABEL_BASE,
                        "null_label_token": NULL_LABEL})
 
+    model, wall, last = train_label_conditioned(name, cfg, tr, steps, seed, codes, labels)
+    inputs, targets = image_heldout(codebook, n_heldout, seed + 1000, IMAGE_SIZE)
+    extra = dict(
+        data=f"{n_train} procedural 32x32 RGB images (numpy default_rng seed {seed}), "
+             f"{len(IMAGE_CLASSES)} classes drawn uniformly: {', '.join(IMAGE_CLASSES)}",
+        tokenizer=f"VQ: k-means (K={CODES}, 15 Lloyd iterations on 200000 random patches) over "
+                  "non-overlapping 4x4 RGB patches; codebook in image-vq.safetensors",
+        vq_mse_per_value=vq_mse,
+        vq_codebook_sha256=hashlib.sha256(codebook.numpy().tobytes()).hexdigest(),
+        image=desc,
+        heldout_set=f"{n_heldout} images from seed {seed + 1000}, label token kept",
+    )
+    return model, inputs, targets, wall, last, extra, "image-vq"
+
+
+def train_label_conditioned(name, cfg, tr, steps, seed, codes, labels):
+    """Trains on [label token] + codes sequences, the label replaced by the null label with
+    probability label_dropout; returns (model, wall seconds, last loss)."""
     seqs = torch.cat([torch.from_numpy(labels).long()[:, None] + LABEL_BASE, codes.long()], 1)
     torch.manual_seed(seed)
     model = Llama(cfg)
@@ -666,7 +730,7 @@ def train_image(name, spec, out, steps, seed, _corpus, n_train=24000, n_heldout=
     B = tr["batch"]
 
     def loss_fn(step):
-        idx = torch.randint(0, n_train, (B,), generator=g)
+        idx = torch.randint(0, len(seqs), (B,), generator=g)
         x = seqs[idx].clone()
         drop = torch.rand(B, generator=g) < tr["label_dropout"]
         x[drop, 0] = NULL_LABEL
@@ -674,18 +738,43 @@ def train_image(name, spec, out, steps, seed, _corpus, n_train=24000, n_heldout=
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
 
     wall, last = train_loop(model, tr, steps, loss_fn, name)
-    # Held-out images come from a different seed; the label is always kept.
-    himgs, hlabels = make_images(n_heldout, seed + 1000)
-    hcodes = nearest_code(torch.from_numpy(to_patches(himgs).reshape(-1, 48)), codebook)
-    inputs = np.concatenate([hlabels[:, None] + LABEL_BASE,
-                             hcodes.view(n_heldout, GRID * GRID).numpy()], 1).astype(np.int32)
+    return model, wall, last
+
+
+def image_heldout(codebook, n, seed, size):
+    """Held-out images come from a different seed; the label is always kept."""
+    codes, labels = make_image_codes(n, seed, size, codebook)
+    inputs = np.concatenate([labels[:, None] + LABEL_BASE, codes.numpy()], 1).astype(np.int32)
     targets = np.full_like(inputs, -1)
     targets[:, :-1] = inputs[:, 1:]
+    return inputs, targets
+
+
+def train_image_large(name, spec, out, steps, seed, _corpus, n_train=24000):
+    """A model over larger images of the same classes, tokenized with image-ar's codebook."""
+    cfg, tr, size = spec["config"], spec["train"], spec["image_size"]
+    grid = size // PATCH
+    t0 = time.time()
+    codebook, cb_dir = shipped_codebook(out)
+    codes, labels = make_image_codes(n_train, seed, size, codebook)
+    # VQ error on a sample (the patches of all the images would take too much memory).
+    sample, _ = make_images(200, seed + 5, size)
+    sp = torch.from_numpy(to_patches(sample).reshape(-1, PATCH * PATCH * 3))
+    vq_mse = float(((codebook[nearest_code(sp, codebook)] - sp) ** 2).mean())
+    log(f"{name}: {n_train} {size}x{size} images tokenized with {cb_dir / 'image-vq.safetensors'}"
+        f", VQ mse {vq_mse:.5f} on 200 samples ({time.time() - t0:.0f}s)")
+    desc = image_description(size)
+    desc["label_dropout"] = tr["label_dropout"]
+
+    model, wall, last = train_label_conditioned(name, cfg, tr, steps, seed, codes, labels)
+    n_heldout = spec["heldout"]["rows"]
+    inputs, targets = image_heldout(codebook, n_heldout, seed + 1000, size)
     extra = dict(
-        data=f"{n_train} procedural 32x32 RGB images (numpy default_rng seed {seed}), "
+        data=f"{n_train} procedural {size}x{size} RGB images (numpy default_rng seed {seed}; "
+             f"image-ar's generator with every length scaled by {size // IMAGE_SIZE}), "
              f"{len(IMAGE_CLASSES)} classes drawn uniformly: {', '.join(IMAGE_CLASSES)}",
-        tokenizer=f"VQ: k-means (K={CODES}, 15 Lloyd iterations on 200000 random patches) over "
-                  "non-overlapping 4x4 RGB patches; codebook in image-vq.safetensors",
+        tokenizer=f"VQ: image-ar's codebook (image-vq.safetensors, K={CODES}, not retrained) over "
+                  f"non-overlapping 4x4 RGB patches, a {grid}x{grid} grid",
         vq_mse_per_value=vq_mse,
         vq_codebook_sha256=hashlib.sha256(codebook.numpy().tobytes()).hexdigest(),
         image=desc,
@@ -762,7 +851,10 @@ def markdown_card(c):
             "text-diffusion": "Byte-level bidirectional masked-diffusion language model "
                               "(LLaDA-style) over Python source code.",
             "image-ar": "Class-conditional autoregressive model over VQ tokens of procedural "
-                        "32x32 images (classifier-free guidance via a null label)."}
+                        "32x32 images (classifier-free guidance via a null label).",
+            "image-ar-256": "Class-conditional autoregressive model over VQ tokens of procedural "
+                            "64x64 images, a 16x16 grid of image-ar's 4x4 patch codes "
+                            "(classifier-free guidance via a null label)."}
     lines += [what.get(c["name"], ""), "",
               "Format: see `docs/model_format.md`. Trained by `tools/train_models.py`.", "",
               "## Size", "",
@@ -823,7 +915,7 @@ def write_readme(out):
     lines = ["# Example models", "",
              "Tiny models for the example transformer backend (`examples/transformer/`), in the "
              "format of `docs/model_format.md`, trained on CPU by `tools/train_models.py`:", "",
-             "```sh", "nice -n 10 /usr/bin/python3 tools/train_models.py   # all four models",
+             "```sh", "nice -n 10 /usr/bin/python3 tools/train_models.py   # all five models",
              "```", "",
              "| model | parameters | steps | held-out NLL | held-out ppl | files |",
              "| --- | ---: | ---: | ---: | ---: | --- |"]
@@ -844,6 +936,9 @@ def write_readme(out):
                      "[128, 48]: 4x4 RGB patches flattened in (row, col, channel) order, "
                      "pixels in [0, 1]); metadata `specula.image` describes the layout, "
                      "classes and label tokens")
+        lines.append("- `image-ar-256` uses the same codebook, classes and label tokens for "
+                     "64x64 images (a 16x16 grid); the `specula.image` metadata of its "
+                     "weights file gives its layout")
     lines.append("")
     (out / "README.md").write_text("\n".join(lines))
 
