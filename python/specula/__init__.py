@@ -88,9 +88,13 @@ def _max_drafts(cu, batch):
     return max((c[i + 1] - c[i] for i in range(len(c) - 1)), default=0)
 
 
-def _flat_outputs(target, draft_token_ids, cu, max_spec_len, output_token_ids, num_accepted):
+def _flat_outputs(target, draft_token_ids, cu, bonus, max_spec_len, output_token_ids,
+                  num_accepted):
     """Outputs of a flattened-layout call: (B, max_spec_len + 1) tokens and (B,) counts."""
-    b = max(target.shape[0] - draft_token_ids.shape[0], 0)
+    if bonus is not None:
+        b = bonus.shape[0]
+    else:
+        b = max(target.shape[0] - draft_token_ids.shape[0], 0)
     if output_token_ids is None:
         if max_spec_len is None:
             max_spec_len = _max_drafts(cu, b)
@@ -148,8 +152,8 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
     return output_token_ids, accepted_num, emitted_num
 
 
-def rejection_sample(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs, *,
-                     seeds, steps, request_ids=0, max_spec_len=None, rule=None,
+def rejection_sample(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs,
+                     bonus_token_ids=None, *, seeds, steps, request_ids=0, max_spec_len=None, rule=None,
                      output_token_ids=None, num_accepted=None, accepted=None, flags=None,
                      sum_tolerance=_DEFAULT_SUM_TOLERANCE,
                      residual_floor=_DEFAULT_RESIDUAL_FLOOR, check="reads", threads=1):
@@ -160,7 +164,10 @@ def rejection_sample(draft_token_ids, cu_num_draft_tokens, draft_probs, target_p
     draft_probs: (num_draft_tokens, V) or None (one-hot drafts, vLLM's ngram/EAGLE case);
     target_probs: (num_draft_tokens + B, V): request b's L_b draft positions followed by its
     bonus position, i.e. the rows of vLLM's logits before they are split into target and bonus
-    logits. The bonus token is sampled by specula from the bonus row.
+    logits; the bonus token is sampled by specula from the bonus row. Or, with
+    ``bonus_token_ids`` ((B,) or (B, 1) int32/int64: the bonus tokens the engine sampled, as
+    vLLM passes them), target_probs is (num_draft_tokens, V), one row per draft token (vLLM's
+    layout), and a request whose drafts are all accepted appends its bonus token.
 
     Returns output_token_ids: (B, max_spec_len + 1) int32 with -1 padding, as vLLM's
     rejection_sample; pass an array of shape (num_draft_tokens + B,) as ``output_token_ids``
@@ -168,25 +175,25 @@ def rejection_sample(draft_token_ids, cu_num_draft_tokens, draft_probs, target_p
     ``num_accepted`` (B,) int32 receives the accepted draft counts when given.
     """
     output_token_ids, num_accepted = _flat_outputs(
-        target_probs, draft_token_ids, cu_num_draft_tokens, max_spec_len, output_token_ids,
-        num_accepted)
-    _ext._chain_flat(draft_probs, draft_token_ids, cu_num_draft_tokens, target_probs, seeds,
-                     request_ids, steps, output_token_ids, num_accepted, accepted, flags, rule,
-                     sum_tolerance, residual_floor, check, threads, False)
+        target_probs, draft_token_ids, cu_num_draft_tokens, bonus_token_ids, max_spec_len,
+        output_token_ids, num_accepted)
+    _ext._chain_flat(draft_probs, draft_token_ids, cu_num_draft_tokens, target_probs,
+                     bonus_token_ids, seeds, request_ids, steps, output_token_ids, num_accepted,
+                     accepted, flags, rule, sum_tolerance, residual_floor, check, threads, False)
     return output_token_ids
 
 
-def greedy_chain(draft_token_ids, cu_num_draft_tokens, target_logits, *, max_spec_len=None,
-                 output_token_ids=None, num_accepted=None, accepted=None, flags=None,
-                 threads=1):
+def greedy_chain(draft_token_ids, cu_num_draft_tokens, target_logits, bonus_token_ids=None, *,
+                 max_spec_len=None, output_token_ids=None, num_accepted=None, accepted=None,
+                 flags=None, threads=1):
     """Greedy chain verification (argmax of each target row, lowest index on ties) in vLLM's
     flattened layout: arguments and output as :func:`rejection_sample` (``target_logits`` may be
     logits or probabilities, float32/float64; NaN is rejected)."""
     output_token_ids, num_accepted = _flat_outputs(
-        target_logits, draft_token_ids, cu_num_draft_tokens, max_spec_len, output_token_ids,
-        num_accepted)
-    _ext._chain_flat(None, draft_token_ids, cu_num_draft_tokens, target_logits, 0, 0, 0,
-                     output_token_ids, num_accepted, accepted, flags, None,
+        target_logits, draft_token_ids, cu_num_draft_tokens, bonus_token_ids, max_spec_len,
+        output_token_ids, num_accepted)
+    _ext._chain_flat(None, draft_token_ids, cu_num_draft_tokens, target_logits, bonus_token_ids,
+                     0, 0, 0, output_token_ids, num_accepted, accepted, flags, None,
                      _DEFAULT_SUM_TOLERANCE, _DEFAULT_RESIDUAL_FLOOR, "reads", threads, True)
     return output_token_ids
 

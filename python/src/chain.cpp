@@ -13,6 +13,7 @@ namespace specula::python {
 namespace {
 
 thread_local std::vector<token_t> token_buffer;
+thread_local std::vector<token_t> bonus_buffer;
 thread_local std::vector<token_t> flat_output_buffer;
 thread_local std::vector<std::int64_t> offsets_buffer;
 
@@ -75,19 +76,17 @@ double run_verify_chain(nb::handle rule_arg, int threads, const Input& in, const
                         const chain_options& options, int repeats = 1) {
   record_chain_pointers(in, out);
   double ns = 0.0;
-  std::visit(
-      [&](const auto& rule) {
-        nb::gil_scoped_release release;
-        with_policy(threads, [&](const auto& policy) {
-          const auto start = std::chrono::steady_clock::now();
-          for (int i = 0; i < repeats; ++i) verify_chain(policy, in, out, options, rule);
-          ns = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                       std::chrono::steady_clock::now() - start)
-                                       .count()) /
-               repeats;
-        });
-      },
-      rule_of(rule_arg).rule);
+  visit_rule(rule_arg, detail::batch_size_of(in), [&](const auto& rule) {
+    nb::gil_scoped_release release;
+    with_policy(threads, [&](const auto& policy) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < repeats; ++i) verify_chain(policy, in, out, options, rule);
+      ns = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now() - start)
+                                   .count()) /
+           repeats;
+    });
+  });
   return ns;
 }
 
@@ -147,15 +146,21 @@ void chain_padded(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
 }
 
 /// B of a flattened call and draft_offsets with a leading 0 (vLLM's cu_num_draft_tokens has
-/// B entries without it: then the B + 1 offsets are copied into a buffer).
-index_view flattened_offsets(const array& cu, index_t batch) {
+/// B entries without it: then the B + 1 offsets are copied into a buffer). `batch_from` says
+/// where B came from, for messages.
+index_view flattened_offsets(const array& cu, index_t batch, const std::string& batch_from) {
   const index_view v = index_array(cu, "cu_num_draft_tokens");
-  if (v.size == batch + 1) return v;
+  if (v.size == batch + 1) {
+    if (batch > 0 && v[0] != 0)
+      value_error("specula: cu_num_draft_tokens has B + 1 entries (B = " + batch_from + " = " +
+                  std::to_string(batch) +
+                  ") but does not start with 0 (B entries are vLLM's cumulative counts, B + 1 "
+                  "entries specula's draft_offsets)");
+    return v;
+  }
   if (v.size != batch)
-    value_error(
-        "specula: cu_num_draft_tokens must have B or B + 1 entries (B = rows of "
-        "target_probs - number of draft tokens = " +
-        std::to_string(batch) + "; got " + std::to_string(v.size) + ")");
+    value_error("specula: cu_num_draft_tokens must have B or B + 1 entries (B = " + batch_from +
+                " = " + std::to_string(batch) + "; got " + std::to_string(v.size) + ")");
   offsets_buffer.resize(static_cast<std::size_t>(batch + 1));
   offsets_buffer[0] = 0;
   for (index_t b = 0; b < batch; ++b) offsets_buffer[static_cast<std::size_t>(b + 1)] = v[b];
@@ -163,16 +168,18 @@ index_view flattened_offsets(const array& cu, index_t batch) {
 }
 
 void chain_flat(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
-                nb::handle cu_num_draft_tokens_arg, nb::handle target_probs_arg, nb::handle seeds,
-                nb::handle request_ids, nb::handle steps, nb::handle output_token_ids_arg,
-                nb::handle num_accepted_arg, nb::handle accepted_arg, nb::handle flags_arg,
-                nb::handle rule_arg, double sum_tolerance, double residual_floor,
-                const std::string& check, int threads, bool greedy) {
+                nb::handle cu_num_draft_tokens_arg, nb::handle target_probs_arg,
+                nb::handle bonus_token_ids_arg, nb::handle seeds, nb::handle request_ids,
+                nb::handle steps, nb::handle output_token_ids_arg, nb::handle num_accepted_arg,
+                nb::handle accepted_arg, nb::handle flags_arg, nb::handle rule_arg,
+                double sum_tolerance, double residual_floor, const std::string& check, int threads,
+                bool greedy) {
   clear_pointers();
   const array target = import_array(target_probs_arg, greedy ? "target_logits" : "target_probs");
   const array tokens = import_array(draft_token_ids_arg, "draft_token_ids");
   const array cu = import_array(cu_num_draft_tokens_arg, "cu_num_draft_tokens");
   const array draft = import_optional(draft_probs_arg, "draft_probs");
+  const array bonus = import_optional(bonus_token_ids_arg, "bonus_token_ids");
   const chain_output_arrays outputs(output_token_ids_arg, num_accepted_arg, accepted_arg,
                                     flags_arg);
   const array& output = outputs.tokens;
@@ -180,14 +187,31 @@ void chain_flat(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
   require_ndim(target, greedy ? "target_logits" : "target_probs", 2, "(num_draft_tokens + B, V)");
   const auto vocab = static_cast<index_t>(target.shape(1));
   const auto drafts = token_array(tokens, "draft_token_ids", token_buffer);
-  const index_t batch = static_cast<index_t>(target.shape(0)) - drafts.size;
+  // With bonus_token_ids (vLLM's (B,) or (B, 1)), B is their count and target_probs has one row
+  // per draft token; without, target_probs holds each request's bonus row too.
+  row_view<const token_t> bonus_tokens{};
+  if (bonus.is_valid()) {
+    if (bonus.ndim() != 1 && !(bonus.ndim() == 2 && bonus.shape(1) == 1))
+      value_error("specula: bonus_token_ids must have shape (B,) or (B, 1)");
+    bonus_tokens = token_array(bonus, "bonus_token_ids", bonus_buffer);
+  }
+  const index_t batch =
+      bonus.is_valid() ? bonus_tokens.size : static_cast<index_t>(target.shape(0)) - drafts.size;
+  if (bonus.is_valid() && static_cast<index_t>(target.shape(0)) != drafts.size)
+    value_error(
+        "specula: with bonus_token_ids, target_probs needs one row per draft token "
+        "(num_draft_tokens = " +
+        std::to_string(drafts.size) + "; got " + std::to_string(target.shape(0)) + " rows)");
   if (batch < 0)
     value_error(
         "specula: target_probs needs num_draft_tokens + B rows (one more per request "
         "than its drafts: the bonus row); got " +
         std::to_string(target.shape(0)) + " rows for " + std::to_string(drafts.size) +
         " draft tokens");
-  const index_view offsets = flattened_offsets(cu, batch);
+  const index_view offsets =
+      flattened_offsets(cu, batch,
+                        bonus.is_valid() ? "entries of bonus_token_ids"
+                                         : "rows of target_probs - number of draft tokens");
   const auto rng =
       greedy ? row_view<const request_rng>{} : make_rng(seeds, request_ids, steps, batch);
   // Outputs: (num_draft + B,) in specula's flattened layout, written in place; or vLLM's
@@ -213,7 +237,8 @@ void chain_flat(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
                                   drafts,
                                   optional_rows<T>(draft, "draft_probs", target),
                                   rows_view<T>(target, "target_probs"),
-                                  rng};
+                                  rng,
+                                  bonus_tokens};
     if (!greedy) {
       run_verify_chain(rule_arg, threads, in, out, options);
       return;
@@ -299,49 +324,39 @@ void candidates(nb::handle target_probs_arg, nb::handle candidates_arg, nb::hand
     record_pointer("target_probs", p_rows.data);
     record_pointer("draft_probs", q_rows.data);
     record_pointer("candidates", cands.data);
-    std::visit(
-        [&](const auto& rule) {
-          using R = std::remove_cvref_t<decltype(rule)>;
-          if constexpr (!scalar_rule<R>) {
-            value_error(
-                "specula: K-candidate verification takes exact, relaxed or scheduled "
-                "rules (row-aware rules such as LANTERN++ and typical acceptance work "
-                "with chains only)");
-          } else {
-            nb::gil_scoped_release release;
-            with_policy(threads, [&](const auto& policy) {
-              host::for_each_index(policy, batch, [&](index_t b) {
-                thread_local std::vector<double> workspace;
-                workspace.resize(static_cast<std::size_t>(candidates_workspace_size(k)));
-                const row_view<const token_t> c = cands.subview(b * k, k);
-                const row_view<const T> p = p_rows.row(b);
-                auto run = [&](const auto& proposal) {
-                  try {
-                    return verify_candidates_checked(
-                        rule, rng[b], p, proposal, c, row_view<double>{workspace},
-                        positions[static_cast<std::size_t>(b)], options);
-                  } catch (const invalid_input& e) {
-                    throw invalid_input(e.code(), e.argument(), e.row(), e.column(),
-                                        std::string(e.what()) + " [request " + std::to_string(b) +
-                                            ": p = target_probs[" + std::to_string(b) +
-                                            "], q = draft_probs[" + std::to_string(b) + "]]");
-                  }
-                };
-                candidates_result r;
-                if (!draft.is_valid())
-                  r = run(one_hot_candidates{});
-                else if (with_replacement_sampling)
-                  r = run(with_replacement<T>{q_rows.row(b)});
-                else
-                  r = run(without_replacement<T>{q_rows.row(b)});
-                out_index[b] = r.accepted;
-                out_token[b] = r.token;
-                if (!out_flags.empty()) out_flags[b] = r.flags;
-              });
-            });
-          }
-        },
-        rule_of(rule_arg).rule);
+    visit_scalar_rule(rule_arg, batch, "K-candidate verification", [&](const auto& rule) {
+      nb::gil_scoped_release release;
+      with_policy(threads, [&](const auto& policy) {
+        host::for_each_index(policy, batch, [&](index_t b) {
+          thread_local std::vector<double> workspace;
+          workspace.resize(static_cast<std::size_t>(candidates_workspace_size(k)));
+          const row_view<const token_t> c = cands.subview(b * k, k);
+          const row_view<const T> p = p_rows.row(b);
+          auto run = [&](const auto& proposal) {
+            try {
+              return verify_candidates_checked(detail::request_rule(rule, b), rng[b], p, proposal,
+                                               c, row_view<double>{workspace},
+                                               positions[static_cast<std::size_t>(b)], options);
+            } catch (const invalid_input& e) {
+              throw invalid_input(e.code(), e.argument(), e.row(), e.column(),
+                                  std::string(e.what()) + " [request " + std::to_string(b) +
+                                      ": p = target_probs[" + std::to_string(b) +
+                                      "], q = draft_probs[" + std::to_string(b) + "]]");
+            }
+          };
+          candidates_result r;
+          if (!draft.is_valid())
+            r = run(one_hot_candidates{});
+          else if (with_replacement_sampling)
+            r = run(with_replacement<T>{q_rows.row(b)});
+          else
+            r = run(without_replacement<T>{q_rows.row(b)});
+          out_index[b] = r.accepted;
+          out_token[b] = r.token;
+          if (!out_flags.empty()) out_flags[b] = r.flags;
+        });
+      });
+    });
   });
 }
 
@@ -363,8 +378,8 @@ void register_chain(nb::module_& m) {
         "The C++ call alone, `repeats` times on the same arguments: mean ns per call "
         "(bench/python).");
   m.def("_chain_flat", &chain_flat, nb::arg("draft_probs").none(), nb::arg("draft_token_ids"),
-        nb::arg("cu_num_draft_tokens"), nb::arg("target_probs"), nb::arg("seeds"),
-        nb::arg("request_ids"), nb::arg("steps"), nb::arg("output_token_ids"),
+        nb::arg("cu_num_draft_tokens"), nb::arg("target_probs"), nb::arg("bonus_token_ids").none(),
+        nb::arg("seeds"), nb::arg("request_ids"), nb::arg("steps"), nb::arg("output_token_ids"),
         nb::arg("num_accepted"), nb::arg("accepted").none(), nb::arg("flags").none(),
         nb::arg("rule").none(), nb::arg("sum_tolerance"), nb::arg("residual_floor"),
         nb::arg("check"), nb::arg("threads"), nb::arg("greedy"));

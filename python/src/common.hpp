@@ -182,9 +182,65 @@ struct rule_holder {
 /// The rule of a `rule` argument: None is the exact rule.
 const rule_holder& rule_of(nb::handle h);
 
-/// Rules the tree and K-candidate verifiers accept (scalar acceptance rules).
+/// The rule type of a rule argument: R, or the rule of per_request<R>.
 template <class R>
-inline constexpr bool scalar_rule = acceptance_rule<R>;
+struct rule_type {
+  using type = R;
+};
+template <class R>
+struct rule_type<per_request<R>> {
+  using type = R;
+};
+
+/// Rules the tree and K-candidate verifiers accept (scalar acceptance rules, or one per
+/// request).
+template <class R>
+inline constexpr bool scalar_rule = acceptance_rule<typename rule_type<R>::type>;
+
+/// The holders of a `rule` argument that is a sequence of B rules (one per request; None is the
+/// exact rule), all of one kind; TypeError / ValueError naming `rule` otherwise. The Python
+/// objects are kept in `keep` for the duration of the call.
+std::vector<const rule_holder*> per_request_rules(nb::handle h, index_t batch,
+                                                  std::vector<nb::object>& keep);
+
+/// Calls f(rule) with the rule of a `rule` argument: None (the exact rule), one Rule (every
+/// request), or a sequence of B Rules of one kind (per_request: request b uses rules[b]).
+template <class F>
+void visit_rule(nb::handle h, index_t batch, F&& f) {
+  if (PyList_Check(h.ptr()) == 0 && PyTuple_Check(h.ptr()) == 0) {
+    std::visit(f, rule_of(h).rule);
+    return;
+  }
+  std::vector<nb::object> keep;
+  const std::vector<const rule_holder*> holders = per_request_rules(h, batch, keep);
+  if (holders.empty()) {
+    f(per_request<exact_rule>{});
+    return;
+  }
+  std::visit(
+      [&](const auto& first) {
+        using R = std::remove_cvref_t<decltype(first)>;
+        std::vector<R> rules;
+        rules.reserve(holders.size());
+        for (const rule_holder* r : holders) rules.push_back(std::get<R>(r->rule));
+        f(per_request<R>{row_view<const R>{rules.data(), static_cast<index_t>(rules.size())}});
+      },
+      holders.front()->rule);
+}
+
+/// visit_rule for the verifiers that take scalar acceptance rules only (trees, K candidates):
+/// a row-aware rule (LANTERN++, typical acceptance) raises ValueError naming `verifier`.
+template <class F>
+void visit_scalar_rule(nb::handle h, index_t batch, const char* verifier, F&& f) {
+  visit_rule(h, batch, [&](const auto& rule) {
+    if constexpr (!scalar_rule<std::remove_cvref_t<decltype(rule)>>)
+      value_error(std::string("specula: ") + verifier +
+                  " takes exact, relaxed or scheduled rules (row-aware rules such as LANTERN++ "
+                  "and typical acceptance work with chains only)");
+    else
+      f(rule);
+  });
+}
 
 // ---------------------------------------------------------------------------------------------
 // Options and policies

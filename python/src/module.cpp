@@ -367,6 +367,26 @@ const rule_holder& rule_of(nb::handle h) {
   return *r;
 }
 
+std::vector<const rule_holder*> per_request_rules(nb::handle h, index_t batch,
+                                                  std::vector<nb::object>& keep) {
+  const nb::sequence seq = nb::borrow<nb::sequence>(h);
+  const auto n = static_cast<index_t>(nb::len(seq));
+  if (n != batch)
+    value_error("specula: rule must be one rule, or a sequence of one rule per request (B = " +
+                std::to_string(batch) + "; got " + std::to_string(n) + ")");
+  std::vector<const rule_holder*> holders;
+  holders.reserve(static_cast<std::size_t>(n));
+  for (nb::handle item : seq) {
+    keep.push_back(nb::borrow(item));
+    holders.push_back(&rule_of(item));
+    if (holders.back()->rule.index() != holders.front()->rule.index())
+      value_error("specula: rule: the rules of a sequence must be of one kind (rule[0] is " +
+                  holders.front()->description + ", rule[" + std::to_string(holders.size() - 1) +
+                  "] is " + holders.back()->description + ")");
+  }
+  return holders;
+}
+
 void register_rules(nb::module_& m) {
   nb::class_<schedule_holder>(m, "Schedule", "A relaxation schedule: omega at each draft position.")
       .def(

@@ -123,21 +123,11 @@ void tree(nb::handle parents_arg, nb::handle tokens_arg, nb::handle node_offsets
       with_policy(threads, [&](const auto& policy) { verify_tree_greedy(policy, in, out); });
       return;
     }
-    std::visit(
-        [&](const auto& rule) {
-          using R = std::remove_cvref_t<decltype(rule)>;
-          if constexpr (!scalar_rule<R>) {
-            value_error(
-                "specula: tree verification takes exact, relaxed or scheduled rules "
-                "(row-aware rules such as LANTERN++ and typical acceptance work with "
-                "chains only)");
-          } else {
-            nb::gil_scoped_release release;
-            with_policy(threads,
-                        [&](const auto& policy) { verify_tree(policy, in, out, options, rule); });
-          }
-        },
-        rule_of(rule_arg).rule);
+    visit_scalar_rule(rule_arg, in.trees.size, "tree verification", [&](const auto& rule) {
+      nb::gil_scoped_release release;
+      with_policy(threads,
+                  [&](const auto& policy) { verify_tree(policy, in, out, options, rule); });
+    });
   });
 }
 

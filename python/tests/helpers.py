@@ -20,6 +20,21 @@ def random_rows(rng, rows, vocab, zeros=0, dtype=np.float32):
     return p.astype(dtype)
 
 
+def random_batch(seed, batch=9, vocab=50, max_draft=4):
+    """A padded batch: target rows (B, L + 1, V), proposal rows (B, L, V), drafts drawn from them
+    (-1 after each request's random length), the lengths, and per-request seeds and steps."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, max_draft + 1, size=batch)
+    p = random_rows(rng, batch * (max_draft + 1), vocab).reshape(batch, max_draft + 1, vocab)
+    q = random_rows(rng, batch * max_draft, vocab).reshape(batch, max_draft, vocab)
+    drafts = np.full((batch, max_draft), -1, np.int32)
+    for b in range(batch):
+        drafts[b, :lengths[b]] = draft_from(rng, q[b, :lengths[b]], 1)[0] if lengths[b] else []
+    seeds = rng.integers(0, 2**63, size=batch, dtype=np.int64)
+    steps = rng.integers(0, 2**31, size=batch, dtype=np.int64)
+    return p, q, drafts, lengths, seeds, steps
+
+
 def _upper_gamma_regularised(a, x):
     """Q(a, x) = Gamma(a, x) / Gamma(a) (Numerical Recipes: series or continued fraction)."""
     if x <= 0:

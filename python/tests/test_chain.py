@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import specula
-from helpers import ALPHA, draft_from, g_test, homogeneity_test, random_rows
+from helpers import ALPHA, draft_from, g_test, homogeneity_test, random_batch, random_rows
 
 try:
     import torch
@@ -108,11 +108,12 @@ def hf_speculative_sampling(rng, p, q, drafts):
     return tuple(drafts[:n_matches]) + (int(t),)
 
 
-def vllm_rejection_sample(rng, p, q, drafts):
+def vllm_rejection_sample(rng, p, q, drafts, bonus=None):
     """NumPy transcription of vLLM's rejection sampler (v1, random requests) for one request:
     accept x when p(x) / q(x) >= u; at the first rejection the recovered token is the argmax
-    of max(p - q, 0) / Exp(1) noise; when all are accepted, the bonus token (sampled from the
-    bonus row by the engine's sampler)."""
+    of max(p - q, 0) / Exp(1) noise; when all are accepted, the bonus token: `bonus`
+    (bonus_token_ids[b], sampled by the engine's sampler before the call), or sampled here from
+    the bonus row p[-1]."""
     out = []
     for i, x in enumerate(drafts):
         u = rng.random()
@@ -128,7 +129,10 @@ def vllm_rejection_sample(rng, p, q, drafts):
         noise = rng.exponential(size=len(residual))
         out.append(int(np.argmax(residual / noise)))
         return tuple(out)
-    out.append(int(rng.choice(p.shape[1], p=p[-1] / p[-1].astype(np.float64).sum())))
+    if bonus is not None:
+        out.append(int(bonus))
+    else:
+        out.append(int(rng.choice(p.shape[1], p=p[-1] / p[-1].astype(np.float64).sum())))
     return tuple(out)
 
 
@@ -160,17 +164,31 @@ def test_same_law_as_vllm_reference(problem, one_hot):
     assert homogeneity_test(specula_outcomes(out, counts), ref) > ALPHA
 
 
-def random_batch(seed, batch=9, vocab=50, max_draft=4):
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(0, max_draft + 1, size=batch)
-    p = random_rows(rng, batch * (max_draft + 1), vocab).reshape(batch, max_draft + 1, vocab)
-    q = random_rows(rng, batch * max_draft, vocab).reshape(batch, max_draft, vocab)
-    drafts = np.full((batch, max_draft), -1, np.int32)
-    for b in range(batch):
-        drafts[b, :lengths[b]] = draft_from(rng, q[b, :lengths[b]], 1)[0] if lengths[b] else []
-    seeds = rng.integers(0, 2**63, size=batch, dtype=np.int64)
-    steps = rng.integers(0, 2**31, size=batch, dtype=np.int64)
-    return p, q, drafts, lengths, seeds, steps
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_bonus_token_ids_same_law_as_vllm_reference(problem, one_hot):
+    """vLLM's layout: target_probs has one row per draft token and the engine's bonus tokens,
+    drawn beforehand from the bonus row p_{L+1}, are appended after fully accepted chains."""
+    p, q, drafts = problem
+    qq = None if one_hot else q
+    rng = np.random.default_rng(31)
+    bonus = rng.choice(V, size=N, p=p[L] / p[L].astype(np.float64).sum()).astype(np.int64)
+    tokens = drafts.reshape(-1)
+    cu = np.arange(1, N + 1, dtype=np.int32) * L
+    target = np.ascontiguousarray(np.broadcast_to(p[:L], (N, L, V))).reshape(-1, V)
+    draft = None if one_hot else np.ascontiguousarray(np.broadcast_to(q, (N, L, V))).reshape(-1, V)
+    counts = np.empty(N, np.int32)
+    out = specula.rejection_sample(tokens, cu, draft, target, bonus[:, None],
+                                   seeds=np.arange(N) + 500, steps=2, num_accepted=counts)
+    assert out.shape == (N, L + 1)
+    full = counts == L
+    assert 0 < full.sum() < N
+    assert np.array_equal(out[full, L], bonus[full])  # the engine's tokens, unchanged
+    ref_rng = np.random.default_rng(78)
+    ref_bonus = ref_rng.choice(V, size=N, p=p[L] / p[L].astype(np.float64).sum())
+    ref = [vllm_rejection_sample(ref_rng, p, qq, drafts[b], ref_bonus[b]) for b in range(N)]
+    assert homogeneity_test(specula_outcomes(out, counts), ref) > ALPHA
+    # The law of vLLM's sampler with bonus rows: the bonus position is distributed as p_{L+1}.
+    check_emitted_laws(p, out, counts)
 
 
 def test_results_independent_of_batch_position():

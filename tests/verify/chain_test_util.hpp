@@ -8,6 +8,7 @@
 #include "specula/core/row.hpp"
 #include "specula/core/types.hpp"
 #include "specula/testing/toy_models.hpp"
+#include "specula/verify/chain.hpp"
 
 namespace specula::test {
 
@@ -63,6 +64,21 @@ inline prob_pair make_pair(pair_kind kind, index_t vocab, std::uint64_t seed) {
   }
   return r;
 }
+
+/// Caller-allocated outputs of a flattened-layout chain call, filled with values no call writes
+/// (so that untouched slots show).
+struct flat_chain_outputs {
+  std::vector<token_t> tokens;
+  std::vector<std::int32_t> accepted_count;
+  std::vector<std::uint8_t> accepted;
+  std::vector<std::uint32_t> flags;
+  flat_chain_outputs(index_t num_draft, index_t batch)
+      : tokens(static_cast<std::size_t>(num_draft + batch), 12345),
+        accepted_count(static_cast<std::size_t>(batch), -5),
+        accepted(static_cast<std::size_t>(num_draft), 7),
+        flags(static_cast<std::size_t>(batch), 0xff) {}
+  chain_batch_output view() { return {tokens, accepted_count, accepted, flags}; }
+};
 
 /// A deliberately wrong rule: on rejection it resamples from p instead of [p - q]+.
 struct resample_from_target_rule {

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "chain_test_util.hpp"
 #include "specula/testing/toy_models.hpp"
 #include "specula/verify/chain.hpp"
 
@@ -67,18 +68,7 @@ struct ragged_batch {
   }
 };
 
-struct outputs {
-  std::vector<token_t> tokens;
-  std::vector<std::int32_t> accepted_count;
-  std::vector<std::uint8_t> accepted;
-  std::vector<std::uint32_t> flags;
-  outputs(index_t num_draft, index_t batch)
-      : tokens(static_cast<std::size_t>(num_draft + batch), 12345),
-        accepted_count(static_cast<std::size_t>(batch)),
-        accepted(static_cast<std::size_t>(num_draft), 7),
-        flags(static_cast<std::size_t>(batch)) {}
-  chain_batch_output view() { return {tokens, accepted_count, accepted, flags}; }
-};
+using outputs = test::flat_chain_outputs;
 
 /// Request b's emitted tokens (accepted drafts + final) from a flattened output.
 std::vector<token_t> emitted(const ragged_batch& bt, const outputs& o, index_t b) {

@@ -5,7 +5,9 @@
 ///
 /// - **flattened / ragged** (like vLLM's [num_tokens, V]): request b has
 ///   L_b = draft_offsets[b+1] - draft_offsets[b] drafts at rows draft_offsets[b] .. of the draft
-///   arrays, and L_b + 1 target rows starting at row draft_offsets[b] + b;
+///   arrays, and L_b + 1 target rows starting at row draft_offsets[b] + b (or, with
+///   `bonus_tokens`, L_b target rows starting at row draft_offsets[b]: vLLM's layout, where the
+///   engine samples the bonus token itself);
 /// - **padded** [B, L, V]: request b has drafts at rows b*L .. b*L + L_b - 1 and target rows at
 ///   b*(L+1) .. b*(L+1) + L_b, with L_b <= L given by draft_lengths or by -1 padding.
 ///
@@ -50,8 +52,15 @@ struct chain_batch_input {
   index_view draft_offsets;              ///< B + 1 non-decreasing offsets, first 0 (int64 or int32)
   row_view<const token_t> draft_tokens;  ///< num_draft = draft_offsets[B] tokens
   batch_view<const T> draft_probs;       ///< num_draft x V, or no rows for one-hot drafts
-  batch_view<const T> target_probs;      ///< (num_draft + B) x V
+  batch_view<const T> target_probs;      ///< (num_draft + B) x V; num_draft x V with bonus_tokens
   row_view<const request_rng> rng;       ///< B random streams
+  /// B bonus tokens sampled by the caller (vLLM's bonus_token_ids), or empty. Empty: request b's
+  /// L_b + 1 target rows start at row draft_offsets[b] + b and a request whose drafts are all
+  /// accepted samples its bonus token from its last one. Given: target_probs holds one row per
+  /// draft token (request b's L_b rows start at row draft_offsets[b], no bonus row) and such a
+  /// request emits bonus_tokens[b] (flags chain_bonus | chain_valid) without a draw. Host entry
+  /// points only (verify_chain, verify_chain_unchecked, verify_chain_greedy).
+  row_view<const token_t> bonus_tokens = {};
 };
 
 /// Outputs in the flattened layout, caller-allocated.
@@ -91,12 +100,29 @@ namespace detail {
 struct chain_segment {
   index_t length;      ///< L_b
   index_t draft_row;   ///< first draft token / draft row / accepted flag
-  index_t target_row;  ///< first target row / output slot
+  index_t target_row;  ///< first output slot, and first target row without a given bonus
+  /// The caller's bonus token (chain_batch_input::bonus_tokens[b]), emitted when all drafts are
+  /// accepted; the target rows then hold no bonus row and start at draft_row. -1: the bonus is
+  /// sampled from target row target_row + length.
+  token_t given_bonus = no_token;
+
+  /// Row of the target rows holding p_{i+1}.
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr index_t target_row_of(index_t i) const noexcept {
+    return (given_bonus == no_token ? target_row : draft_row) + i;
+  }
 };
 
 SPECULA_HOST_DEVICE constexpr chain_segment flattened_segment(index_view offsets,
                                                               index_t b) noexcept {
   return {offsets[b + 1] - offsets[b], offsets[b], offsets[b] + b};
+}
+
+/// The segment of request b with its given bonus token, if any (host entry points).
+template <class T>
+constexpr chain_segment flattened_segment(const chain_batch_input<T>& in, index_t b) noexcept {
+  chain_segment s = flattened_segment(in.draft_offsets, b);
+  if (!in.bonus_tokens.empty()) s.given_bonus = in.bonus_tokens[b];
+  return s;
 }
 
 SPECULA_HOST_DEVICE constexpr index_t padded_length(row_view<const token_t> tokens,
@@ -116,18 +142,26 @@ run_segment(const Rule& rule, const request_rng& rng, const chain_segment& s, co
             batch_view<const T> draft_probs, const TargetRows& target_probs, double residual_floor,
             token_t* out_tokens, std::uint8_t* accepted, const Passes& passes = {}) {
   philox_source src{rng};
-  auto target_row = [&](index_t i) { return target_probs.row(s.target_row + i); };
+  auto target_row = [&](index_t i) { return target_probs.row(s.target_row_of(i)); };
   const token_t* drafts = tokens + s.draft_row;
   std::uint8_t* acc = accepted == nullptr ? nullptr : accepted + s.draft_row;
   token_t* out = out_tokens + s.target_row;
-  if (draft_probs.rows > 0) {
-    auto proposal = [&](index_t i) { return dense_proposal<T>{draft_probs.row(s.draft_row + i)}; };
-    return verify_chain_request(rule, src, s.length, drafts, target_row, proposal, residual_floor,
-                                out, acc, passes);
-  }
-  auto proposal = [&](index_t i) { return one_hot_proposal{drafts[i]}; };
-  return verify_chain_request(rule, src, s.length, drafts, target_row, proposal, residual_floor,
-                              out, acc, passes);
+  auto run = [&](const auto& proposal) {
+    if (s.given_bonus == no_token)
+      return verify_chain_request(rule, src, s.length, drafts, target_row, proposal, residual_floor,
+                                  out, acc, passes);
+    chain_request_result r = verify_chain_drafts(rule, src, s.length, drafts, target_row, proposal,
+                                                 residual_floor, out, acc, passes);
+    if ((r.flags & chain_bonus) != 0) {
+      r.emitted = s.given_bonus;
+      r.flags |= chain_valid;
+      out[s.length] = s.given_bonus;
+    }
+    return r;
+  };
+  if (draft_probs.rows > 0)
+    return run([&](index_t i) { return dense_proposal<T>{draft_probs.row(s.draft_row + i)}; });
+  return run([&](index_t i) { return one_hot_proposal{drafts[i]}; });
 }
 
 /// Validates drafted tokens of a segment and the probabilities the verifier reads at them:
@@ -153,8 +187,8 @@ void validate_segment_drafts(const chain_segment& s, index_t b, const token_t* t
         throw_if_failed({status::zero_draft_probability, s.draft_row + i, x, qx}, "draft_probs",
                         "a drafted token must have positive proposal probability");
     }
-    check_entry(static_cast<double>(target_probs.row(s.target_row + i)[x]), "target_probs",
-                s.target_row + i, x);
+    check_entry(static_cast<double>(target_probs.row(s.target_row_of(i))[x]), "target_probs",
+                s.target_row_of(i), x);
   }
   if (padded) {
     for (index_t i = s.length; i < max_draft; ++i)
@@ -282,6 +316,23 @@ index_t validate_flattened_shape(const chain_batch_input<T>& in) {
   return batch;
 }
 
+/// Checks bonus_tokens of the flattened layout (B ids in [0, vocab), or empty); returns the
+/// number of target rows the batch needs: num_draft + B, or num_draft with bonus tokens.
+template <class T>
+index_t validate_bonus_tokens(const chain_batch_input<T>& in, index_t num_draft, index_t batch) {
+  if (in.bonus_tokens.empty()) return num_draft + batch;
+  require_size(in.bonus_tokens.size, batch, "bonus_tokens", "length must be B");
+  if (in.bonus_tokens.data == nullptr)
+    throw_if_failed({status::empty_input, -1, -1, 0.0}, "bonus_tokens", "null data pointer");
+  for (index_t b = 0; b < batch; ++b) {
+    const token_t x = in.bonus_tokens[b];
+    if (x < 0 || static_cast<index_t>(x) >= in.vocab_size)
+      throw_if_failed({status::token_out_of_range, b, -1, static_cast<double>(x)}, "bonus_tokens",
+                      ("vocab_size is " + std::to_string(in.vocab_size)).c_str());
+  }
+  return num_draft;
+}
+
 /// Checks the output extents of the flattened layout.
 inline void validate_flattened_outputs(const chain_batch_output& out, index_t num_draft,
                                        index_t batch) {
@@ -307,15 +358,15 @@ void validate_chain_input(const Policy& policy, const chain_batch_input<T>& in,
   if (batch == 0) return;  // B = 0 is a no-op
   const index_t num_draft = in.draft_offsets[batch];
   detail::require_size(in.rng.size, batch, "rng", "one random stream per request");
-  detail::validate_rows(policy, in.target_probs, num_draft + batch, in.vocab_size, "target_probs",
+  const index_t target_rows = detail::validate_bonus_tokens(in, num_draft, batch);
+  detail::validate_rows(policy, in.target_probs, target_rows, in.vocab_size, "target_probs",
                         options.sum_tolerance, !scan_rows);
   if (in.draft_probs.rows > 0)
     detail::validate_rows(policy, in.draft_probs, num_draft, in.vocab_size, "draft_probs",
                           options.sum_tolerance, !scan_rows);
   for (index_t b = 0; b < batch; ++b)
-    detail::validate_segment_drafts(detail::flattened_segment(in.draft_offsets, b), b,
-                                    in.draft_tokens.data, in.draft_probs, in.target_probs,
-                                    in.vocab_size, false, 0);
+    detail::validate_segment_drafts(detail::flattened_segment(in, b), b, in.draft_tokens.data,
+                                    in.draft_probs, in.target_probs, in.vocab_size, false, 0);
   detail::validate_flattened_outputs(out, num_draft, batch);
 }
 
@@ -429,7 +480,7 @@ void run_chain_batch(const Policy& policy, const chain_batch_input<T>& in,
   const index_t batch = flattened_batch(in.draft_offsets);
   std::uint8_t* accepted = out.accepted.empty() ? nullptr : out.accepted.data;
   host::for_each_index(policy, batch, [&](index_t b) {
-    const auto s = flattened_segment(in.draft_offsets, b);
+    const auto s = flattened_segment(in, b);
     verify_segment<CheckReads>(in, out, options, rule, s, b, accepted);
   });
 }

@@ -116,22 +116,17 @@ SPECULA_HOST_DEVICE index_t sample_residual(const BoundRule& rule, Source& src, 
   return src.categorical(p.size, target, summary, at);
 }
 
-/// Verifies one request's chain (see file comment).
-///
-/// - `drafts[i]`, i < length: drafted tokens, each in [0, vocab) (not checked here).
-/// - `target_row(i)`, i <= length: row_view of p_{i+1}.
-/// - `proposal(i)`, i < length: a callable y -> q_{i+1}(y) (dense_proposal or one_hot_proposal).
-/// - `out_tokens`: length + 1 slots: the accepted drafts, then the emitted token, then -1.
-/// - `accepted`: length flags (1 = accepted), or nullptr.
-///
-/// Random draws: position i uses slot 0 for its acceptance test and slot 1 for its residual or
-/// bonus sample (draw_id{i, 0}, draw_id{i, 1}).
+/// The draft positions of verify_chain_request (same arguments; `target_row(i)` is read for
+/// i < length only). When every draft is accepted it returns with chain_bonus set and no emitted
+/// token (`out_tokens[length]` is -1): the caller then emits the bonus token — sampled from
+/// p_{L+1} by verify_chain_request, or given (a bonus the engine sampled itself, as vLLM's
+/// bonus_token_ids).
 template <class Rule, random_source Source, class TargetRowFn, class ProposalFn,
           class Passes = sequential_passes>
 SPECULA_HOST_DEVICE chain_request_result
-verify_chain_request(const Rule& rule, Source& src, index_t length, const token_t* drafts,
-                     TargetRowFn&& target_row, ProposalFn&& proposal, double residual_floor,
-                     token_t* out_tokens, std::uint8_t* accepted, const Passes& passes = {}) {
+verify_chain_drafts(const Rule& rule, Source& src, index_t length, const token_t* drafts,
+                    TargetRowFn&& target_row, ProposalFn&& proposal, double residual_floor,
+                    token_t* out_tokens, std::uint8_t* accepted, const Passes& passes = {}) {
   chain_request_result result;
   for (index_t i = 0; i <= length; ++i) out_tokens[i] = no_token;
   if (accepted != nullptr)
@@ -159,13 +154,35 @@ verify_chain_request(const Rule& rule, Source& src, index_t length, const token_
     out_tokens[i] = result.emitted;
     return result;
   }
+  result.flags |= chain_bonus;
+  return result;
+}
+
+/// Verifies one request's chain (see file comment).
+///
+/// - `drafts[i]`, i < length: drafted tokens, each in [0, vocab) (not checked here).
+/// - `target_row(i)`, i <= length: row_view of p_{i+1}.
+/// - `proposal(i)`, i < length: a callable y -> q_{i+1}(y) (dense_proposal or one_hot_proposal).
+/// - `out_tokens`: length + 1 slots: the accepted drafts, then the emitted token, then -1.
+/// - `accepted`: length flags (1 = accepted), or nullptr.
+///
+/// Random draws: position i uses slot 0 for its acceptance test and slot 1 for its residual or
+/// bonus sample (draw_id{i, 0}, draw_id{i, 1}).
+template <class Rule, random_source Source, class TargetRowFn, class ProposalFn,
+          class Passes = sequential_passes>
+SPECULA_HOST_DEVICE chain_request_result
+verify_chain_request(const Rule& rule, Source& src, index_t length, const token_t* drafts,
+                     TargetRowFn&& target_row, ProposalFn&& proposal, double residual_floor,
+                     token_t* out_tokens, std::uint8_t* accepted, const Passes& passes = {}) {
+  chain_request_result result = verify_chain_drafts(rule, src, length, drafts, target_row, proposal,
+                                                    residual_floor, out_tokens, accepted, passes);
+  if ((result.flags & chain_bonus) == 0) return result;
 
   const auto p = target_row(length);
   using row_type = std::remove_cvref_t<decltype(p)>;
   const detail::row_weights<typename row_type::value_type, row_type> target{p};
   typename Passes::summary_type summary;
   passes.summarize(p.size, target, summary);
-  result.flags |= chain_bonus;
   if (summary.total > 0.0) {
     const index_t y =
         src.categorical(p.size, target, summary, draw_id{static_cast<std::uint32_t>(length), 1});

@@ -59,13 +59,13 @@ SPECULA_HOST_DEVICE tree_request_result greedy_tree_request(const tree_view& tre
 }
 
 /// Greedy verification of one request's chain: drafts[i] is accepted iff it is the argmax of
-/// score_row(i); emits the argmax of score_row(num_accepted).
+/// score_row(i); emits the argmax of score_row(num_accepted) — or, when every draft is accepted
+/// and `given_bonus` is a token (the caller's bonus, chain_batch_input::bonus_tokens), that
+/// token without reading score_row(length).
 template <class ScoreRowFn, class Passes = sequential_passes>
-SPECULA_HOST_DEVICE chain_request_result greedy_chain_request(index_t length, const token_t* drafts,
-                                                              ScoreRowFn&& score_row,
-                                                              token_t* out_tokens,
-                                                              std::uint8_t* accepted,
-                                                              const Passes& passes = {}) {
+SPECULA_HOST_DEVICE chain_request_result greedy_chain_request(
+    index_t length, const token_t* drafts, ScoreRowFn&& score_row, token_t* out_tokens,
+    std::uint8_t* accepted, const Passes& passes = {}, token_t given_bonus = no_token) {
   chain_request_result result;
   for (index_t i = 0; i <= length; ++i) out_tokens[i] = no_token;
   if (accepted != nullptr)
@@ -78,7 +78,8 @@ SPECULA_HOST_DEVICE chain_request_result greedy_chain_request(index_t length, co
     if (accepted != nullptr) accepted[i] = 1;
   }
   result.num_accepted = static_cast<std::int32_t>(i);
-  const index_t a = passes.argmax(score_row(i));
+  const index_t a =
+      i == length && given_bonus != no_token ? given_bonus : passes.argmax(score_row(i));
   result.emitted = static_cast<token_t>(a);
   if (a >= 0) result.flags |= chain_valid;
   if (i == length) result.flags |= chain_bonus;
@@ -120,16 +121,18 @@ void verify_chain_greedy(const Policy& policy, const chain_batch_input<T>& in,
       throw_if_failed({status::token_out_of_range, i, -1, static_cast<double>(x)}, "draft_tokens",
                       ("vocab_size is " + std::to_string(in.vocab_size)).c_str());
   }
-  detail::validate_score_rows(policy, in.target_probs, num_draft + batch, in.vocab_size,
+  detail::validate_score_rows(policy, in.target_probs,
+                              detail::validate_bonus_tokens(in, num_draft, batch), in.vocab_size,
                               "target_probs");
   detail::validate_flattened_outputs(out, num_draft, batch);
 
   host::for_each_index(policy, batch, [&](index_t b) {
-    const auto s = detail::flattened_segment(in.draft_offsets, b);
-    auto rows = [&](index_t i) { return in.target_probs.row(s.target_row + i); };
+    const auto s = detail::flattened_segment(in, b);
+    auto rows = [&](index_t i) { return in.target_probs.row(s.target_row_of(i)); };
     const auto r = greedy_chain_request(
         s.length, in.draft_tokens.data + s.draft_row, rows, out.output_tokens.data + s.target_row,
-        out.accepted.empty() ? nullptr : out.accepted.data + s.draft_row);
+        out.accepted.empty() ? nullptr : out.accepted.data + s.draft_row, sequential_passes{},
+        s.given_bonus);
     detail::write_result(r, b, out.num_accepted, out.flags);
   });
 }
