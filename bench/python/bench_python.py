@@ -20,7 +20,7 @@ which runs all of the work: torch.set_num_threads(1), specula's threads=1), so t
 slices given to other jobs on a shared machine are not counted. Overheads are the Python rows
 minus `cpp`. Run niced on a shared machine:
 
-  nice -n 19 python bench/python/bench_python.py [--quick]
+  nice -n 19 python bench/python/bench_python.py [--quick] [--overhead]
 
 Needs the package (pip install ./python), NumPy and torch (Debian: python3-torch).
 """
@@ -167,6 +167,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--overhead", action="store_true",
+                    help="only the B = 1 cases, without the torch formulations (binding overhead)")
     a = ap.parse_args()
     rounds = 3 if a.quick else 7
     cases = [
@@ -177,6 +179,8 @@ def main():
         (32, 8, 32000, 50, True),
         (32, 8, 128256, 20, True),
     ]
+    if a.overhead:
+        cases = [(b, l, v, inner, False) for b, l, v, inner, _ in cases if b == 1]
     results = []
     for batch, length, vocab, inner, torch_rows in cases:
         best, acc = run_case(batch, length, vocab, rounds, inner, torch_rows)

@@ -3,6 +3,7 @@
 #include <Python.h>
 
 #include <cstdint>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -50,14 +51,51 @@ std::string dtype_name(nb::dlpack::dtype t) {
 // Array arguments
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+/// A DLPack capsule of `h` when it is a torch.Tensor (exactly; torch already imported), made by
+/// torch._C._to_dlpack: the C function behind Tensor.__dlpack__, which in torch 1.13-2.x is a
+/// Python method costing about 1 us per tensor before it calls it. The checks it skips do not
+/// apply here: requires_grad (the verifiers only read such tensors: probabilities; outputs are
+/// integer tensors, which cannot require gradients), the conjugate bit (complex dtypes are
+/// refused) and sparse layouts (refused by _to_dlpack itself). Otherwise, or when the call
+/// fails, an invalid object: the caller then imports `h` as any other object.
+nb::object torch_capsule(nb::handle h) {
+  static PyTypeObject* tensor_type = nullptr;
+  static PyObject* to_dlpack = nullptr;
+  if (tensor_type == nullptr) {
+    if (std::strcmp(Py_TYPE(h.ptr())->tp_name, "Tensor") != 0) return {};
+    // torch is imported (h is one of its tensors): look torch.Tensor and _to_dlpack up once.
+    const nb::object torch = nb::steal(PyImport_GetModule(nb::str("torch").ptr()));
+    if (!torch.is_valid()) {
+      PyErr_Clear();
+      return {};
+    }
+    const nb::object type = nb::getattr(torch, "Tensor", nb::none());
+    const nb::object c = nb::getattr(torch, "_C", nb::none());
+    const nb::object fn = c.is_none() ? nb::none() : nb::getattr(c, "_to_dlpack", nb::none());
+    if (!PyType_Check(type.ptr()) || fn.is_none()) return {};
+    tensor_type = reinterpret_cast<PyTypeObject*>(type.inc_ref().ptr());  // kept for the process
+    to_dlpack = fn.inc_ref().ptr();
+  }
+  if (Py_TYPE(h.ptr()) != tensor_type) return {};
+  nb::object capsule = nb::steal(PyObject_CallOneArg(to_dlpack, h.ptr()));
+  if (!capsule.is_valid()) PyErr_Clear();
+  return capsule;
+}
+
+}  // namespace
+
 array import_array(nb::handle h, const char* name, bool writable) {
   array a;
   bool ok = false;
+  const nb::object capsule = torch_capsule(h);
+  const nb::handle source = capsule.is_valid() ? nb::handle(capsule) : h;
   if (writable) {
-    ok = nb::try_cast(h, a, /*convert=*/false);
+    ok = nb::try_cast(source, a, /*convert=*/false);
   } else {
     nb::ndarray<nb::ro> ro;
-    ok = nb::try_cast(h, ro, /*convert=*/false);
+    ok = nb::try_cast(source, ro, /*convert=*/false);
     if (ok) a = array(ro);
   }
   if (!ok)

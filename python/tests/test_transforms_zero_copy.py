@@ -122,3 +122,34 @@ def test_torch_inputs_are_read_in_place_and_outputs_written_in_place():
     specula.logits_to_probs(logits, out=probs)
     ptr = specula._ext._last_pointers()
     assert ptr["logits"] == logits.data_ptr() and ptr["probs"] == probs.data_ptr()
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_torch_fast_import_requires_grad_subclasses_and_bfloat16():
+    """torch.Tensor is imported through torch._C._to_dlpack (not Tensor.__dlpack__): tensors
+    that require gradients are read (in place), subclasses still go through __dlpack__, and
+    bfloat16 logits are read as before."""
+    rng = np.random.default_rng(36)
+    b, length, v = 2, 3, 16
+    p_np = random_rows(rng, b * (length + 1), v).reshape(b, length + 1, v)
+    q_np = random_rows(rng, b * length, v).reshape(b, length, v)
+    d_np = rng.integers(0, v, size=(b, length)).astype(np.int32)
+    ref = specula.chain_speculative_sampling(q_np, d_np, p_np, seeds=[1, 2], steps=3)[0]
+    p = torch.from_numpy(p_np).requires_grad_()
+    q = torch.from_numpy(q_np)
+    out = specula.chain_speculative_sampling(q, torch.from_numpy(d_np), p, seeds=[1, 2],
+                                             steps=3)[0]
+    assert out.tolist() == ref.tolist()
+    assert specula._ext._last_pointers()["target_probs"] == p.data_ptr()
+    # A subclass (nn.Parameter without gradients) takes the generic path: same result.
+    param = torch.nn.Parameter(torch.from_numpy(p_np), requires_grad=False)
+    out = specula.chain_speculative_sampling(q, torch.from_numpy(d_np), param, seeds=[1, 2],
+                                             steps=3)[0]
+    assert out.tolist() == ref.tolist()
+    logits = torch.randn(3, v).bfloat16()
+    probs = specula.logits_to_probs(logits)
+    expected = torch.softmax(logits.float(), dim=-1)
+    assert torch.allclose(probs, expected, atol=1e-6)
+    # A view with a non-unit last stride is refused as before, whichever path imports it.
+    with pytest.raises(ValueError, match="contiguous"):
+        specula.logits_to_probs(torch.randn(v, 3).t())
