@@ -64,15 +64,30 @@ def _is_torch(x):
     return type(x).__module__[:5] == "torch"
 
 
+# Whether this build routes CUDA tensors of the chain verifiers to specula::cuda
+# (-Ccmake.define.SPECULA_PYTHON_CUDA=ON; docs/python.md).
+_HAS_CUDA = bool(getattr(_ext, "_has_cuda", False))
+
+
 def _new(like, shape, dtype, fill=None):
-    """A new CPU array of `shape` and `dtype` (a NumPy dtype name) of the framework of `like`."""
+    """A new array of `shape` and `dtype` (a NumPy dtype name) of the framework of `like` (on
+    its CUDA device when it is a CUDA tensor and this build has CUDA, else on the CPU)."""
     if _is_torch(like):
         torch = sys.modules["torch"]
         t = getattr(torch, dtype)
+        if _HAS_CUDA and like.is_cuda:
+            return torch.full(shape, -1 if fill is None else fill, dtype=t, device=like.device)
         return torch.empty(shape, dtype=t) if fill is None else torch.full(shape, fill, dtype=t)
     if _np is None:
         raise TypeError("specula: outputs for non-torch inputs are NumPy arrays: install numpy")
     return _np.empty(shape, dtype) if fill is None else _np.full(shape, fill, dtype)
+
+
+def _stream(like):
+    """The current torch stream of a CUDA tensor's device, as an integer (0 otherwise)."""
+    if _HAS_CUDA and _is_torch(like) and like.is_cuda:
+        return sys.modules["torch"].cuda.current_stream(like.device).cuda_stream
+    return 0
 
 
 def _max_drafts(cu, batch):
@@ -138,7 +153,7 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
     n = _new(target_probs, (b,), "int32")
     _ext._chain_padded(draft_probs, draft_token_ids, target_probs, draft_lengths, seeds,
                        request_ids, steps, output_token_ids, n, accepted, flags, rule,
-                       sum_tolerance, residual_floor, check, threads)
+                       sum_tolerance, residual_floor, check, threads, _stream(target_probs))
     if maybe_output_accepted_token_num is not None:
         maybe_output_accepted_token_num += n
         accepted_num = maybe_output_accepted_token_num
@@ -179,7 +194,8 @@ def rejection_sample(draft_token_ids, cu_num_draft_tokens, draft_probs, target_p
         output_token_ids, num_accepted)
     _ext._chain_flat(draft_probs, draft_token_ids, cu_num_draft_tokens, target_probs,
                      bonus_token_ids, seeds, request_ids, steps, output_token_ids, num_accepted,
-                     accepted, flags, rule, sum_tolerance, residual_floor, check, threads, False)
+                     accepted, flags, rule, sum_tolerance, residual_floor, check, threads, False,
+                     _stream(target_probs))
     return output_token_ids
 
 
@@ -194,7 +210,8 @@ def greedy_chain(draft_token_ids, cu_num_draft_tokens, target_logits, bonus_toke
         output_token_ids, num_accepted)
     _ext._chain_flat(None, draft_token_ids, cu_num_draft_tokens, target_logits, bonus_token_ids,
                      0, 0, 0, output_token_ids, num_accepted, accepted, flags, None,
-                     _DEFAULT_SUM_TOLERANCE, _DEFAULT_RESIDUAL_FLOOR, "reads", threads, True)
+                     _DEFAULT_SUM_TOLERANCE, _DEFAULT_RESIDUAL_FLOOR, "reads", threads, True,
+                     _stream(target_logits))
     return output_token_ids
 
 

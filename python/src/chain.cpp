@@ -7,6 +7,9 @@
 #include <vector>
 
 #include "common.hpp"
+#ifdef SPECULA_PYTHON_CUDA
+#include "cuda_chain.hpp"
+#endif
 
 namespace specula::python {
 
@@ -45,10 +48,10 @@ struct chain_output_arrays {
   array flags;
 
   chain_output_arrays(nb::handle t, nb::handle c, nb::handle a, nb::handle f)
-      : tokens(import_array(t, "output_token_ids", true)),
-        counts(import_array(c, "num_accepted", true)),
-        accepted(import_optional(a, "accepted", true)),
-        flags(import_optional(f, "flags", true)) {}
+      : tokens(import_array(t, "output_token_ids", true, true)),
+        counts(import_array(c, "num_accepted", true, true)),
+        accepted(import_optional(a, "accepted", true, true)),
+        flags(import_optional(f, "flags", true, true)) {}
 
   /// The C++ output struct (padded_chain_output or chain_batch_output) writing the tokens to
   /// `out_tokens`.
@@ -90,21 +93,44 @@ double run_verify_chain(nb::handle rule_arg, int threads, const Input& in, const
   return ns;
 }
 
+#ifdef SPECULA_PYTHON_CUDA
+/// The rule of a call on CUDA tensors: one exact or relaxed rule (their data lives in the rule;
+/// the others point to host memory).
+cuda_path::device_rule device_rule_of(nb::handle rule_arg) {
+  if (PyList_Check(rule_arg.ptr()) != 0 || PyTuple_Check(rule_arg.ptr()) != 0)
+    value_error("specula: rule: per-request rules are not taken with CUDA tensors in this build");
+  const rule_holder& r = rule_of(rule_arg);
+  if (const auto* relaxed = std::get_if<relaxed_rule>(&r.rule)) return *relaxed;
+  if (std::holds_alternative<exact_rule>(r.rule)) return exact_rule{};
+  value_error(
+      "specula: rule: CUDA tensors take the exact rule or relaxed_rule in this build (not " +
+      r.description + ")");
+}
+#endif
+
 double chain_padded_repeated(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
                              nb::handle target_probs_arg, nb::handle draft_lengths_arg,
                              nb::handle seeds, nb::handle request_ids, nb::handle steps,
                              nb::handle output_token_ids_arg, nb::handle num_accepted_arg,
                              nb::handle accepted_arg, nb::handle flags_arg, nb::handle rule_arg,
                              double sum_tolerance, double residual_floor, const std::string& check,
-                             int threads, int repeats) {
+                             int threads, int repeats, std::uintptr_t stream) {
   clear_pointers();
   if (repeats < 1) value_error("specula: repeats must be >= 1");
-  const array target = import_array(target_probs_arg, "target_probs");
-  const array tokens = import_array(draft_token_ids_arg, "draft_token_ids");
-  const array draft = import_optional(draft_probs_arg, "draft_probs");
-  const array lengths = import_optional(draft_lengths_arg, "draft_lengths");
+  const array target = import_array(target_probs_arg, "target_probs", false, true);
+  const array tokens = import_array(draft_token_ids_arg, "draft_token_ids", false, true);
+  const array draft = import_optional(draft_probs_arg, "draft_probs", false, true);
+  const array lengths = import_optional(draft_lengths_arg, "draft_lengths", false, true);
   const chain_output_arrays outputs(output_token_ids_arg, num_accepted_arg, accepted_arg,
                                     flags_arg);
+  const bool cuda = call_on_cuda({&target, "target_probs"}, {{&tokens, "draft_token_ids"},
+                                                             {&draft, "draft_probs"},
+                                                             {&lengths, "draft_lengths"},
+                                                             {&outputs.tokens, "output_token_ids"},
+                                                             {&outputs.counts, "num_accepted"},
+                                                             {&outputs.accepted, "accepted"},
+                                                             {&outputs.flags, "flags"}});
+  if (cuda) require_dtype<std::int32_t>(tokens, "draft_token_ids", "int32 (CUDA tensors)");
   require_ndim(tokens, "draft_token_ids", 2, "(B, L)");
   if (target.ndim() != 3 && target.ndim() != 2)
     value_error("specula: target_probs must have shape (B, L + 1, V) or (B * (L + 1), V)");
@@ -129,6 +155,15 @@ double chain_padded_repeated(nb::handle draft_probs_arg, nb::handle draft_token_
                                    optional_rows<T>(draft, "draft_probs", target),
                                    rows_view<T>(target, "target_probs"),
                                    rng};
+#ifdef SPECULA_PYTHON_CUDA
+    if (cuda) {
+      const std::string error =
+          cuda_path::verify_padded({static_cast<int>(target.device_id()), stream}, in, out, options,
+                                   device_rule_of(rule_arg));
+      if (!error.empty()) value_error(error);
+      return 0.0;
+    }
+#endif
     return run_verify_chain(rule_arg, threads, in, out, options, repeats);
   });
 }
@@ -138,11 +173,11 @@ void chain_padded(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
                   nb::handle request_ids, nb::handle steps, nb::handle output_token_ids_arg,
                   nb::handle num_accepted_arg, nb::handle accepted_arg, nb::handle flags_arg,
                   nb::handle rule_arg, double sum_tolerance, double residual_floor,
-                  const std::string& check, int threads) {
+                  const std::string& check, int threads, std::uintptr_t stream) {
   chain_padded_repeated(draft_probs_arg, draft_token_ids_arg, target_probs_arg, draft_lengths_arg,
                         seeds, request_ids, steps, output_token_ids_arg, num_accepted_arg,
                         accepted_arg, flags_arg, rule_arg, sum_tolerance, residual_floor, check,
-                        threads, 1);
+                        threads, 1, stream);
 }
 
 /// B of a flattened call and draft_offsets with a leading 0 (vLLM's cu_num_draft_tokens has
@@ -167,22 +202,94 @@ index_view flattened_offsets(const array& cu, index_t batch, const std::string& 
   return {offsets_buffer.data(), batch + 1};
 }
 
+#ifdef SPECULA_PYTHON_CUDA
+/// chain_flat on CUDA arrays: shapes checked here, everything else on the device (bad tokens
+/// and offsets flag the request with chain_invalid_input; rows are not validated).
+void chain_flat_cuda(const array& target, const char* target_name, const array& tokens,
+                     const array& cu, const array& draft, const array& bonus,
+                     const chain_output_arrays& outputs, nb::handle seeds, nb::handle request_ids,
+                     nb::handle steps, nb::handle rule_arg, const chain_options& options,
+                     bool greedy, std::uintptr_t stream) {
+  if (bonus.is_valid())
+    value_error("specula: bonus_token_ids is not taken with CUDA tensors in this build");
+  require_ndim(tokens, "draft_token_ids", 1, "(num_draft_tokens,)");
+  require_ndim(target, target_name, 2, "(num_draft_tokens + B, V)");
+  require_dtype<std::int32_t>(tokens, "draft_token_ids", "int32 (CUDA tensors)");
+  const auto drafts = token_array(tokens, "draft_token_ids", token_buffer);
+  const index_t batch = static_cast<index_t>(target.shape(0)) - drafts.size;
+  if (batch < 0)
+    value_error("specula: " + std::string(target_name) +
+                " needs num_draft_tokens + B rows (one more per request than its drafts)");
+  const index_view cu_view = index_array(cu, "cu_num_draft_tokens");
+  if (cu_view.size != batch && cu_view.size != batch + 1)
+    value_error("specula: cu_num_draft_tokens must have B or B + 1 entries (B = " +
+                std::to_string(batch) + ")");
+  const array& output = outputs.tokens;
+  const bool padded_output = output.ndim() == 2;
+  const row_view<token_t> out_tokens = int32_output(output, "output_token_ids");
+  if (padded_output && static_cast<index_t>(output.shape(0)) != batch)
+    value_error("specula: output_token_ids must have B = " + std::to_string(batch) + " rows");
+  if (!padded_output && out_tokens.size != drafts.size + batch)
+    value_error(
+        "specula: output_token_ids must have shape (B, max_spec_len + 1) or "
+        "(num_draft_tokens + B,)");
+  const auto out =
+      outputs.view<chain_batch_output>(padded_output ? row_view<token_t>{} : out_tokens);
+  const auto rng =
+      greedy ? row_view<const request_rng>{} : make_rng(seeds, request_ids, steps, batch);
+  const cuda_path::device_rule rule =
+      greedy ? cuda_path::device_rule{exact_rule{}} : device_rule_of(rule_arg);
+  with_prob_type(target, target_name, [&](auto element) {
+    using T = decltype(element);
+    const chain_batch_input<T> in{static_cast<index_t>(target.shape(1)),
+                                  {},
+                                  drafts,
+                                  optional_rows<T>(draft, "draft_probs", target),
+                                  rows_view<T>(target, target_name),
+                                  rng};
+    const std::string error =
+        cuda_path::verify_flat({static_cast<int>(target.device_id()), stream}, in, cu_view, batch,
+                               out, padded_output ? static_cast<index_t>(output.shape(1)) : 0,
+                               padded_output ? out_tokens.data : nullptr, options, rule, greedy);
+    if (!error.empty()) value_error(error);
+  });
+}
+#endif
+
 void chain_flat(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
                 nb::handle cu_num_draft_tokens_arg, nb::handle target_probs_arg,
                 nb::handle bonus_token_ids_arg, nb::handle seeds, nb::handle request_ids,
                 nb::handle steps, nb::handle output_token_ids_arg, nb::handle num_accepted_arg,
                 nb::handle accepted_arg, nb::handle flags_arg, nb::handle rule_arg,
                 double sum_tolerance, double residual_floor, const std::string& check, int threads,
-                bool greedy) {
+                bool greedy, std::uintptr_t stream) {
   clear_pointers();
-  const array target = import_array(target_probs_arg, greedy ? "target_logits" : "target_probs");
-  const array tokens = import_array(draft_token_ids_arg, "draft_token_ids");
-  const array cu = import_array(cu_num_draft_tokens_arg, "cu_num_draft_tokens");
-  const array draft = import_optional(draft_probs_arg, "draft_probs");
-  const array bonus = import_optional(bonus_token_ids_arg, "bonus_token_ids");
+  const char* target_name = greedy ? "target_logits" : "target_probs";
+  const array target = import_array(target_probs_arg, target_name, false, true);
+  const array tokens = import_array(draft_token_ids_arg, "draft_token_ids", false, true);
+  const array cu = import_array(cu_num_draft_tokens_arg, "cu_num_draft_tokens", false, true);
+  const array draft = import_optional(draft_probs_arg, "draft_probs", false, true);
+  const array bonus = import_optional(bonus_token_ids_arg, "bonus_token_ids", false, true);
   const chain_output_arrays outputs(output_token_ids_arg, num_accepted_arg, accepted_arg,
                                     flags_arg);
   const array& output = outputs.tokens;
+  if (call_on_cuda({&target, target_name}, {{&tokens, "draft_token_ids"},
+                                            {&cu, "cu_num_draft_tokens"},
+                                            {&draft, "draft_probs"},
+                                            {&bonus, "bonus_token_ids"},
+                                            {&outputs.tokens, "output_token_ids"},
+                                            {&outputs.counts, "num_accepted"},
+                                            {&outputs.accepted, "accepted"},
+                                            {&outputs.flags, "flags"}})) {
+#ifdef SPECULA_PYTHON_CUDA
+    chain_flat_cuda(target, target_name, tokens, cu, draft, bonus, outputs, seeds, request_ids,
+                    steps, rule_arg, chain_options_of(sum_tolerance, residual_floor, check), greedy,
+                    stream);
+#else
+    (void)stream;
+#endif
+    return;
+  }
   require_ndim(tokens, "draft_token_ids", 1, "(num_draft_tokens,)");
   require_ndim(target, greedy ? "target_logits" : "target_probs", 2, "(num_draft_tokens + B, V)");
   const auto vocab = static_cast<index_t>(target.shape(1));
@@ -368,13 +475,13 @@ void register_chain(nb::module_& m) {
         nb::arg("request_ids"), nb::arg("steps"), nb::arg("output_token_ids"),
         nb::arg("num_accepted"), nb::arg("accepted").none(), nb::arg("flags").none(),
         nb::arg("rule").none(), nb::arg("sum_tolerance"), nb::arg("residual_floor"),
-        nb::arg("check"), nb::arg("threads"));
+        nb::arg("check"), nb::arg("threads"), nb::arg("stream") = 0);
   m.def("_chain_padded_timed", &chain_padded_repeated, nb::arg("draft_probs").none(),
         nb::arg("draft_token_ids"), nb::arg("target_probs"), nb::arg("draft_lengths").none(),
         nb::arg("seeds"), nb::arg("request_ids"), nb::arg("steps"), nb::arg("output_token_ids"),
         nb::arg("num_accepted"), nb::arg("accepted").none(), nb::arg("flags").none(),
         nb::arg("rule").none(), nb::arg("sum_tolerance"), nb::arg("residual_floor"),
-        nb::arg("check"), nb::arg("threads"), nb::arg("repeats"),
+        nb::arg("check"), nb::arg("threads"), nb::arg("repeats"), nb::arg("stream") = 0,
         "The C++ call alone, `repeats` times on the same arguments: mean ns per call "
         "(bench/python).");
   m.def("_chain_flat", &chain_flat, nb::arg("draft_probs").none(), nb::arg("draft_token_ids"),
@@ -382,7 +489,7 @@ void register_chain(nb::module_& m) {
         nb::arg("seeds"), nb::arg("request_ids"), nb::arg("steps"), nb::arg("output_token_ids"),
         nb::arg("num_accepted"), nb::arg("accepted").none(), nb::arg("flags").none(),
         nb::arg("rule").none(), nb::arg("sum_tolerance"), nb::arg("residual_floor"),
-        nb::arg("check"), nb::arg("threads"), nb::arg("greedy"));
+        nb::arg("check"), nb::arg("threads"), nb::arg("greedy"), nb::arg("stream") = 0);
   m.def("_candidates", &candidates, nb::arg("target_probs"), nb::arg("candidates"),
         nb::arg("draft_probs").none(), nb::arg("seeds"), nb::arg("request_ids"), nb::arg("steps"),
         nb::arg("position"), nb::arg("with_replacement"), nb::arg("accepted_index"),

@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <variant>
@@ -44,10 +45,28 @@ std::string dtype_name(nb::dlpack::dtype t);
 /// conversion, on the CPU. TypeError for other objects, ValueError for another device. Inputs
 /// are imported read-only (one unversioned __dlpack__() call, which every producer answers);
 /// `writable` outputs ask for a writable export.
-array import_array(nb::handle h, const char* name, bool writable = false);
+/// `any_device`: arrays on other devices are imported too (the chain verifiers, which check the
+/// devices of a call with call_on_cuda).
+array import_array(nb::handle h, const char* name, bool writable = false, bool any_device = false);
 
 /// As import_array, or an invalid array for None (an optional argument left out).
-array import_optional(nb::handle h, const char* name, bool writable = false);
+array import_optional(nb::handle h, const char* name, bool writable = false,
+                      bool any_device = false);
+
+/// ValueError naming the argument unless the array is in host memory.
+void require_cpu(const array& a, const char* name);
+
+/// An array argument and its name, for call_on_cuda.
+struct named_array {
+  const array* a;
+  const char* name;
+};
+
+/// Whether a call runs on a CUDA device: `target` (imported with any_device) is a CUDA array and
+/// every valid one of `others` is on the same device — ValueError naming the first that is not.
+/// A CPU target: every array must be in host memory (require_cpu). Builds without
+/// SPECULA_PYTHON_CUDA refuse CUDA arrays (require_cpu).
+bool call_on_cuda(const named_array& target, std::initializer_list<named_array> others);
 
 /// Whether `h` is a single number: a Python int or float, or a 0-d array or NumPy scalar.
 [[nodiscard]] bool is_scalar(nb::handle h);

@@ -86,7 +86,52 @@ nb::object torch_capsule(nb::handle h) {
 
 }  // namespace
 
-array import_array(nb::handle h, const char* name, bool writable) {
+namespace {
+
+std::string device_of(const array& a) {
+  if (a.device_type() == nb::device::cpu::value) return "cpu";
+  return (a.device_type() == nb::device::cuda::value
+              ? "cuda:"
+              : "device " + std::to_string(a.device_type()) + ":") +
+         std::to_string(a.device_id());
+}
+
+}  // namespace
+
+void require_cpu(const array& a, const char* name) {
+  if (!a.is_valid() || a.device_type() == nb::device::cpu::value) return;
+#ifdef SPECULA_PYTHON_CUDA
+  value_error(std::string("specula: ") + name + " is on " + device_of(a) +
+              ", but this function runs on the CPU only (CUDA tensors are taken by "
+              "chain_speculative_sampling, rejection_sample and greedy_chain): pass CPU arrays "
+              "(tensor.cpu() copies)");
+#else
+  value_error(std::string("specula: ") + name + " is on " + device_of(a) +
+              ", but this build of the specula package runs on the CPU only (it was built "
+              "without CUDA: -Ccmake.define.SPECULA_PYTHON_CUDA=ON): pass CPU arrays "
+              "(tensor.cpu() copies), or call specula::cuda from C++");
+#endif
+}
+
+bool call_on_cuda(const named_array& target, std::initializer_list<named_array> others) {
+#ifdef SPECULA_PYTHON_CUDA
+  const array& t = *target.a;
+  if (t.device_type() == nb::device::cuda::value) {
+    for (const named_array& o : others)
+      if (o.a->is_valid() &&
+          (o.a->device_type() != t.device_type() || o.a->device_id() != t.device_id()))
+        value_error(std::string("specula: ") + o.name + " is on " + device_of(*o.a) + ", but " +
+                    target.name + " is on " + device_of(t) +
+                    ": every array of a call must be on the same device");
+    return true;
+  }
+#endif
+  require_cpu(*target.a, target.name);
+  for (const named_array& o : others) require_cpu(*o.a, o.name);
+  return false;
+}
+
+array import_array(nb::handle h, const char* name, bool writable, bool any_device) {
   array a;
   bool ok = false;
   const nb::object capsule = torch_capsule(h);
@@ -103,16 +148,7 @@ array import_array(nb::handle h, const char* name, bool writable) {
                " must be a NumPy array or a PyTorch tensor (any object with __dlpack__ or the "
                "buffer protocol), not " +
                nb::type_name(h.type()).c_str());
-  if (a.device_type() != nb::device::cpu::value) {
-    const std::string where = (a.device_type() == nb::device::cuda::value
-                                   ? "cuda:"
-                                   : "device " + std::to_string(a.device_type()) + ":") +
-                              std::to_string(a.device_id());
-    value_error(std::string("specula: ") + name + " is on " + where +
-                ", but this build of the specula package runs on the CPU only (it was built "
-                "without CUDA): pass CPU arrays (tensor.cpu() copies), or call specula::cuda "
-                "from C++");
-  }
+  if (!any_device) require_cpu(a, name);
   return a;
 }
 
@@ -123,9 +159,9 @@ bool is_scalar(nb::handle h) {
   return PySequence_Check(shape.ptr()) != 0 && PySequence_Size(shape.ptr()) == 0;
 }
 
-array import_optional(nb::handle h, const char* name, bool writable) {
+array import_optional(nb::handle h, const char* name, bool writable, bool any_device) {
   if (h.is_none()) return {};
-  return import_array(h, name, writable);
+  return import_array(h, name, writable, any_device);
 }
 
 void require_ndim(const array& a, const char* name, std::size_t ndim, const char* shape) {
@@ -565,6 +601,11 @@ NB_MODULE(_specula, m) {
   namespace nb = nanobind;
   m.doc() = "specula's C++ verifiers over DLPack (see docs/python.md)";
   m.attr("__version__") = SPECULA_VERSION_STRING;
+#ifdef SPECULA_PYTHON_CUDA
+  m.attr("_has_cuda") = true;
+#else
+  m.attr("_has_cuda") = false;
+#endif
   nb::exception<specula::invalid_input>(m, "InvalidInput", PyExc_ValueError);
   m.def("_last_pointers", &sp::last_pointers,
         "Data pointers the last call in this thread handed to C++, by argument (for tests).");

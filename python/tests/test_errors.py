@@ -233,12 +233,29 @@ class FakeCudaArray:
         return new(ctypes.addressof(self._managed), b"dltensor", None)
 
 
+@pytest.mark.skipif(specula._HAS_CUDA, reason="this build has the CUDA path")
 def test_cuda_tensors_are_refused_by_a_cpu_only_build():
     q, d, p = chain_args()
     fake = FakeCudaArray(p.shape)
     with pytest.raises(ValueError, match=r"^specula: target_probs is on cuda:0, but this build "
                                          r"of the specula package runs on the CPU only"):
         call(q, d, fake, output_token_ids=np.empty((2, 3), np.int32))
+
+
+@pytest.mark.skipif(not specula._HAS_CUDA, reason="this build has no CUDA path")
+def test_cuda_build_device_checks_without_a_gpu():
+    """A CUDA build checks devices before any CUDA call: arrays of one call on two devices, and
+    CUDA arrays given to a CPU-only function, are refused naming the argument."""
+    q, d, p = chain_args()
+    fake = FakeCudaArray(p.shape)
+    with pytest.raises(ValueError, match=r"^specula: draft_token_ids is on cpu, but "
+                                         r"target_probs is on cuda:0: every array of a call "
+                                         r"must be on the same device"):
+        call(q, d, fake, output_token_ids=np.empty((2, 3), np.int32))
+    with pytest.raises(ValueError, match=r"^specula: target_probs is on cuda:0, but this "
+                                         r"function runs on the CPU only"):
+        specula.verify_candidates(FakeCudaArray((2, 4)), np.zeros((2, 1), np.int32), seeds=[1, 2],
+                                  steps=0)
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
