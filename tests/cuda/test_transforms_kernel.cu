@@ -204,6 +204,73 @@ TEST_CASE("device logits_to_probs matches the host on a 128256-token row", "[cud
   compare(res.device, res.host, 1e-6, "V=128256");
   const auto res2 = run_both<float>(logits, {}, {make(1.0f, 0, 0.8f, 0.01f)}, rows, cols);
   compare(res2.device, res2.host, 1e-6, "V=128256 top-p + min-p");
+  // Radix selects whose survivors never fit the shared candidate buffer (top-k above its 4096
+  // values; a flat top-p whose lower bound stays low) against ones that gather early.
+  for (const auto& sp : {make(1.0f, 5000, 1.0f, 0.0f), make(1.0f, 4000, 0.99f, 0.0f),
+                         make(1.5f, 0, 0.999f, 0.0f), make(1.0f, 10, 0.5f, 0.0f)}) {
+    const auto res3 = run_both<float>(logits, {}, {sp}, rows, cols);
+    compare(res3.device, res3.host, 1e-6,
+            "V=128256 k=" + std::to_string(sp.top_k) + " p=" + std::to_string(sp.top_p));
+  }
+}
+
+namespace {
+
+/// The device output of one row of T placed `offset` elements into its buffer (offset 0: 16-byte
+/// aligned, as cudaMalloc returns; 1..3: not), with CFG rows at the same offset.
+template <class T>
+std::vector<float> row_at_offset(const std::vector<float>& row, const std::vector<float>& uncond,
+                                 const sampling_params& sp, index_t offset) {
+  const auto cols = static_cast<index_t>(row.size());
+  std::vector<T> in(static_cast<std::size_t>(cols + offset), from_float<T>(0.0f)),
+      un(uncond.empty() ? 0 : in.size(), from_float<T>(0.0f));
+  for (index_t c = 0; c < cols; ++c) {
+    in[static_cast<std::size_t>(offset + c)] = from_float<T>(row[static_cast<std::size_t>(c)]);
+    if (!uncond.empty())
+      un[static_cast<std::size_t>(offset + c)] = from_float<T>(uncond[static_cast<std::size_t>(c)]);
+  }
+  const device_buffer<T> d_in(in), d_un(un);
+  const device_buffer<sampling_params> d_params(std::vector<sampling_params>{sp});
+  const device_buffer<float> d_out(static_cast<std::size_t>(cols + offset));
+  REQUIRE(specula::cuda::logits_to_probs_async<T>(
+              specula::cuda::par_on(nullptr), batch_view<const T>{d_in.ptr + offset, 1, cols},
+              batch_view<const T>{uncond.empty() ? nullptr : d_un.ptr + offset,
+                                  uncond.empty() ? 0 : 1, cols},
+              row_view<const sampling_params>{d_params.ptr, 1},
+              batch_view<float>{d_out.ptr + offset, 1, cols}, nullptr) == cudaSuccess);
+  specula::cuda::throw_on_error(cudaDeviceSynchronize(), "logits_to_probs_async");
+  const auto out = d_out.to_host();
+  return {out.begin() + offset, out.end()};
+}
+
+template <class T>
+void check_alignment_invariance(const char* type) {
+  // Lengths with and without a partial last chunk (4 fp32 / 8 bf16 logits per chunk).
+  for (index_t cols : {4099, 4096, 32003}) {
+    const auto row = random_logits(static_cast<std::size_t>(cols), 500 + cols);
+    const auto uncond = random_logits(static_cast<std::size_t>(cols), 600 + cols);
+    for (const auto& sp : {make(0.7f, 50, 0.9f, 0.05f), make(1.0f, 0, 0.999f, 0.0f)})
+      for (const bool cfg : {false, true}) {
+        const auto& un = cfg ? uncond : std::vector<float>{};
+        const auto aligned = row_at_offset<T>(row, un, sp, 0);
+        for (index_t offset = 1; offset < 4; ++offset) {
+          INFO(type << " cols " << cols << " offset " << offset << " cfg " << cfg << " k "
+                    << sp.top_k << " p " << sp.top_p);
+          const auto shifted = row_at_offset<T>(row, un, sp, offset);
+          CHECK(std::memcmp(aligned.data(), shifted.data(), aligned.size() * sizeof(float)) == 0);
+        }
+      }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("device probabilities do not depend on the row's alignment (vector or scalar loads)",
+          "[cuda][device]") {
+  if (!have_gpu()) return;
+  check_alignment_invariance<float>("fp32");
+  check_alignment_invariance<__nv_bfloat16>("bf16");
+  check_alignment_invariance<__half>("fp16");
 }
 
 TEST_CASE("device logits_to_probs with classifier-free guidance matches the host",

@@ -10,8 +10,9 @@
 ///
 /// Layout of the work: one CTA of `transforms_block_size` threads per row. The input row is read
 /// directly in its own type (bf16/fp16 are converted per element in registers); no fp32 copy of
-/// the logits is made, and the only write is the fp32 output row. Each pass re-reads the input
-/// row and recomputes the per-element values:
+/// the logits is made, and the only write is the fp32 output row. Threads own chunks of 16 bytes
+/// (4 fp32 or 8 bf16/fp16 logits), read with one vector load when the row is 16-byte aligned.
+/// Each pass re-reads the input row and recomputes the per-element values:
 ///
 ///   1  scan: max logit, first NaN / first +Inf
 ///   8  top-k threshold (only when 0 < top_k < cols): radix select on the order-preserving
@@ -25,7 +26,11 @@
 ///      closed form (the arg-max logit has exp(0) = 1)
 ///   1  write
 ///
-/// i.e. 3 passes with no top-k/top-p/min-p, at most 20 with all of them. No sort, no workspace.
+/// i.e. 3 passes over the row with no top-k/top-p/min-p, at most 20 with all of them. A radix
+/// select stops reading the row once the elements above its lower bound fit a shared buffer of
+/// transforms_candidates values: one more pass gathers them, and its remaining passes read
+/// shared memory (top-k: after the pass whose count says so; top-p: once total / lower bound
+/// does). No sort, no global workspace.
 ///
 /// Guarantees: the reductions have a fixed order (per-thread strided accumulation in index order,
 /// then cub::BlockReduce on a fixed block size), so the same inputs give the same output bits on
@@ -45,6 +50,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -144,6 +150,16 @@ union reduce_storage {
   typename cub::BlockReduce<acc16<unsigned>, Block>::TempStorage count;
   typename cub::BlockReduce<scan_acc, Block>::TempStorage scan;
   typename cub::BlockReduce<double, Block>::TempStorage sum;
+  typename cub::BlockScan<int, Block>::TempStorage offsets;  // gather_candidates
+
+  /// The storage of the radix select's reduction over acc16<A>.
+  template <class A>
+  __device__ typename cub::BlockReduce<acc16<A>, Block>::TempStorage& get() {
+    if constexpr (std::is_same_v<A, double>)
+      return mass;
+    else
+      return count;
+  }
 };
 
 struct reduce_slots {
@@ -165,26 +181,6 @@ __device__ V block_all_reduce(const V& v, Op op,
   return out;
 }
 
-/// Calls use(i, load(i)) for i = threadIdx.x, threadIdx.x + Block, ... < n in that order, with
-/// the loads of four consecutive strides issued before their uses (independent loads in flight
-/// instead of one at a time). Each thread sees the same elements in the same order as a plain
-/// strided loop, so the per-thread sums, and the output bits, do not change.
-template <int Block, class Load, class Use>
-__device__ __forceinline__ void strided_pass(index_t n, const Load& load, Use&& use) {
-  index_t i = threadIdx.x;
-  for (; i + 3 * Block < n; i += 4 * Block) {
-    const auto x0 = load(i);
-    const auto x1 = load(i + Block);
-    const auto x2 = load(i + 2 * Block);
-    const auto x3 = load(i + 3 * Block);
-    use(i, x0);
-    use(i + Block, x1);
-    use(i + 2 * Block, x2);
-    use(i + 3 * Block, x3);
-  }
-  for (; i < n; i += Block) use(i, load(i));
-}
-
 /// Host-side check of the parameters, repeated per row on the device.
 __host__ __device__ inline bool valid_params(const sampling_params& s) {
   return specula::detail::is_finite(s.temperature) && s.temperature > 0.0f && s.top_k >= 0 &&
@@ -192,36 +188,179 @@ __host__ __device__ inline bool valid_params(const sampling_params& s) {
          specula::detail::is_finite(s.cfg_scale);
 }
 
+/// Word w of a vector (w a compile-time constant after unrolling).
+__device__ __forceinline__ std::uint32_t vector_word(const uint4& v, int w) {
+  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+
+/// The bits of a 16-bit logit.
+__device__ __forceinline__ unsigned short bits16(__half x) { return __half_as_ushort(x); }
+__device__ __forceinline__ unsigned short bits16(__nv_bfloat16 x) {
+  return __bfloat16_as_ushort(x);
+}
+
+/// Element j of a 16-byte chunk of T (4 fp32 or 8 bf16 / fp16 logits), as float (exact, as
+/// to_float of the element).
+template <class T>
+__device__ __forceinline__ float vector_element(const uint4& v, int j) {
+  if constexpr (std::is_same_v<T, float>) {
+    return __uint_as_float(vector_word(v, j));
+  } else {
+    const std::uint32_t w = vector_word(v, j / 2);
+    const auto bits = static_cast<unsigned short>((j % 2) != 0 ? (w >> 16) : (w & 0xFFFFu));
+    if constexpr (std::is_same_v<T, __half>)
+      return __half2float(__ushort_as_half(bits));
+    else
+      return __bfloat162float(__ushort_as_bfloat16(bits));
+  }
+}
+
 /// One row's logits after CFG and temperature, as the host computes them.
 template <class T>
 struct logit_source {
+  /// Elements per chunk: 16 bytes of T.
+  static constexpr int width = static_cast<int>(16 / sizeof(T));
+
   const T* cond;
   const T* uncond;  // null: no CFG
   cfg_mix_op mix;
   temperature_op temperature;
   bool apply_temperature;
 
-  __device__ __forceinline__ float operator()(index_t i) const {
-    float x = to_float(cond[i]);
-    if (uncond != nullptr) x = mix(x, to_float(uncond[i]));
+  /// The logit after CFG and temperature, from the row entries as float.
+  __device__ __forceinline__ float transformed(float c, float u) const {
+    float x = c;
+    if (uncond != nullptr) x = mix(x, u);
     if (apply_temperature) x = temperature(x);
     return x;
   }
+  __device__ __forceinline__ float operator()(index_t i) const {
+    return transformed(to_float(cond[i]), uncond != nullptr ? to_float(uncond[i]) : 0.0f);
+  }
+  /// Whether chunks can be read with 16-byte loads (every row pointer 16-byte aligned).
+  __device__ __forceinline__ bool vector_loads() const {
+    const auto aligned = [](const T* ptr) {
+      return reinterpret_cast<std::uintptr_t>(ptr) % sizeof(uint4) == 0;
+    };
+    return aligned(cond) && (uncond == nullptr || aligned(uncond));
+  }
+  /// The raw entries of chunk [first, first + width) of both rows.
+  struct chunk {
+    uint4 cond;
+    uint4 uncond;
+  };
+  __device__ __forceinline__ chunk load_chunk(index_t first, bool vector) const {
+    chunk k{};
+    k.cond = load_vector(cond + first, vector);
+    if (uncond != nullptr) k.uncond = load_vector(uncond + first, vector);
+    return k;
+  }
+  /// The chunk at `p`: one 16-byte load, or one load per element (same bits).
+  static __device__ __forceinline__ uint4 load_vector(const T* p, bool vector) {
+    if (vector) return *reinterpret_cast<const uint4*>(p);
+    const auto word = [p](int w) -> std::uint32_t {
+      if constexpr (sizeof(T) == 4)
+        return __float_as_uint(p[w]);
+      else
+        return static_cast<std::uint32_t>(bits16(p[2 * w])) |
+               (static_cast<std::uint32_t>(bits16(p[2 * w + 1])) << 16);
+    };
+    return {word(0), word(1), word(2), word(3)};
+  }
+  /// use(first + j, logit j) for the chunk's elements in order.
+  template <class Use>
+  __device__ __forceinline__ void each(const chunk& k, index_t first, Use& use) const {
+#pragma unroll
+    for (int j = 0; j < width; ++j)
+      use(first + j, transformed(vector_element<T>(k.cond, j),
+                                 uncond != nullptr ? vector_element<T>(k.uncond, j) : 0.0f));
+  }
 };
+
+/// Calls use(i, src(i)) for every element i < n this thread owns, in increasing i. The row is
+/// cut into chunks of W = logit_source<T>::width consecutive elements (16 bytes: 4 fp32 or
+/// 8 bf16 / fp16 logits); thread t owns chunks t, t + Block, t + 2 Block, ... and, of the n % W
+/// elements after the last full chunk, the t-th. Two chunks are loaded before either is used,
+/// each with one 16-byte load per input row when the row pointers are 16-byte aligned and with
+/// one load per element otherwise, into the same registers: the owner and the order do not
+/// depend on the alignment, so neither do the per-thread sums nor the output bits (one code
+/// path for both cases; a separate element-wise loop made ptxas spill in the fused path).
+template <int Block, class T, class Use>
+__device__ __forceinline__ void strided_pass(const logit_source<T>& src, index_t n, Use&& use) {
+  constexpr int W = logit_source<T>::width;
+  const index_t chunks = n / W;
+  const auto t = static_cast<index_t>(threadIdx.x);
+  const bool vector = src.vector_loads();
+  index_t c = t;
+  for (; c + Block < chunks; c += 2 * Block) {
+    const auto a = src.load_chunk(c * W, vector);
+    const auto b = src.load_chunk((c + Block) * W, vector);
+    src.each(a, c * W, use);
+    src.each(b, (c + Block) * W, use);
+  }
+  if (c < chunks) src.each(src.load_chunk(c * W, vector), c * W, use);
+  const index_t tail = chunks * W + t;
+  if (tail < n) use(tail, src(tail));
+}
+
+/// Capacity (elements) of the shared candidate buffer of the radix selects.
+inline constexpr int transforms_candidates = 4096;
+
+/// Copies the values x = value(logit) >= lower of the row into `cand`, block-wide, in a fixed
+/// order (rounds of Block * W elements; within a round by thread, then by position), and
+/// returns their number; -1 when there are more than transforms_candidates (the radix select
+/// then stays on the row). One read of the row and one block scan per round.
+template <int Block, class T, class Value>
+__device__ index_t gather_candidates(const logit_source<T>& src, index_t n, const Value& value,
+                                     float lower, float* cand,
+                                     typename cub::BlockScan<int, Block>::TempStorage& tmp) {
+  constexpr int W = logit_source<T>::width;
+  constexpr index_t per_round = static_cast<index_t>(Block) * W;
+  index_t base = 0;
+  for (index_t first = 0; first < n; first += per_round) {
+    const index_t mine = first + static_cast<index_t>(threadIdx.x) * W;
+    float x[W];
+    int count = 0;
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      x[j] = mine + j < n ? value(src(mine + j)) : quiet_nan();  // NaN is never >= lower
+      count += x[j] >= lower ? 1 : 0;
+    }
+    int offset = 0;
+    int total = 0;
+    cub::BlockScan<int, Block>(tmp).ExclusiveSum(count, offset, total);
+    if (base + total > transforms_candidates) {  // uniform: total is the block's
+      base = -1;
+      break;
+    }
+    index_t at = base + offset;
+#pragma unroll
+    for (int j = 0; j < W; ++j)
+      if (x[j] >= lower) cand[at++] = x[j];
+    base += total;
+    __syncthreads();  // tmp is reused by the next round's scan
+  }
+  __syncthreads();  // cand is complete (and tmp free) for every thread
+  return base;
+}
 
 /// Radix select (4 bits per pass, 8 passes): the largest key K such that
 /// F(K) = sum of w_i over the elements with x_i >= key_threshold(K) is >= target, where
 /// `target = make_target(F(0))` (F(0) is the total weight). Returns key_threshold(K); `kept`
-/// receives F(K). load(i) reads element i's logit; item(logit, x, w) yields its value and
-/// weight. Elements below the current lower bound are skipped after the test, so later passes
-/// add only near the threshold.
-template <int Block, class A, class Load, class Item, class MakeTarget>
-__device__ float radix_select(index_t n, const Load& load, const Item& item,
-                              const MakeTarget& make_target,
-                              typename cub::BlockReduce<acc16<A>, Block>::TempStorage& tmp,
-                              acc16<A>& slot, A& kept) {
+/// receives F(K). Element i's value is x_i = value(logit_i), its weight weight(x_i). Elements
+/// below the current lower bound are skipped after the test, so later passes add only near the
+/// threshold; once fits(F of the new lower bound, F(0), lower bound) says the surviving elements
+/// fit the shared buffer `cand` (transforms_candidates), their values are gathered there once
+/// and the remaining passes read them instead of the row. Which passes run where depends only on
+/// the row, so the result is deterministic.
+template <int Block, class A, class T, class Value, class Weight, class MakeTarget, class Fits>
+__device__ float radix_select(const logit_source<T>& src, index_t n, const Value& value,
+                              const Weight& weight, const MakeTarget& make_target, const Fits& fits,
+                              reduce_storage<Block>& tmp, acc16<A>& slot, float* cand, A& kept) {
   std::uint32_t prefix = 0;
   A target{};
+  A total{};
+  index_t gathered = -1;  // number of values in cand; -1: the passes read the row
   for (int shift = 28; shift >= 0; shift -= 4) {
     float thr[16];
 #pragma unroll
@@ -230,16 +369,21 @@ __device__ float radix_select(index_t n, const Load& load, const Item& item,
     acc16<A> acc;
 #pragma unroll
     for (int j = 0; j < 16; ++j) acc.v[j] = A(0);
-    strided_pass<Block>(n, load, [&](index_t, float logit) {
-      float x;
-      A w;
-      item(logit, x, w);
+    const auto add = [&](float x) {
       if (!(x >= thr[0])) return;
+      const A w = weight(x);
 #pragma unroll
       for (int j = 0; j < 16; ++j) acc.v[j] += x >= thr[j] ? w : A(0);
-    });
-    const acc16<A> f = block_all_reduce<Block>(acc, acc16_sum{}, tmp, slot);
-    if (shift == 28) target = make_target(f.v[0]);
+    };
+    if (gathered < 0)
+      strided_pass<Block>(src, n, [&](index_t, float logit) { add(value(logit)); });
+    else
+      for (index_t i = threadIdx.x; i < gathered; i += Block) add(cand[i]);
+    const acc16<A> f = block_all_reduce<Block>(acc, acc16_sum{}, tmp.template get<A>(), slot);
+    if (shift == 28) {
+      total = f.v[0];
+      target = make_target(total);
+    }
     // f is non-increasing in j and f.v[0] >= target (invariant). Compile-time indices only (a
     // dynamic f.v[best] put f in a 128-byte local-memory frame).
     int best = 0;
@@ -252,6 +396,8 @@ __device__ float radix_select(index_t n, const Load& load, const Item& item,
       }
     prefix |= static_cast<std::uint32_t>(best) << shift;
     kept = best_f;
+    if (gathered < 0 && shift > 0 && fits(best_f, total, key_threshold(prefix)))
+      gathered = gather_candidates<Block>(src, n, value, key_threshold(prefix), cand, tmp.offsets);
   }
   return key_threshold(prefix);
 }
@@ -305,12 +451,22 @@ struct row_transform {
   }
 };
 
+/// The shared memory of one row's passes.
+template <int Block>
+struct transform_shared {
+  reduce_storage<Block> tmp;
+  reduce_slots slots;
+  float cand[transforms_candidates];  ///< the radix selects' gathered candidates
+};
+
 /// Runs the passes of one row with the whole block (see file comment); every thread returns the
 /// same constants. n > 0.
 template <class T, int Block>
 __device__ row_transform compute_row_transform(const logit_source<T>& src,
                                                const sampling_params& sp, index_t n,
-                                               reduce_storage<Block>& tmp, reduce_slots& slots) {
+                                               transform_shared<Block>& sh) {
+  reduce_storage<Block>& tmp = sh.tmp;
+  reduce_slots& slots = sh.slots;
   row_transform t;
   if (!valid_params(sp)) {
     t.status = static_cast<std::uint32_t>(status::invalid_parameter);
@@ -318,7 +474,7 @@ __device__ row_transform compute_row_transform(const logit_source<T>& src,
   }
   // Pass 1: max, first NaN, first +Inf (the host's softmax reports the first offender).
   scan_acc s{neg_inf(), n, n};
-  strided_pass<Block>(n, src, [&](index_t i, float x) {
+  strided_pass<Block>(src, n, [&](index_t i, float x) {
     if (x != x) {
       if (s.first_nan == n) s.first_nan = i;
     } else if (x == pos_inf()) {
@@ -345,17 +501,17 @@ __device__ row_transform compute_row_transform(const logit_source<T>& src,
     const auto k = static_cast<unsigned>(sp.top_k);
     unsigned kept_count = 0;
     t.thr_k = radix_select<Block, unsigned>(
-        n, src,
-        [](float logit, float& x, unsigned& w) {
-          x = logit;
-          w = 1u;
+        src, n, [](float logit) { return logit; }, [](float) { return 1u; },
+        [k](unsigned) { return k; },
+        [](unsigned survivors, unsigned, float) {
+          return survivors <= static_cast<unsigned>(transforms_candidates);
         },
-        [k](unsigned) { return k; }, tmp.count, slots.count, kept_count);
+        tmp, slots.count, sh.cand, kept_count);
   }
 
   // Softmax denominator: exp(x - m) in float, summed in double (as the host).
   double sum = 0.0;
-  strided_pass<Block>(n, src, [&](index_t, float x) {
+  strided_pass<Block>(src, n, [&](index_t, float x) {
     if (x >= t.thr_k) sum += static_cast<double>(expf(x - t.max));
   });
   sum = block_all_reduce<Block>(sum, double_sum{}, tmp.sum, slots.sum);
@@ -366,13 +522,17 @@ __device__ row_transform compute_row_transform(const logit_source<T>& src,
   if (t.do_top_p) {
     const double top_p = sp.top_p;
     double kept_mass = 0.0;
+    // The survivors of a lower bound `lower` > 0 each carry at least `lower` of the total mass,
+    // so at most total / lower of them remain (the gather checks the count anyway).
     t.thr_p = radix_select<Block, double>(
-        n, src,
-        [&](float logit, float& x, double& w) {
-          x = t.p1_of(logit);
-          w = x;
+        src, n, [&](float logit) { return t.p1_of(logit); },
+        [](float x) { return static_cast<double>(x); },
+        [top_p](double total) { return top_p * total; },
+        [](double, double total, float lower) {
+          return lower > 0.0f &&
+                 total <= static_cast<double>(transforms_candidates) * lower * (1.0 - 1e-6);
         },
-        [top_p](double total) { return top_p * total; }, tmp.mass, slots.mass, kept_mass);
+        tmp, slots.mass, sh.cand, kept_mass);
     t.inv_p = 1.0 / kept_mass;
   }
 
@@ -383,7 +543,7 @@ __device__ row_transform compute_row_transform(const logit_source<T>& src,
     if (t.do_top_p) pmax = static_cast<float>(static_cast<double>(pmax) * t.inv_p);
     t.thr_m = sp.min_p * pmax;
     double kept = 0.0;
-    strided_pass<Block>(n, src, [&](index_t, float x) {
+    strided_pass<Block>(src, n, [&](index_t, float x) {
       const float p = t.p2_of(x);
       if (!(p < t.thr_m)) kept += static_cast<double>(p);
     });
@@ -407,8 +567,7 @@ SPECULA_KERNEL void __launch_bounds__(Block)
     logits_to_probs_kernel(batch_view<const T> logits, batch_view<const T> uncond,
                            row_view<const sampling_params> params, batch_view<float> probs,
                            std::uint32_t* row_status) {
-  __shared__ reduce_storage<Block> tmp;
-  __shared__ reduce_slots slots;
+  __shared__ transform_shared<Block> sh;
   const index_t r = blockIdx.x;
   const index_t n = logits.cols;
   float* out = probs.data + r * probs.row_stride;
@@ -419,8 +578,8 @@ SPECULA_KERNEL void __launch_bounds__(Block)
     return;
   }
   const auto src = row_source(logits, uncond, sp, r);
-  const row_transform t = compute_row_transform<T, Block>(src, sp, n, tmp, slots);
-  strided_pass<Block>(n, src, [&](index_t i, float x) { out[i] = t.prob_of(x); });
+  const row_transform t = compute_row_transform<T, Block>(src, sp, n, sh);
+  strided_pass<Block>(src, n, [&](index_t i, float x) { out[i] = t.prob_of(x); });
   if (threadIdx.x == 0 && row_status != nullptr) row_status[r] = t.status;
 }
 
@@ -430,8 +589,7 @@ SPECULA_KERNEL void __launch_bounds__(Block)
     row_transform_kernel(batch_view<const T> logits, batch_view<const T> uncond,
                          row_view<const sampling_params> params, row_transform* transforms,
                          std::uint32_t* row_status) {
-  __shared__ reduce_storage<Block> tmp;
-  __shared__ reduce_slots slots;
+  __shared__ transform_shared<Block> sh;
   const index_t r = blockIdx.x;
   const sampling_params sp = params.data[params.size == 1 ? 0 : r];
   const auto src = row_source(logits, uncond, sp, r);
@@ -439,7 +597,7 @@ SPECULA_KERNEL void __launch_bounds__(Block)
   if (logits.cols == 0)
     t.status = static_cast<std::uint32_t>(status::empty_input);
   else
-    t = compute_row_transform<T, Block>(src, sp, logits.cols, tmp, slots);
+    t = compute_row_transform<T, Block>(src, sp, logits.cols, sh);
   if (threadIdx.x == 0) {
     transforms[r] = t;
     if (row_status != nullptr) row_status[r] = t.status;
