@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "sampled_round.hpp"
 #include "specula/rules/exact.hpp"
 #include "specula/rules/lantern.hpp"
 #include "specula/rules/relaxed.hpp"
@@ -113,51 +114,14 @@ TEST_CASE("sampled outputs follow the exact relaxed law and their TV agrees with
   // extended to L + 1 tokens with target samples, repeated n times.
   const testing::toy_ar_model target(3, 3, 77, 0.2);
   const auto draft = testing::toy_ar_model::perturbed(target, 0.8, 78, 0.2);
-  const index_t L = 2, V = 3;
+  const index_t L = 2;
   const auto sch = relaxation_schedule::make_exponential(3.0, 0.5, L);
   const scheduled_relaxed_rule rule{sch, resampling::optimal};
   const auto exact = testing::relaxation_accounting(target, draft, L, rule);
   REQUIRE(exact.tv_exact > 0.01);  // a relaxation that really distorts
 
   const std::uint64_t n = 200'000;
-  std::vector<std::uint64_t> counts(exact.relaxed_law.size(), 0);
-  std::vector<float> prow, qrow;
-  for (std::uint32_t run = 0; run < n; ++run) {
-    std::vector<token_t> seq, drafts;
-    prow.clear();
-    qrow.clear();
-    const request_rng drng{11, run, 0};
-    for (index_t i = 0; i < L; ++i) {
-      const auto q = draft.row(drafts);
-      const auto p = target.row(drafts);
-      qrow.insert(qrow.end(), q.begin(), q.end());
-      prow.insert(prow.end(), p.begin(), p.end());
-      auto w = [&](index_t y) { return q[static_cast<std::size_t>(y)]; };
-      drafts.push_back(static_cast<token_t>(sample_inverse_cdf(
-          V, w, 1.0, uniform_at(drng, draw_id{static_cast<std::uint32_t>(i), 0}))));
-    }
-    const auto plast = target.row(drafts);
-    prow.insert(prow.end(), plast.begin(), plast.end());
-    const std::vector<index_t> off = {0, L};
-    const std::vector<request_rng> rng = {{12, run, 0}};
-    std::vector<token_t> out(static_cast<std::size_t>(L + 1));
-    std::vector<std::int32_t> acc(1);
-    verify_chain(
-        host::seq,
-        chain_batch_input<float>{V, off, drafts, {qrow.data(), L, V}, {prow.data(), L + 1, V}, rng},
-        chain_batch_output{out, acc, {}, {}}, {}, rule);
-    seq.assign(out.begin(), out.begin() + acc[0] + 1);
-    // Virtual extension: the remaining tokens from the target.
-    for (std::uint32_t j = 0; static_cast<index_t>(seq.size()) < L + 1; ++j) {
-      const auto p = target.row(seq);
-      auto w = [&](index_t y) { return p[static_cast<std::size_t>(y)]; };
-      seq.push_back(static_cast<token_t>(
-          sample_inverse_cdf(V, w, 1.0, uniform_at(request_rng{13, run, 0}, draw_id{j, 0}))));
-    }
-    index_t code = 0;
-    for (token_t t : seq) code = code * V + t;
-    ++counts[static_cast<std::size_t>(code)];
-  }
+  const auto counts = test_support::sampled_round_counts(target, draft, L, rule, n, 11);
   // The samples fit the exact relaxed law ...
   const auto fit = testing::g_test(counts, exact.relaxed_law);
   INFO("G-test against P-hat: " << fit);
@@ -352,19 +316,13 @@ TEST_CASE("relaxed rules in trees use ω by depth, and checked calls validate ru
 
 TEST_CASE("checked calls refuse bad relaxation parameters, naming the field",
           "[relaxed][bad_input]") {
-  const index_t V = 4;
-  const std::vector<float> p = {0.4f, 0.3f, 0.2f, 0.1f, 0.25f, 0.25f, 0.25f, 0.25f};
-  const std::vector<float> q = {0.1f, 0.2f, 0.3f, 0.4f, 0.1f, 0.2f, 0.3f, 0.4f};  // 2 tree rows
-  const std::vector<index_t> off = {0, 1};
-  const std::vector<token_t> d = {2};
-  const std::vector<request_rng> rng = {{1, 0, 0}};
-  std::vector<token_t> out(2);
-  std::vector<std::int32_t> n(1);
-  const auto chain = [&](const auto& rule) {
-    verify_chain(host::seq,
-                 chain_batch_input<float>{V, off, d, {q.data(), 1, V}, {p.data(), 2, V}, rng},
-                 chain_batch_output{out, n, {}, {}}, {}, rule);
-  };
+  test_support::one_draft_chain chain;
+  const index_t V = chain.V;
+  const auto& p = chain.p;
+  const auto& q = chain.q;  // 2 tree rows
+  const auto& rng = chain.rng;
+  auto& out = chain.out;
+  auto& n = chain.n;
   token_tree tree = trees::chain(1);
   tree.set_token(1, 2);
   const auto tree_call = [&](const auto& rule) {

@@ -96,8 +96,9 @@ inline cudaError_t check_device_pointer(const void* p) noexcept {
 /// sizes first (no CUDA call), then whether the data the kernels read is device memory:
 ///   - per_request: at least `batch` rules, in device memory (each rule's own data, being in
 ///     device memory, cannot be inspected from the host);
-///   - lantern_rule: a table of `vocab` rows of 1 .. lantern_max_neighbours ids, in device
-///     memory (see device_rule in rules.cuh);
+///   - lantern_rule: a table of `vocab` rows of 1 .. min(vocab − 1, lantern_max_neighbours)
+///     ids (with its sorted rows and ranks, when present), in device memory (see device_rule in
+///     rules.cuh), and 1 <= rule.k <= table k;
 ///   - scheduled_relaxed_rule with a custom schedule: its ω values in device memory.
 template <class Rule>
 cudaError_t check_rule(const Rule& rule, index_t vocab, index_t batch) noexcept {
@@ -105,10 +106,15 @@ cudaError_t check_rule(const Rule& rule, index_t vocab, index_t batch) noexcept 
     if (rule.rules.size < batch || rule.rules.data == nullptr) return cudaErrorInvalidValue;
     return check_device_pointer(rule.rules.data);
   } else if constexpr (std::is_same_v<Rule, lantern_rule>) {
-    if (rule.table.ids == nullptr || rule.table.vocab != vocab || rule.table.k < 1 ||
-        rule.table.k > lantern_max_neighbours)
+    const neighbour_table_view& t = rule.table;
+    if (t.ids == nullptr || t.vocab != vocab || t.k < 1 || t.k >= vocab ||
+        t.k > lantern_max_neighbours || rule.k < 1 || rule.k > t.k ||
+        (t.sorted == nullptr) != (t.rank == nullptr))
       return cudaErrorInvalidValue;
-    return check_device_pointer(rule.table.ids);
+    if (const cudaError_t e = check_device_pointer(t.ids); e != cudaSuccess) return e;
+    if (t.sorted == nullptr) return cudaSuccess;
+    if (const cudaError_t e = check_device_pointer(t.sorted); e != cudaSuccess) return e;
+    return check_device_pointer(t.rank);
   } else if constexpr (std::is_same_v<Rule, scheduled_relaxed_rule>) {
     const relaxation_schedule& s = rule.schedule;
     if (s.kind != schedule_kind::custom || s.count == 0) return cudaSuccess;

@@ -88,18 +88,28 @@ class device_rule {
   Rule rule_;
 };
 
-/// LANTERN / LANTERN++: the neighbour table's ids copied to the device.
+/// LANTERN / LANTERN++: the neighbour table (its ids, and its id-sorted rows and ranks when
+/// the view has them) copied to the device.
 template <>
 class device_rule<lantern_rule> {
  public:
   explicit device_rule(const lantern_rule& r)
-      : ids_(r.table.ids, r.table.ids == nullptr ? 0 : r.table.vocab * r.table.k), rule_(r) {
+      : ids_(r.table.ids, r.table.ids == nullptr ? 0 : r.table.vocab * r.table.k),
+        sorted_(r.table.sorted, r.table.sorted == nullptr ? 0 : r.table.vocab * r.table.k),
+        rank_(r.table.rank,
+              r.table.sorted == nullptr || r.table.rank == nullptr ? 0 : r.table.vocab * r.table.k),
+        rule_(r) {
     rule_.table.ids = ids_.data();
+    rule_.table.sorted =
+        r.table.sorted == nullptr || r.table.rank == nullptr ? nullptr : sorted_.data();
+    rule_.table.rank = rule_.table.sorted == nullptr ? nullptr : rank_.data();
   }
   [[nodiscard]] const lantern_rule& rule() const noexcept { return rule_; }
 
  private:
   detail::device_array<token_t> ids_;
+  detail::device_array<token_t> sorted_;
+  detail::device_array<std::uint16_t> rank_;
   lantern_rule rule_;
 };
 

@@ -26,7 +26,17 @@ enum class resampling : std::uint8_t {
   optimal,  ///< G* = Norm([p − q·f]+) (Cool-SD Eq. 10), the default
   vanilla,  ///< G_van = Norm([p − q]+) (Eq. 2)
   lantern,  ///< LANTERN++'s Norm([P^{k,λ} − q]+) (Eq. 6); only for lantern_rule
+  /// LANTERN's code: q zeroed at x̃'s first k + 1 neighbours, then Norm([p − q]+); only for
+  /// lantern_rule (rules/lantern.hpp)
+  lantern_official,
 };
+
+namespace detail {
+/// True for the resamplings only lantern_rule provides.
+[[nodiscard]] SPECULA_HOST_DEVICE constexpr bool is_lantern_resampling(resampling r) noexcept {
+  return r == resampling::lantern || r == resampling::lantern_official;
+}
+}  // namespace detail
 
 /// f(x) = min(1, ω·p(x)/q(x)) (Cool-SD Eq. 12), 0/0 = 1. ω = 1 with either resampling is the
 /// exact rule; ω > 1 relaxes, ω < 1 tightens.
@@ -57,7 +67,7 @@ struct relaxed_rule {
   void validate(index_t /*vocab*/ = 0) const {
     require_parameter(detail::is_finite(omega) && omega > 0.0, "rule.omega", omega,
                       "must be finite and > 0");
-    require_parameter(resample != resampling::lantern, "rule.resample",
+    require_parameter(!detail::is_lantern_resampling(resample), "rule.resample",
                       static_cast<double>(resample), "a relaxed rule resamples from G* or G_van");
   }
 };
@@ -222,7 +232,7 @@ struct scheduled_relaxed_rule {
   /// Checked entry points call this (see relaxation_schedule::validate).
   void validate(index_t /*vocab*/ = 0) const {
     schedule.validate();
-    require_parameter(resample != resampling::lantern, "rule.resample",
+    require_parameter(!detail::is_lantern_resampling(resample), "rule.resample",
                       static_cast<double>(resample), "a relaxed rule resamples from G* or G_van");
   }
 };

@@ -47,7 +47,7 @@ struct typical_rule {
                       epsilon, "must be in [0, 1]");
     require_parameter(detail::is_finite(alpha) && alpha >= 0.0, "alpha", alpha,
                       "must be finite and >= 0");
-    require_parameter(r != resampling::lantern, "resample", 0.0,
+    require_parameter(!detail::is_lantern_resampling(r), "resample", 0.0,
                       "typical acceptance resamples from G* or G_van");
     return {epsilon, alpha, r};
   }
