@@ -16,7 +16,8 @@
 #              DEMO_REPEATS (runs per method, default 3), DEMO_THREADS (backend threads, default
 #              1; 0: one per hardware thread), DEMO_TEXT_TOKENS (new tokens per text sample,
 #              default 128), DEMO_SAMPLES (samples per method, default 2), DEMO_SEED (default 1),
-#              DEMO_OUT_DIR (images and heat maps, default $BUILD_DIR/demo).
+#              DEMO_OUT_DIR (images and heat maps, default $BUILD_DIR/demo), DEMO_IMAGE_MODEL
+#              (image-ar-256, the default: 256 tokens; image-ar: 64 tokens).
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -31,6 +32,7 @@ SEED="${DEMO_SEED:-1}"
 REPEATS="${DEMO_REPEATS:-3}"
 THREADS="${DEMO_THREADS:-1}"
 OUT_DIR="${DEMO_OUT_DIR:-$BUILD_DIR/demo}"
+IMAGE_MODEL="${DEMO_IMAGE_MODEL:-image-ar-256}"
 TARGET=specula_demo
 
 [[ "$REPEATS" =~ ^[1-9][0-9]*$ ]] || die "DEMO_REPEATS must be a positive integer, got '$REPEATS'"
@@ -72,11 +74,11 @@ rows_text=(
   "multiblock|ar|multiblock|--max-new-tokens $TEXT_TOKENS"
 )
 rows_image=(
-  "ar|ar|ar|--out-dir $OUT_DIR"
-  "sjd|ar|sjd|--out-dir $OUT_DIR"
-  "sjd-pac|ar|sjd-pac|--out-dir $OUT_DIR"
-  "jacobi|ar|jacobi|--out-dir $OUT_DIR"
-  "multiblock|ar|multiblock|--out-dir $OUT_DIR"
+  "ar|ar|ar|--out-dir $OUT_DIR --image-model $IMAGE_MODEL"
+  "sjd|ar|sjd|--out-dir $OUT_DIR --image-model $IMAGE_MODEL"
+  "sjd-pac|ar|sjd-pac|--out-dir $OUT_DIR --image-model $IMAGE_MODEL"
+  "jacobi|ar|jacobi|--out-dir $OUT_DIR --image-model $IMAGE_MODEL"
+  "multiblock|ar|multiblock|--out-dir $OUT_DIR --image-model $IMAGE_MODEL"
 )
 rows_diffusion=(
   "stepwise|stepwise|ar|--max-new-tokens 64"
@@ -105,7 +107,10 @@ for task in "${tasks[@]}"; do
   declare -n rows="rows_$task"
   case "$task" in
     text) titles+=("text: text-target (draft text-draft), $SAMPLES x $TEXT_TOKENS tokens") ;;
-    image) titles+=("image: image-ar, $SAMPLES x 64 tokens (label 0), images in $OUT_DIR") ;;
+    image)
+      [[ $IMAGE_MODEL == image-ar ]] && image_tokens=64 || image_tokens=256
+      titles+=("image: $IMAGE_MODEL, $SAMPLES x $image_tokens tokens (label 0), images in $OUT_DIR")
+      ;;
     diffusion) titles+=("diffusion: text-diffusion, $SAMPLES x 64 tokens") ;;
   esac
   for ((round = 0; round < REPEATS; ++round)); do

@@ -4,8 +4,9 @@
 //                multiblock|ssd [options]        (specula_demo --help lists the options)
 //
 // Text: byte-level Python continuation of --prompt by text-target (draft: text-draft).
-// Image: 64 VQ tokens (8x8 grid) after a class label token, by image-ar; each sample is decoded
-// with the VQ codebook (image-vq) to <out-dir>/<method>_<i>.png, and its acceptance heat map
+// Image: 256 VQ tokens (16x16 grid of a 64x64 image) after a class label token, by image-ar-256
+// (--image-model image-ar: 64 tokens, 8x8, 32x32); each sample is decoded with the VQ codebook
+// (image-vq, in the model's layout) to <out-dir>/<method>_<i>.png, and its acceptance heat map
 // (tokens emitted by the step that produced each cell) to <out-dir>/<method>_<i>_heat.png.
 // Diffusion: text-diffusion (masked diffusion) with SSD and a stepwise baseline (hooks below).
 //
@@ -114,7 +115,8 @@ struct demo_options {
   std::uint64_t seed = 1;
   index_t max_new_tokens = -1;  // -1: the task's default
   std::string prompt = default_prompt;
-  std::string label = "0";  // image class: index, name, or -1 (null label)
+  std::string label = "0";                   // image class: index, name, or -1 (null label)
+  std::string image_model = "image-ar-256";  // image task: the model (its grid from its metadata)
   index_t num_samples = 1;
   index_t threads = 1;  // backend threads of every model (0: one per hardware thread)
   std::filesystem::path models_dir = SPECULA_MODELS_DIR;
@@ -663,12 +665,14 @@ void print_help() {
       "  --top-k K            keep the K most likely tokens (0: off, default)\n"
       "  --top-p P            nucleus mass in (0, 1] (1: off, default)\n"
       "  --seed S             random seed (default 1); sample i uses request id i\n"
-      "  --max-new-tokens N   tokens to generate (text: default 128; image: 64, the whole grid)\n"
+      "  --max-new-tokens N   tokens to generate (text: default 128; image: the whole grid)\n"
       "  --num-samples N      requests to decode, one after the other (default 1)\n"
       "  --threads N          threads of the example backend's products and attention, for\n"
       "                       every model of the run (default 1; 0: one per hardware thread)\n"
       "  --prompt TEXT        text prompt (bytes; default: the start of a Python class)\n"
       "  --label C            image class: 0..7, a class name, or -1 (null label); default 0\n"
+      "  --image-model NAME   image-ar-256 (default: 64x64, a 16x16 grid of 256 tokens) or\n"
+      "                       image-ar (32x32, an 8x8 grid of 64 tokens)\n"
       "  --models-dir DIR     the shipped models (default " SPECULA_MODELS_DIR
       ")\n"
       "  --out-dir DIR        image output (default specula_demo_out)\n"
@@ -771,7 +775,7 @@ demo_options parse_args(int argc, char** argv) {
       "--draft-tree",    "--window",         "--init",        "--pd-width",  "--pd-depth",
       "--cool-schedule", "--delta",          "--nu",          "--ell",       "--resampling",
       "--block-size",    "--blocks",         "--spawn-ratio", "--pool-size", "--ngram",
-      "--pool",          "--spawn",          "--cache",       "--refresh"};
+      "--pool",          "--spawn",          "--cache",       "--refresh",   "--image-model"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -819,6 +823,8 @@ demo_options parse_args(int argc, char** argv) {
       o.prompt = value;
     } else if (flag == "--label") {
       o.label = value;
+    } else if (flag == "--image-model") {
+      o.image_model = value;
     } else if (flag == "--num-samples") {
       o.num_samples = parse_int(flag, value);
     } else if (flag == "--threads") {
@@ -949,11 +955,9 @@ void resolve(demo_options& o, const method_entry& m) {
       throw usage_error(f + ": not used by method '" + o.method + "'");
   if (o.has("--prompt") && o.task == task_kind::image)
     throw usage_error("--prompt: not used by task image (use --label)");
-  if (o.has("--label") && o.task != task_kind::image)
-    throw usage_error("--label: only used by task image");
-  if ((o.has("--out-dir") || o.has("--scale")) && o.task != task_kind::image)
-    throw usage_error(std::string(o.has("--out-dir") ? "--out-dir" : "--scale") +
-                      ": only used by task image");
+  for (const char* f : {"--label", "--image-model", "--out-dir", "--scale"})
+    if (o.has(f) && o.task != task_kind::image)
+      throw usage_error(std::string(f) + ": only used by task image");
 
   // Sampling parameters.
   require(o.temperature > 0.0, "--temperature", "must be > 0 (use --greedy for argmax decoding)");
@@ -1052,10 +1056,10 @@ void resolve(demo_options& o, const method_entry& m) {
     require(!o.prompt.empty(), "--prompt", "must not be empty");
     if (o.max_new_tokens < 0) o.max_new_tokens = 128;
   } else if (o.task == task_kind::image) {
-    if (o.max_new_tokens < 0) o.max_new_tokens = 64;
-    require(o.max_new_tokens == 64, "--max-new-tokens",
-            "the image task generates exactly 64 tokens (the 8x8 grid), got " +
-                std::to_string(o.max_new_tokens));
+    require(o.image_model == "image-ar-256" || o.image_model == "image-ar", "--image-model",
+            "must be image-ar-256 or image-ar, got '" + o.image_model + "'");
+    // The whole grid, checked (and the default filled in) once the model's layout is read.
+    if (o.max_new_tokens < 0) return;
   } else {
     if (!o.has("--prompt")) o.prompt = default_diffusion_prompt;
     require(!o.prompt.empty(), "--prompt", "must not be empty");
@@ -1156,17 +1160,21 @@ int run(int argc, char** argv) {
                 " positions");
     vocab_limit = model->vocab_size();
   } else if (o.task == task_kind::image) {
-    model.emplace(load_model(o.models_dir, "image-ar", o.threads));
+    model.emplace(load_model(o.models_dir, o.image_model, o.threads));
     const auto vq_path = o.models_dir / "image-vq.safetensors";
     if (!std::filesystem::exists(vq_path))
       throw std::runtime_error("codebook " + vq_path.string() + " not found (--models-dir)");
-    vq.emplace(ex::vq_codebook::load(vq_path));
+    // The codebook in the model's layout (image-ar-256: the same patches on a 16x16 grid).
+    vq.emplace(ex::vq_codebook::load(vq_path, o.models_dir / (o.image_model + ".safetensors")));
     label = resolve_label(o.label, *vq);
     prompt.push_back(vq->label_token(label));
     vocab_limit = vq->codes();
     image_width = vq->grid();
+    if (o.max_new_tokens < 0) o.max_new_tokens = vq->tokens_per_image();
     require(o.max_new_tokens == vq->tokens_per_image(), "--max-new-tokens",
-            "must be " + std::to_string(vq->tokens_per_image()) + " for the image task");
+            "the image task generates exactly " + std::to_string(vq->tokens_per_image()) +
+                " tokens with " + o.image_model + " (the " + std::to_string(vq->grid()) + "x" +
+                std::to_string(vq->grid()) + " grid), got " + std::to_string(o.max_new_tokens));
   } else {
     model.emplace(load_model(o.models_dir, "text-diffusion", o.threads));
     for (const char c : o.prompt)
@@ -1242,6 +1250,7 @@ int run(int argc, char** argv) {
   params["threads"] = model->options().threads;
   params["kernel"] = model->kernel() == ex::matmul_kernel::builtin ? "builtin" : "blas";
   if (o.task == task_kind::image) {
+    params["model"] = o.image_model;
     params["label"] = label;
     params["class"] = label >= 0 ? vq->classes()[static_cast<std::size_t>(label)] : "none";
     params["scale"] = o.scale;

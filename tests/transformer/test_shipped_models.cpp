@@ -59,10 +59,27 @@ double heldout_nll(const transformer& m, const safetensors_file& data, index_t* 
   return nll / static_cast<double>(n);
 }
 
+/// Held-out image sequences of model `name`: [label] + grid*grid codes; decoding then encoding
+/// is the identity (every code is its own nearest neighbour).
+void check_heldout_round_trip(const vq_codebook& vq, const std::string& name) {
+  const auto data = safetensors_file::open(models_dir / (name + ".heldout.safetensors"));
+  const auto inputs = data.read_i32("inputs");
+  const index_t T = data.at("inputs").shape[1];
+  REQUIRE(T == 1 + vq.tokens_per_image());
+  for (index_t r = 0; r < 10; ++r) {
+    const std::span<const std::int32_t> tokens(inputs.data() + r * T + 1,
+                                               static_cast<std::size_t>(vq.tokens_per_image()));
+    CHECK(vq.encode(vq.decode(tokens)) == std::vector<token_t>(tokens.begin(), tokens.end()));
+    CHECK(vq.decode_rgb8(tokens).size() ==
+          static_cast<std::size_t>(vq.image_size() * vq.image_size() * 3));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("shipped models reproduce their model cards' held-out perplexity", "[backend][models]") {
-  for (const std::string name : {"text-target", "text-draft", "text-diffusion", "image-ar"}) {
+  for (const std::string name :
+       {"text-target", "text-draft", "text-diffusion", "image-ar", "image-ar-256"}) {
     INFO("model " << name);
     const nlohmann::json card = read_card(name);
     const transformer m = transformer::load(models_dir / (name + ".safetensors"));
@@ -99,19 +116,56 @@ TEST_CASE("the image tokenizer decodes tokens to pixels and encodes them back",
   CHECK(vq.classes().size() == 8);
   const transformer m = transformer::load(models_dir / "image-ar.safetensors");
   CHECK(m.vocab_size() > vq.label_token(-1));
-  // Held-out image sequences: [label] + grid*grid codes; decoding then encoding is the identity
-  // (every code is its own nearest neighbour).
-  const auto data = safetensors_file::open(models_dir / "image-ar.heldout.safetensors");
-  const auto inputs = data.read_i32("inputs");
-  const index_t T = data.at("inputs").shape[1];
-  REQUIRE(T == 1 + vq.tokens_per_image());
-  for (index_t r = 0; r < 10; ++r) {
-    const std::span<const std::int32_t> tokens(inputs.data() + r * T + 1,
-                                               static_cast<std::size_t>(vq.tokens_per_image()));
-    CHECK(vq.encode(vq.decode(tokens)) == std::vector<token_t>(tokens.begin(), tokens.end()));
-    CHECK(vq.decode_rgb8(tokens).size() ==
-          static_cast<std::size_t>(vq.image_size() * vq.image_size() * 3));
-  }
+  check_heldout_round_trip(vq, "image-ar");
   CHECK_THROWS_WITH(vq.decode(std::vector<token_t>(3, 0)), Catch::Contains("tokens"));
   CHECK_THROWS_WITH(vq.label_token(99), Catch::Contains("class"));
+}
+
+TEST_CASE("image-ar-256's tokenizer: image-ar's codebook on a 16x16 grid, round trip and layout",
+          "[backend][models][image]") {
+  const auto vq8 = vq_codebook::load(models_dir / "image-vq.safetensors");
+  const auto vq = vq_codebook::load(models_dir / "image-vq.safetensors",
+                                    models_dir / "image-ar-256.safetensors");
+  CHECK(vq.grid() == 16);
+  CHECK(vq.image_size() == 64);
+  CHECK(vq.tokens_per_image() == 256);
+  CHECK(vq.codes() == vq8.codes());
+  CHECK(vq.classes() == vq8.classes());
+  for (index_t c = -1; c < static_cast<index_t>(vq.classes().size()); ++c)
+    CHECK(vq.label_token(c) == vq8.label_token(c));
+  const transformer m = transformer::load(models_dir / "image-ar-256.safetensors");
+  CHECK(m.config().max_seq_len == 1 + vq.tokens_per_image());
+  CHECK(m.vocab_size() > vq.label_token(-1));
+  // The 8x8 model's file has the 8x8 layout.
+  CHECK(vq_codebook::load(models_dir / "image-vq.safetensors", models_dir / "image-ar.safetensors")
+            .grid() == 8);
+
+  check_heldout_round_trip(vq, "image-ar-256");
+
+  // Layout: the 256 tokens are the 16x16 grid row by row. Every code, at every cell, decodes to
+  // its 4x4 patch at (row, col) = (t / 16, t % 16) * 4, and each 32x32 quadrant of the 64x64
+  // image is the 8x8 image of the quadrant's tokens (the 8x8 model's layout).
+  std::vector<token_t> grid(256);
+  for (index_t t = 0; t < 256; ++t) grid[static_cast<std::size_t>(t)] = (t * 37 + 11) % vq.codes();
+  const std::vector<float> image = vq.decode(grid);
+  REQUIRE(image.size() == std::size_t{64 * 64 * 3});
+  CHECK(vq.encode(image) == grid);
+  for (index_t qy = 0; qy < 2; ++qy)
+    for (index_t qx = 0; qx < 2; ++qx) {
+      INFO("quadrant " << qy << ", " << qx);
+      std::vector<token_t> sub(64);
+      std::vector<float> quadrant(32 * 32 * 3);
+      for (index_t y = 0; y < 8; ++y)
+        for (index_t x = 0; x < 8; ++x)
+          sub[static_cast<std::size_t>(y * 8 + x)] =
+              grid[static_cast<std::size_t>((qy * 8 + y) * 16 + qx * 8 + x)];
+      for (index_t y = 0; y < 32; ++y)
+        for (index_t i = 0; i < 32 * 3; ++i)
+          quadrant[static_cast<std::size_t>(y * 96 + i)] =
+              image[static_cast<std::size_t>((qy * 32 + y) * 192 + qx * 96 + i)];
+      CHECK(vq8.decode(sub) == quadrant);
+      CHECK(vq8.encode(quadrant) == sub);
+    }
+  CHECK_THROWS_WITH(vq.decode(std::vector<token_t>(64, 0)), Catch::Contains("tokens"));
+  CHECK_THROWS_WITH(vq.encode(vq8.decode(std::vector<token_t>(64, 0))), Catch::Contains("rgb"));
 }

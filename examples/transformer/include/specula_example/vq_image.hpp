@@ -5,7 +5,9 @@
 /// (image-vq.safetensors, tensor `codebook` [codes, patch*patch*3], each patch flattened in
 /// (row, col, channel) order, pixels in [0, 1]) and the layout described by the file's
 /// `specula.image` metadata: an image is a grid x grid array of codes in row-major order, and a
-/// model sequence is [label token] + grid*grid image tokens.
+/// model sequence is [label token] + grid*grid image tokens. A model over larger images of the
+/// same patches (image-ar-256: 64x64, a 16x16 grid) gives its own layout in the `specula.image`
+/// metadata of its weights file; load(codebook, model) reads the codebook in that layout.
 
 #include <algorithm>
 #include <cmath>
@@ -28,23 +30,28 @@ class vq_codebook {
  public:
   [[nodiscard]] static vq_codebook load(const std::filesystem::path& path) {
     const safetensors_file f = safetensors_file::open(path);
-    vq_codebook c;
-    nlohmann::json d;
-    try {
-      d = nlohmann::json::parse(f.required_metadata("specula.image"));
-      c.image_size_ = d.at("image_size").get<index_t>();
-      c.patch_ = d.at("patch").get<index_t>();
-      c.grid_ = d.at("grid").get<index_t>();
-      c.codes_ = d.at("codebook_size").get<index_t>();
-      c.label_base_ = d.at("label_token_base").get<token_t>();
-      c.null_label_ = d.at("null_label_token").get<token_t>();
-      c.classes_ = d.at("classes").get<std::vector<std::string>>();
-    } catch (const nlohmann::json::exception& e) {
-      f.fail(std::string("bad specula.image metadata: ") + e.what());
-    }
-    if (c.grid_ * c.patch_ != c.image_size_ || c.codes_ <= 0)
-      f.fail("specula.image: grid * patch must equal image_size");
+    vq_codebook c = layout_of(f);
     c.codebook_ = f.read_f32("codebook", {c.codes_, c.patch_dim()});
+    return c;
+  }
+
+  /// The codebook of `codebook_path` in the image layout of the `specula.image` metadata of
+  /// `model_path` (a model's weights file). The patch size, codebook size, classes and label
+  /// tokens must match the codebook's; image_size and grid come from the model.
+  [[nodiscard]] static vq_codebook load(const std::filesystem::path& codebook_path,
+                                        const std::filesystem::path& model_path) {
+    vq_codebook c = load(codebook_path);
+    const safetensors_file m = safetensors_file::open(model_path);
+    const vq_codebook layout = layout_of(m);
+    if (layout.patch_ != c.patch_ || layout.codes_ != c.codes_ ||
+        layout.label_base_ != c.label_base_ || layout.null_label_ != c.null_label_ ||
+        layout.classes_ != c.classes_)
+      m.fail(
+          "specula.image: patch, codebook size, classes and label tokens must match the "
+          "codebook's (" +
+          codebook_path.string() + ")");
+    c.image_size_ = layout.image_size_;
+    c.grid_ = layout.grid_;
     return c;
   }
 
@@ -122,6 +129,26 @@ class vq_codebook {
   }
 
  private:
+  /// The layout fields of a file's `specula.image` metadata (no codebook).
+  [[nodiscard]] static vq_codebook layout_of(const safetensors_file& f) {
+    vq_codebook c;
+    try {
+      const nlohmann::json d = nlohmann::json::parse(f.required_metadata("specula.image"));
+      c.image_size_ = d.at("image_size").get<index_t>();
+      c.patch_ = d.at("patch").get<index_t>();
+      c.grid_ = d.at("grid").get<index_t>();
+      c.codes_ = d.at("codebook_size").get<index_t>();
+      c.label_base_ = d.at("label_token_base").get<token_t>();
+      c.null_label_ = d.at("null_label_token").get<token_t>();
+      c.classes_ = d.at("classes").get<std::vector<std::string>>();
+    } catch (const nlohmann::json::exception& e) {
+      f.fail(std::string("bad specula.image metadata: ") + e.what());
+    }
+    if (c.grid_ <= 0 || c.grid_ * c.patch_ != c.image_size_ || c.codes_ <= 0)
+      f.fail("specula.image: grid * patch must equal image_size");
+    return c;
+  }
+
   void check_tokens(std::span<const token_t> tokens) const {
     if (static_cast<index_t>(tokens.size()) != tokens_per_image())
       throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(tokens.size())},
