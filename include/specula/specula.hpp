@@ -6,6 +6,7 @@
 /// verify drafts can include the slimmer `<specula/verify.hpp>`, which leaves out the decoding
 /// loops (specula/decode/*).
 
+#include "specula/decode/cfg.hpp"
 #include "specula/decode/concepts.hpp"
 #include "specula/decode/jacobi.hpp"
 #include "specula/decode/jacobi_forcing.hpp"
