@@ -35,6 +35,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "specula/decode/cfg.hpp"
 #include "specula/decode/jacobi.hpp"
 #include "specula/decode/multiblock.hpp"
 #include "specula/decode/sjd.hpp"
@@ -110,6 +111,7 @@ struct demo_options {
   double temperature = 1.0;
   index_t top_k = 0;
   double top_p = 1.0;
+  double cfg = 1.0;  // image: classifier-free guidance scale (1: off)
   bool greedy = false;
   bool draft_greedy = false;
   std::uint64_t seed = 1;
@@ -228,6 +230,7 @@ struct run_input {
   std::span<const token_t> prompt;  // for image: the label token
   index_t vocab_limit;              // tokens >= this are masked out of every row
   index_t image_width;              // image task: tokens per image row (0: not an image)
+  token_t null_label;               // image task: the null label token (-1: not an image)
   specula::request_rng rng;         // {seed, sample index, 0}
   progress_line* progress;
 };
@@ -250,22 +253,47 @@ struct method_entry {
 // The model as the loops see it
 // ---------------------------------------------------------------------------------------------
 
-/// transformer_session with two additions: the logits of tokens >= `vocab_limit` are set to
-/// -inf (the image model's label tokens are never sampled as image tokens; the target law is
-/// the model's restricted to image tokens), and each commit — one per decoding step, the
-/// accepted path — advances the progress line.
+/// The task's model as the loops see it: a transformer_session, or, with a guidance scale other
+/// than 1 (`--cfg`), specula::cfg_model over a two-request transformer_batch (the prompt and its
+/// null-label twin, evaluated in one forward batch). Two additions: the logits of tokens >=
+/// `vocab_limit` are set to -inf (the image model's label tokens are never sampled as image
+/// tokens; the target law is the model's restricted to image tokens), and each commit — one per
+/// decoding step, the accepted path — advances the progress line.
 class demo_session {
  public:
-  demo_session(const ex::transformer& model, index_t vocab_limit, progress_line* progress)
-      : session_(model), vocab_limit_(vocab_limit), progress_(progress) {}
+  demo_session(const ex::transformer& model, index_t vocab_limit, progress_line* progress,
+               double cfg_scale = 1.0, token_t null_label = -1)
+      : vocab_limit_(vocab_limit), progress_(progress) {
+    if (cfg_scale == 1.0) {
+      session_.emplace(model);
+      return;
+    }
+    pair_.emplace(model, 2);
+    guided_.emplace(*pair_, static_cast<float>(cfg_scale),
+                    [null_label](std::span<const token_t> prompt) {
+                      std::vector<token_t> u(prompt.begin(), prompt.end());
+                      u.front() = null_label;  // the prompt is the class label
+                      return u;
+                    });
+  }
+  demo_session(const demo_session&) = delete;
+  demo_session& operator=(const demo_session&) = delete;
 
-  [[nodiscard]] index_t vocab_size() const noexcept { return session_.vocab_size(); }
-  void prefill(std::span<const token_t> prompt) { session_.prefill(prompt); }
-  [[nodiscard]] index_t context_size() const noexcept { return session_.context_size(); }
-  void rollback(index_t n) { session_.rollback(n); }
+  [[nodiscard]] index_t vocab_size() const {
+    return session_ ? session_->vocab_size() : guided_->vocab_size();
+  }
+  void prefill(std::span<const token_t> prompt) {
+    with([&](auto& m) { m.prefill(prompt); });
+  }
+  [[nodiscard]] index_t context_size() const {
+    return session_ ? session_->context_size() : guided_->context_size();
+  }
+  void rollback(index_t n) {
+    with([&](auto& m) { m.rollback(n); });
+  }
 
   void evaluate(const specula::token_tree& nodes, specula::batch_view<float> logits) {
-    session_.evaluate(nodes, logits);
+    with([&](auto& m) { m.evaluate(nodes, logits); });
     const index_t V = vocab_size();
     if (vocab_limit_ >= V) return;
     for (index_t i = 0; i < nodes.size(); ++i)
@@ -274,12 +302,22 @@ class demo_session {
   }
 
   void commit(std::span<const index_t> path) {
-    session_.commit(path);
+    with([&](auto& m) { m.commit(path); });
     if (progress_ != nullptr) progress_->advance(static_cast<index_t>(path.size()));
   }
 
  private:
-  ex::transformer_session session_;
+  template <class F>
+  void with(F&& f) {
+    if (session_)
+      f(*session_);
+    else
+      f(*guided_);
+  }
+
+  std::optional<ex::transformer_session> session_;
+  std::optional<ex::transformer_batch> pair_;
+  std::optional<specula::cfg_model<ex::transformer_batch>> guided_;
   index_t vocab_limit_;
   progress_line* progress_;
 };
@@ -295,7 +333,9 @@ specula::sampling_params sampling_of(const demo_options& o) {
 }
 
 json sampling_json(const demo_options& o) {
-  return {{"temperature", o.temperature}, {"top_k", o.top_k}, {"top_p", o.top_p}};
+  json j = {{"temperature", o.temperature}, {"top_k", o.top_k}, {"top_p", o.top_p}};
+  if (o.task == task_kind::image) j["cfg"] = o.cfg;
+  return j;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -372,7 +412,7 @@ std::vector<token_t> run_diffusion_stepwise(const run_input& in, decode_stats& s
 
 std::vector<token_t> run_ar(const run_input& in, decode_stats& st) {
   if (in.opt.task == task_kind::diffusion) return run_diffusion_stepwise(in, st);
-  demo_session m(in.model, in.vocab_limit, in.progress);
+  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label);
   return ar_decode(m, in.prompt, in.opt.max_new_tokens, sampling_of(in.opt), in.opt.greedy, in.rng,
                    st);
 }
@@ -413,7 +453,7 @@ std::vector<token_t> speculative(const run_input& in, decode_stats& st, bool rel
   so.mode = o.greedy || o.draft_greedy ? specula::draft_mode::greedy : specula::draft_mode::sample;
   if (o.draft_tree_width > 0)
     so.draft_tree = specula::trees::full(o.draft_tree_width, o.draft_tree_depth);
-  demo_session target(in.model, in.vocab_limit, in.progress);
+  demo_session target(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label);
   demo_session draft(*in.draft, in.vocab_limit, nullptr);
   if (o.greedy)
     return specula::speculative_decode(target, draft, in.prompt, so, in.rng,
@@ -489,11 +529,11 @@ specula::sjd_options sjd_options_of(const run_input& in, bool pac) {
 }
 
 std::vector<token_t> run_sjd(const run_input& in, decode_stats& st) {
-  demo_session m(in.model, in.vocab_limit, in.progress);
+  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label);
   return specula::sjd_decode(m, in.prompt, sjd_options_of(in, false), in.rng, &st);
 }
 std::vector<token_t> run_sjd_pac(const run_input& in, decode_stats& st) {
-  demo_session m(in.model, in.vocab_limit, in.progress);
+  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label);
   return specula::sjd_decode(m, in.prompt, sjd_options_of(in, true), in.rng, &st);
 }
 
@@ -520,7 +560,7 @@ std::vector<token_t> run_jacobi(const run_input& in, decode_stats& st) {
   jo.max_new_tokens = in.opt.max_new_tokens;
   jo.init =
       in.opt.init == "random" ? specula::jacobi_init::random : specula::jacobi_init::repeat_last;
-  demo_session m(in.model, in.vocab_limit, in.progress);
+  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label);
   return specula::jacobi_decode(m, in.prompt, jo, in.rng, &st);
 }
 json params_jacobi(const demo_options& o) {
@@ -542,7 +582,7 @@ std::vector<token_t> run_multiblock(const run_input& in, decode_stats& st) {
   mo.max_new_tokens = in.opt.max_new_tokens;
   mo.init =
       in.opt.init == "random" ? specula::jacobi_init::random : specula::jacobi_init::repeat_last;
-  demo_session m(in.model, in.vocab_limit, in.progress);
+  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label);
   return specula::multiblock_decode(m, in.prompt, mo, in.rng, &st);
 }
 json params_multiblock(const demo_options& o) {
@@ -673,6 +713,9 @@ void print_help() {
       "  --label C            image class: 0..7, a class name, or -1 (null label); default 0\n"
       "  --image-model NAME   image-ar-256 (default: 64x64, a 16x16 grid of 256 tokens) or\n"
       "                       image-ar (32x32, an 8x8 grid of 64 tokens)\n"
+      "  --cfg S              image: classifier-free guidance scale (default 1: off); the\n"
+      "                       null-label stream runs in the same forward batch, and\n"
+      "                       temperature / top-k / top-p apply to the guided logits\n"
       "  --models-dir DIR     the shipped models (default " SPECULA_MODELS_DIR
       ")\n"
       "  --out-dir DIR        image output (default specula_demo_out)\n"
@@ -769,13 +812,18 @@ demo_options parse_args(int argc, char** argv) {
       "--json",     "--quiet",        "--no-recycling",  "--mix-order",
       "--fallback", "--count-root",   "--no-count-root", "--pd-first-path"};
   const std::vector<std::string_view> valued = {
-      "--task",          "--method",         "--temperature", "--top-k",     "--top-p",
-      "--seed",          "--max-new-tokens", "--prompt",      "--label",     "--num-samples",
-      "--threads",       "--models-dir",     "--out-dir",     "--scale",     "--draft-length",
-      "--draft-tree",    "--window",         "--init",        "--pd-width",  "--pd-depth",
-      "--cool-schedule", "--delta",          "--nu",          "--ell",       "--resampling",
-      "--block-size",    "--blocks",         "--spawn-ratio", "--pool-size", "--ngram",
-      "--pool",          "--spawn",          "--cache",       "--refresh",   "--image-model"};
+      "--task",           "--method",      "--temperature",
+      "--top-k",          "--top-p",       "--seed",
+      "--max-new-tokens", "--prompt",      "--label",
+      "--num-samples",    "--threads",     "--models-dir",
+      "--out-dir",        "--scale",       "--draft-length",
+      "--draft-tree",     "--window",      "--init",
+      "--pd-width",       "--pd-depth",    "--cool-schedule",
+      "--delta",          "--nu",          "--ell",
+      "--resampling",     "--block-size",  "--blocks",
+      "--spawn-ratio",    "--pool-size",   "--ngram",
+      "--pool",           "--spawn",       "--cache",
+      "--refresh",        "--image-model", "--cfg"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -813,6 +861,8 @@ demo_options parse_args(int argc, char** argv) {
       o.top_k = parse_int(flag, value);
     } else if (flag == "--top-p") {
       o.top_p = parse_double(flag, value);
+    } else if (flag == "--cfg") {
+      o.cfg = parse_double(flag, value);
     } else if (flag == "--seed") {
       const index_t s = parse_int(flag, value);
       require(s >= 0, flag, "must be >= 0");
@@ -955,7 +1005,7 @@ void resolve(demo_options& o, const method_entry& m) {
       throw usage_error(f + ": not used by method '" + o.method + "'");
   if (o.has("--prompt") && o.task == task_kind::image)
     throw usage_error("--prompt: not used by task image (use --label)");
-  for (const char* f : {"--label", "--image-model", "--out-dir", "--scale"})
+  for (const char* f : {"--label", "--image-model", "--out-dir", "--scale", "--cfg"})
     if (o.has(f) && o.task != task_kind::image)
       throw usage_error(std::string(f) + ": only used by task image");
 
@@ -963,6 +1013,7 @@ void resolve(demo_options& o, const method_entry& m) {
   require(o.temperature > 0.0, "--temperature", "must be > 0 (use --greedy for argmax decoding)");
   require(o.top_k >= 0, "--top-k", "must be >= 0");
   require(o.top_p > 0.0 && o.top_p <= 1.0, "--top-p", "must be in (0, 1]");
+  require(std::isfinite(o.cfg) && std::abs(o.cfg) <= 100.0, "--cfg", "must be in [-100, 100]");
   const bool sampling_ignored = o.method == "jacobi" || o.greedy;
   for (const char* f : {"--temperature", "--top-k", "--top-p"})
     if (o.has(f) && sampling_ignored && !o.quiet)
@@ -1081,7 +1132,8 @@ ex::transformer load_model(const std::filesystem::path& dir, const std::string& 
     throw std::runtime_error("model file " + path.string() +
                              " not found (--models-dir: the directory of the shipped models)");
   return ex::transformer::load(
-      path, ex::backend_options{ex::transformer::default_kernel(), ex::best_cpu_isa(), threads});
+      path, ex::backend_options{ex::transformer::default_kernel(), ex::best_cpu_isa(),
+                                static_cast<int>(threads)});
 }
 
 /// The image class of --label: an index, a class name, or -1 (the null label).
@@ -1146,6 +1198,7 @@ int run(int argc, char** argv) {
   std::vector<token_t> prompt;
   index_t vocab_limit = 0;
   index_t image_width = 0;
+  token_t null_label = -1;
   index_t label = -2;
   if (o.task == task_kind::text) {
     model.emplace(load_model(o.models_dir, "text-target", o.threads));
@@ -1167,6 +1220,7 @@ int run(int argc, char** argv) {
     // The codebook in the model's layout (image-ar-256: the same patches on a 16x16 grid).
     vq.emplace(ex::vq_codebook::load(vq_path, o.models_dir / (o.image_model + ".safetensors")));
     label = resolve_label(o.label, *vq);
+    null_label = vq->label_token(-1);
     prompt.push_back(vq->label_token(label));
     vocab_limit = vq->codes();
     image_width = vq->grid();
@@ -1203,6 +1257,7 @@ int run(int argc, char** argv) {
                        prompt,
                        vocab_limit,
                        image_width,
+                       null_label,
                        specula::request_rng{o.seed, static_cast<std::uint32_t>(i), 0},
                        &progress};
     const auto t0 = std::chrono::steady_clock::now();
