@@ -99,6 +99,11 @@ TEST_CASE("chain launch checks refuse inconsistent arguments before any CUDA cal
   out = c.out;
   out.flags = {nullptr, 2};
   expect_refused(c.in, out);
+  // Caller-supplied bonus tokens (host-only so far), sampled and greedy.
+  in = c.in;
+  in.bonus_tokens = row_view<const token_t>(c.in.draft_tokens.data, 2);
+  expect_refused(in, c.out);
+  CHECK(sc::verify_chain_greedy_async(pol, in, c.out) == invalid);
   // A vocabulary beyond the kernels' limit, and no vocabulary.
   in = c.in;
   in.vocab_size = sc::chain_max_vocab + 1;

@@ -337,6 +337,10 @@ launch_check check_flattened_layout(index_t vocab, index_view offsets,
 template <class T>
 cudaError_t check_flattened(const chain_batch_input<T>& in, const chain_batch_output& out,
                             bool sampled) {
+  // The kernels read a bonus row per request; caller-supplied bonus tokens (the host's
+  // chain_batch_input::bonus_tokens, vLLM's layout) are not supported on the device yet, and
+  // ignoring them would misread the target rows.
+  if (in.bonus_tokens.size != 0) return cudaErrorInvalidValue;
   return check_flattened_layout(in.vocab_size, in.draft_offsets, in.draft_tokens, in.draft_probs,
                                 in.target_probs, in.rng, out, sampled)
       .status();
