@@ -62,6 +62,13 @@ class vq_codebook {
   [[nodiscard]] index_t patch_dim() const noexcept { return patch_ * patch_ * 3; }
   [[nodiscard]] index_t tokens_per_image() const noexcept { return grid_ * grid_; }
   [[nodiscard]] const std::vector<std::string>& classes() const noexcept { return classes_; }
+  /// The codebook vector of image token t (patch_dim() values, (row, col, channel) order).
+  [[nodiscard]] std::span<const float> code(token_t t) const {
+    require_parameter(t >= 0 && t < codes_, "token", static_cast<double>(t),
+                      "outside the codebook");
+    return {codebook_.data() + static_cast<std::size_t>(t) * static_cast<std::size_t>(patch_dim()),
+            static_cast<std::size_t>(patch_dim())};
+  }
   /// The label token of class `c`, or the null (unconditional) label for c = -1.
   [[nodiscard]] token_t label_token(index_t c) const {
     if (c == -1) return null_label_;
