@@ -1,13 +1,15 @@
 // specula_demo: every decoding method of specula on the shipped tiny models, with statistics.
 //
-//   specula_demo --task text|image|diffusion --method ar|sd|sjd|sjd-pac|cool-sd|jacobi|
+//   specula_demo --task text|image|diffusion --method ar|sd|sjd|sjd-pac|cool-sd|lantern|jacobi|
 //                multiblock|ssd [options]        (specula_demo --help lists the options)
 //
 // Text: byte-level Python continuation of --prompt by text-target (draft: text-draft).
 // Image: 256 VQ tokens (16x16 grid of a 64x64 image) after a class label token, by image-ar-256
-// (--image-model image-ar: 64 tokens, 8x8, 32x32); each sample is decoded with the VQ codebook
-// (image-vq, in the model's layout) to <out-dir>/<method>_<i>.png, and its acceptance heat map
-// (tokens emitted by the step that produced each cell) to <out-dir>/<method>_<i>_heat.png.
+// (draft: image-draft; --image-model image-ar: 64 tokens, 8x8, 32x32, no draft model); LANTERN++
+// relaxes acceptance to the drafted token's nearest codebook vectors; each sample is decoded with
+// the VQ codebook (image-vq, in the model's layout) to <out-dir>/<method>_<i>.png, and its
+// acceptance heat map (tokens emitted by the step that produced each cell) to
+// <out-dir>/<method>_<i>_heat.png.
 // Diffusion: text-diffusion (masked diffusion) with SSD and a stepwise baseline (hooks below).
 //
 // Exit codes: 0 success, 1 runtime error (models, files), 2 bad arguments, 3 the method is not
@@ -42,10 +44,13 @@
 #include "specula/decode/speculative.hpp"
 #include "specula/decode/ssd.hpp"
 #include "specula/decode/stats.hpp"
+#include "specula/rules/lantern.hpp"
+#include "specula/rules/neighbour_table.hpp"
 #include "specula/rules/relaxed.hpp"
 #include "specula/sample/categorical.hpp"
 #include "specula/sample/transforms.hpp"
 #include "specula/tree/builders.hpp"
+#include "specula/verify/chain.hpp"
 #include "specula_example/sessions.hpp"
 #include "specula_example/transformer.hpp"
 #include "specula_example/vq_image.hpp"
@@ -135,6 +140,9 @@ struct demo_options {
   double nu = 0.7;
   double ell = 8.0;
   std::string resampling = "optimal";
+  // lantern (image): LANTERN++ with the paper's cap lambda * p(x)
+  double lambda = 1.0;
+  index_t lantern_k = 10;
   // sjd / sjd-pac / jacobi
   index_t window = -1;  // -1: the method's default
   std::string init;     // empty: the method's default
@@ -225,13 +233,14 @@ class progress_line {
 /// What one decoding run needs.
 struct run_input {
   const demo_options& opt;
-  const ex::transformer& model;     // the task's (target) model
-  const ex::transformer* draft;     // text-draft, for sd and cool-sd
-  std::span<const token_t> prompt;  // for image: the label token
-  index_t vocab_limit;              // tokens >= this are masked out of every row
-  index_t image_width;              // image task: tokens per image row (0: not an image)
-  token_t null_label;               // image task: the null label token (-1: not an image)
-  specula::request_rng rng;         // {seed, sample index, 0}
+  const ex::transformer& model;  // the task's (target) model
+  const ex::transformer* draft;  // text-draft or image-draft, for sd, cool-sd and lantern
+  const specula::neighbour_table* neighbours;  // lantern: codebook neighbours of every token
+  std::span<const token_t> prompt;             // for image: the label token
+  index_t vocab_limit;                         // tokens >= this are masked out of every row
+  index_t image_width;                         // image task: tokens per image row (0: not an image)
+  token_t null_label;        // image task: the null label token (-1: not an image)
+  specula::request_rng rng;  // {seed, sample index, 0}
   progress_line* progress;
 };
 
@@ -429,6 +438,13 @@ json params_ar(const demo_options& o) {
   return p;
 }
 
+specula::resampling resampling_of(const demo_options& o) {
+  if (o.resampling == "vanilla") return specula::resampling::vanilla;
+  if (o.resampling == "lantern") return specula::resampling::lantern;
+  if (o.resampling == "lantern-official") return specula::resampling::lantern_official;
+  return specula::resampling::optimal;
+}
+
 specula::scheduled_relaxed_rule cool_rule(const demo_options& o) {
   specula::scheduled_relaxed_rule rule;
   const index_t length = std::max<index_t>(1, o.draft_length);
@@ -438,12 +454,78 @@ specula::scheduled_relaxed_rule cool_rule(const demo_options& o) {
     rule.schedule = specula::relaxation_schedule::make_exponential(o.delta, o.nu, length);
   else
     rule.schedule = specula::relaxation_schedule::make_linear(o.delta, o.ell, length);
-  rule.resample =
-      o.resampling == "vanilla" ? specula::resampling::vanilla : specula::resampling::optimal;
+  rule.resample = resampling_of(o);
   return rule;
 }
 
-std::vector<token_t> speculative(const run_input& in, decode_stats& st, bool relaxed) {
+/// LANTERN++ with the paper's cap (Cool-SD Eq. 4): neighbours of the drafted token x, nearest
+/// codebook vector first, kept while their summed target probability is <= lambda * p(x).
+specula::lantern_rule lantern_rule_of(const demo_options& o, const specula::neighbour_table& t) {
+  return specula::lantern_rule::make_relative(t, o.lambda, resampling_of(o),
+                                              specula::lantern_cap::paper, o.lantern_k);
+}
+
+/// The neighbour table of the image task: row t of the embedding matrix is token t's codebook
+/// vector (the 4x4x3 patch, 48 values in [0, 1]); the label tokens (>= vq.codes()) get rows far
+/// from every code and from each other, so they are never among a code's first codes() - 1
+/// neighbours (they are never drafted: the draft is restricted to image tokens too).
+specula::neighbour_table image_neighbours(const ex::vq_codebook& vq, index_t vocab, index_t k) {
+  const index_t d = vq.patch_dim();
+  std::vector<float> rows(static_cast<std::size_t>(vocab * d));
+  for (index_t t = 0; t < vocab; ++t) {
+    float* row = rows.data() + t * d;
+    if (t < vq.codes()) {
+      const auto code = vq.code(static_cast<token_t>(t));
+      std::copy(code.begin(), code.end(), row);
+    } else {
+      std::fill(row, row + d, 100.0f + 10.0f * static_cast<float>(t - vq.codes()));
+    }
+  }
+  return specula::neighbour_table(specula::batch_view<const float>(rows.data(), vocab, d), k,
+                                  specula::neighbour_metric::l2);
+}
+
+/// LANTERN++ as speculative_decode's verifier: LANTERN's rule needs the whole target row, which
+/// the tree verifier's K-candidate recursion does not take (it takes scalar rules only), so the
+/// draft is a chain (node i + 1 is the child of node i; the lantern method takes no
+/// --draft-tree) and this adapter verifies it with the chain verifier, whose draws and outputs
+/// it maps back to the tree layout (accepted nodes 0, 1, ..., num_accepted).
+struct lantern_chain_verifier {
+  specula::lantern_rule rule;
+  void operator()(const specula::tree_batch_input<float>& in,
+                  const specula::tree_batch_output& out) const {
+    if (in.trees.size != 1) throw std::logic_error("lantern_chain_verifier: one request");
+    const specula::token_tree& tree = in.trees[0];
+    const index_t nodes = tree.size();
+    const index_t V = in.vocab_size;
+    std::vector<token_t> drafts;
+    for (index_t i = 1; i < nodes; ++i) {
+      if (tree.parent(i) != i - 1)
+        throw std::logic_error("lantern_chain_verifier: the draft must be a chain");
+      drafts.push_back(tree.token(i));
+    }
+    const std::int64_t offsets[2] = {0, nodes - 1};
+    specula::chain_batch_input<float> c;
+    c.vocab_size = V;
+    c.draft_offsets = specula::index_view(offsets, 2);
+    c.draft_tokens = specula::row_view<const token_t>(drafts.data(), nodes - 1);
+    if (in.draft_probs.rows > 0)  // the q rows of nodes 0 .. L - 1 (sampled drafts)
+      c.draft_probs = specula::batch_view<const float>(in.draft_probs.data, nodes - 1, V);
+    c.target_probs = in.target_probs;  // L + 1 rows: the drafts' and the bonus row
+    c.rng = in.rng;
+    specula::chain_batch_output o;
+    o.output_tokens = out.output_tokens;
+    o.num_accepted = out.num_accepted;
+    o.flags = out.flags;
+    specula::verify_chain(specula::host::sequential_policy{}, c, o, specula::chain_options{}, rule);
+    if (!out.accepted_nodes.empty())
+      for (index_t i = 0; i < nodes; ++i) out.accepted_nodes[i] = i <= out.num_accepted[0] ? i : -1;
+  }
+};
+
+enum class sd_rule { exact, cool, lantern };
+
+std::vector<token_t> speculative(const run_input& in, decode_stats& st, sd_rule rule) {
   const demo_options& o = in.opt;
   specula::speculative_options so;
   so.draft_length = o.draft_length;
@@ -454,27 +536,35 @@ std::vector<token_t> speculative(const run_input& in, decode_stats& st, bool rel
   if (o.draft_tree_width > 0)
     so.draft_tree = specula::trees::full(o.draft_tree_width, o.draft_tree_depth);
   demo_session target(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label);
-  demo_session draft(*in.draft, in.vocab_limit, nullptr);
+  // The draft sees the same vocabulary limit and, with --cfg, the same guidance.
+  demo_session draft(*in.draft, in.vocab_limit, nullptr, in.opt.cfg, in.null_label);
   if (o.greedy)
     return specula::speculative_decode(target, draft, in.prompt, so, in.rng,
                                        specula::greedy_tree_verifier<>{}, &st);
-  if (!relaxed)
+  if (rule == sd_rule::exact)
     return specula::speculative_decode(target, draft, in.prompt, so, in.rng,
                                        specula::tree_verifier<>{}, &st);
+  if (rule == sd_rule::lantern)
+    return specula::speculative_decode(target, draft, in.prompt, so, in.rng,
+                                       lantern_chain_verifier{lantern_rule_of(o, *in.neighbours)},
+                                       &st);
   specula::tree_verifier<specula::host::sequential_policy, specula::scheduled_relaxed_rule> v;
   v.rule = cool_rule(o);
   return specula::speculative_decode(target, draft, in.prompt, so, in.rng, v, &st);
 }
 
 std::vector<token_t> run_sd(const run_input& in, decode_stats& st) {
-  return speculative(in, st, false);
+  return speculative(in, st, sd_rule::exact);
 }
 std::vector<token_t> run_cool_sd(const run_input& in, decode_stats& st) {
-  return speculative(in, st, true);
+  return speculative(in, st, sd_rule::cool);
+}
+std::vector<token_t> run_lantern(const run_input& in, decode_stats& st) {
+  return speculative(in, st, sd_rule::lantern);
 }
 
 json params_sd(const demo_options& o) {
-  json p = {{"draft_model", "text-draft"},
+  json p = {{"draft_model", o.task == task_kind::image ? "image-draft" : "text-draft"},
             {"draft_length", o.draft_length},
             {"draft_tree", o.draft_tree_width > 0 ? json(std::to_string(o.draft_tree_width) + "x" +
                                                          std::to_string(o.draft_tree_depth))
@@ -497,6 +587,16 @@ json params_cool_sd(const demo_options& o) {
   for (index_t i = 1; i <= std::max<index_t>(1, o.draft_length); ++i)
     omega.push_back(rule.schedule.omega(i));
   p["omega"] = omega;
+  return p;
+}
+
+json params_lantern(const demo_options& o) {
+  json p = params_sd(o);
+  p["lambda"] = o.lambda;
+  p["cap"] = "lambda * p(x)";
+  p["k"] = o.lantern_k;
+  p["neighbours"] = "l2 between codebook vectors";
+  p["resampling"] = o.resampling;
   return p;
 }
 
@@ -626,12 +726,12 @@ const std::vector<method_entry>& methods() {
        params_ar,
        "autoregressive sampling with the target model, one forward pass per token"},
       {"sd",
-       text_bit,
+       text_bit | image_bit,
        0,
        {"--draft-length", "--draft-tree", "--greedy", "--draft-greedy"},
        run_sd,
        params_sd,
-       "draft-model speculative decoding (text-draft drafts, exact verification)"},
+       "draft-model speculative decoding (exact verification; drafts: text-draft, image-draft)"},
       {"sjd",
        text_bit | image_bit,
        0,
@@ -648,13 +748,20 @@ const std::vector<method_entry>& methods() {
        params_sjd_pac,
        "SJD with Adaptive Continuation and Proactive Drafting"},
       {"cool-sd",
-       text_bit,
+       text_bit | image_bit,
        0,
        {"--draft-length", "--draft-tree", "--draft-greedy", "--cool-schedule", "--delta", "--nu",
         "--ell", "--resampling"},
        run_cool_sd,
        params_cool_sd,
        "speculative decoding with Cool-SD's relaxed (lossy) acceptance"},
+      {"lantern",
+       image_bit,
+       0,
+       {"--draft-length", "--draft-greedy", "--lambda", "--lantern-k", "--resampling"},
+       run_lantern,
+       params_lantern,
+       "speculative decoding with LANTERN++'s relaxed (lossy) acceptance (codebook neighbours)"},
       {"jacobi",
        text_bit | image_bit,
        0,
@@ -725,8 +832,10 @@ void print_help() {
       "\n"
       "method options:\n"
       "  --greedy             ar: argmax decoding; sd: greedy drafts and greedy verification\n"
-      "  --draft-greedy       sd, cool-sd: greedy drafts, stochastic verification\n"
-      "  --draft-length N     sd, cool-sd: drafted tokens per step (default 4)\n"
+      "  --draft-greedy       sd, cool-sd, lantern: greedy drafts, stochastic verification\n"
+      "  --draft-length N     sd, cool-sd, lantern: drafted tokens per step (default 4); the\n"
+      "                       draft model is text-draft (text) or image-draft (image, with\n"
+      "                       image-ar-256 only; --cfg guides it with the same scale)\n"
       "  --draft-tree WxD     sd, cool-sd: draft a full W-ary tree of D levels per step instead\n"
       "                       of a chain (siblings without replacement; greedy: top W tokens)\n"
       "  --window N           sjd (default 16), sjd-pac (64), jacobi (16): draft window; sjd,\n"
@@ -750,7 +859,13 @@ void print_help() {
       "                       schedule = exact rule)\n"
       "  --nu NU              cool-sd exponential: decay (>= 0, default 0.7)\n"
       "  --ell L              cool-sd linear: slope parameter (>= 2, default 8)\n"
-      "  --resampling R       cool-sd: optimal (default) | vanilla\n"
+      "  --resampling R       cool-sd: optimal (default) | vanilla; lantern: optimal (default) |\n"
+      "                       vanilla | lantern (LANTERN++ Eq. 6) | lantern-official (its code)\n"
+      "  --lambda L           lantern: LANTERN++ cap, neighbours of the drafted token x kept\n"
+      "                       while their summed target probability is <= L p(x) (>= 0,\n"
+      "                       default 1; LANTERN's code's --lantern_delta D is L = D - 1)\n"
+      "  --lantern-k K        lantern: neighbours walked, nearest codebook vector (L2) first\n"
+      "                       (1 .. 127, default 10)\n"
       "  --block-size N       multiblock: block size (default 64); ssd, diffusion ar: semi-AR\n"
       "                       block size (default 32)\n"
       "  --blocks K           multiblock: blocks kept (default 2)\n"
@@ -812,18 +927,14 @@ demo_options parse_args(int argc, char** argv) {
       "--json",     "--quiet",        "--no-recycling",  "--mix-order",
       "--fallback", "--count-root",   "--no-count-root", "--pd-first-path"};
   const std::vector<std::string_view> valued = {
-      "--task",           "--method",      "--temperature",
-      "--top-k",          "--top-p",       "--seed",
-      "--max-new-tokens", "--prompt",      "--label",
-      "--num-samples",    "--threads",     "--models-dir",
-      "--out-dir",        "--scale",       "--draft-length",
-      "--draft-tree",     "--window",      "--init",
-      "--pd-width",       "--pd-depth",    "--cool-schedule",
-      "--delta",          "--nu",          "--ell",
-      "--resampling",     "--block-size",  "--blocks",
-      "--spawn-ratio",    "--pool-size",   "--ngram",
-      "--pool",           "--spawn",       "--cache",
-      "--refresh",        "--image-model", "--cfg"};
+      "--task",          "--method",         "--temperature", "--top-k",     "--top-p",
+      "--seed",          "--max-new-tokens", "--prompt",      "--label",     "--num-samples",
+      "--threads",       "--models-dir",     "--out-dir",     "--scale",     "--draft-length",
+      "--draft-tree",    "--window",         "--init",        "--pd-width",  "--pd-depth",
+      "--cool-schedule", "--delta",          "--nu",          "--ell",       "--resampling",
+      "--block-size",    "--blocks",         "--spawn-ratio", "--pool-size", "--ngram",
+      "--pool",          "--spawn",          "--cache",       "--refresh",   "--image-model",
+      "--cfg",           "--lambda",         "--lantern-k"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -911,6 +1022,10 @@ demo_options parse_args(int argc, char** argv) {
       o.ell = parse_double(flag, value);
     } else if (flag == "--resampling") {
       o.resampling = value;
+    } else if (flag == "--lambda") {
+      o.lambda = parse_double(flag, value);
+    } else if (flag == "--lantern-k") {
+      o.lantern_k = parse_int(flag, value);
     } else if (flag == "--block-size") {
       o.block_size = parse_int(flag, value);
     } else if (flag == "--blocks") {
@@ -998,7 +1113,8 @@ void resolve(demo_options& o, const method_entry& m) {
       "--cool-schedule", "--delta",        "--nu",           "--ell",           "--resampling",
       "--block-size",    "--blocks",       "--spawn-ratio",  "--no-recycling",  "--pool-size",
       "--ngram",         "--pool",         "--spawn",        "--mix-order",     "--cache",
-      "--refresh",       "--fallback",     "--count-root",   "--no-count-root", "--pd-first-path"};
+      "--refresh",       "--fallback",     "--count-root",   "--no-count-root", "--pd-first-path",
+      "--lambda",        "--lantern-k"};
   for (const auto& f : o.given)
     if (std::find(method_flags.begin(), method_flags.end(), f) != method_flags.end() &&
         std::find(m.flags.begin(), m.flags.end(), f) == m.flags.end())
@@ -1100,8 +1216,19 @@ void resolve(demo_options& o, const method_entry& m) {
     throw usage_error("--nu: only used with --cool-schedule exponential");
   if (o.has("--ell") && o.cool_schedule != "linear")
     throw usage_error("--ell: only used with --cool-schedule linear");
-  require(o.resampling == "optimal" || o.resampling == "vanilla", "--resampling",
-          "must be optimal or vanilla, got '" + o.resampling + "'");
+  if (o.method == "lantern")
+    require(o.resampling == "optimal" || o.resampling == "vanilla" || o.resampling == "lantern" ||
+                o.resampling == "lantern-official",
+            "--resampling",
+            "must be optimal, vanilla, lantern or lantern-official for method lantern, got '" +
+                o.resampling + "'");
+  else
+    require(o.resampling == "optimal" || o.resampling == "vanilla", "--resampling",
+            "must be optimal or vanilla, got '" + o.resampling + "'");
+
+  // LANTERN++ (the codebook's size bounds k once the model is read).
+  require(o.lambda >= 0.0, "--lambda", "must be >= 0 (the cap is lambda * p(x))");
+  require(o.lantern_k >= 1, "--lantern-k", "must be >= 1");
 
   if (o.task == task_kind::text) {
     require(!o.prompt.empty(), "--prompt", "must not be empty");
@@ -1195,6 +1322,7 @@ int run(int argc, char** argv) {
   const auto t_load = std::chrono::steady_clock::now();
   std::optional<ex::transformer> model, draft;
   std::optional<ex::vq_codebook> vq;
+  std::optional<specula::neighbour_table> neighbours;
   std::vector<token_t> prompt;
   index_t vocab_limit = 0;
   index_t image_width = 0;
@@ -1225,6 +1353,18 @@ int run(int argc, char** argv) {
     vocab_limit = vq->codes();
     image_width = vq->grid();
     if (o.max_new_tokens < 0) o.max_new_tokens = vq->tokens_per_image();
+    if (o.method == "sd" || o.method == "cool-sd" || o.method == "lantern") {
+      require(o.image_model == "image-ar-256", "--image-model",
+              "method " + o.method + " drafts with image-draft, the draft model of image-ar-256; " +
+                  o.image_model + " has none");
+      draft.emplace(load_model(o.models_dir, "image-draft", o.threads));
+    }
+    if (o.method == "lantern") {
+      require(o.lantern_k <= vq->codes() - 1, "--lantern-k",
+              "must be in [1, " + std::to_string(vq->codes() - 1) + "] (the other codes), got " +
+                  std::to_string(o.lantern_k));
+      neighbours.emplace(image_neighbours(*vq, model->vocab_size(), o.lantern_k));
+    }
     require(o.max_new_tokens == vq->tokens_per_image(), "--max-new-tokens",
             "the image task generates exactly " + std::to_string(vq->tokens_per_image()) +
                 " tokens with " + o.image_model + " (the " + std::to_string(vq->grid()) + "x" +
@@ -1254,6 +1394,7 @@ int run(int argc, char** argv) {
     const run_input in{o,
                        *model,
                        draft ? &*draft : nullptr,
+                       neighbours ? &*neighbours : nullptr,
                        prompt,
                        vocab_limit,
                        image_width,
