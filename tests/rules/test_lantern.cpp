@@ -163,8 +163,9 @@ struct small_codebook {
 
 }  // namespace
 
-TEST_CASE("LANTERN caps x resamplings: exact law equals the reference's; TV within the bound",
-          "[relaxed][lantern][law]") {
+TEST_CASE(
+    "LANTERN caps x resamplings: exact law equals the reference's and TV stays within the bound",
+    "[relaxed][lantern][law]") {
   const small_codebook c;
   const index_t V = c.V, k = c.k, L = c.L;
   const auto& table = c.table;
