@@ -53,6 +53,107 @@ std::string dtype_name(nb::dlpack::dtype t) {
 
 namespace {
 
+/// The torch objects the imports below use, looked up once, when the first torch.Tensor
+/// arrives (torch is then imported); null until then, or when torch lacks one of them.
+struct torch_api {
+  PyTypeObject* tensor_type = nullptr;
+  PyObject* to_dlpack = nullptr;  // torch._C._to_dlpack
+  struct dtype_entry {
+    PyObject* object;  // torch.float32, ...
+    nb::dlpack::dtype code;
+  };
+  std::vector<dtype_entry> dtypes;
+  PyObject* is_cpu = nullptr;  // interned attribute and method names
+  PyObject* dtype = nullptr;
+  PyObject* data_ptr = nullptr;
+  PyObject* shape = nullptr;
+  PyObject* stride = nullptr;
+};
+
+/// The torch API when `h` is exactly a torch.Tensor, else null.
+const torch_api* torch_of(nb::handle h) {
+  static torch_api api;
+  if (api.tensor_type == nullptr) {
+    if (std::strcmp(Py_TYPE(h.ptr())->tp_name, "Tensor") != 0) return nullptr;
+    const nb::object torch = nb::steal(PyImport_GetModule(nb::str("torch").ptr()));
+    if (!torch.is_valid()) {
+      PyErr_Clear();
+      return nullptr;
+    }
+    const nb::object type = nb::getattr(torch, "Tensor", nb::none());
+    const nb::object c = nb::getattr(torch, "_C", nb::none());
+    const nb::object fn = c.is_none() ? nb::none() : nb::getattr(c, "_to_dlpack", nb::none());
+    if (!PyType_Check(type.ptr()) || fn.is_none()) return nullptr;
+    const std::pair<const char*, nb::dlpack::dtype> dtypes[] = {
+        {"float32", nb::dtype<float>()},
+        {"float64", nb::dtype<double>()},
+        {"float16", {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1}},
+        {"bfloat16", {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1}},
+        {"int32", nb::dtype<std::int32_t>()},
+        {"int64", nb::dtype<std::int64_t>()}};
+    for (const auto& [name, code] : dtypes) {
+      const nb::object d = nb::getattr(torch, name, nb::none());
+      if (!d.is_none()) api.dtypes.push_back({d.inc_ref().ptr(), code});  // kept for the process
+    }
+    api.is_cpu = PyUnicode_InternFromString("is_cpu");
+    api.dtype = PyUnicode_InternFromString("dtype");
+    api.data_ptr = PyUnicode_InternFromString("data_ptr");
+    api.shape = PyUnicode_InternFromString("shape");
+    api.stride = PyUnicode_InternFromString("stride");
+    api.to_dlpack = fn.inc_ref().ptr();
+    api.tensor_type = reinterpret_cast<PyTypeObject*>(type.inc_ref().ptr());
+  }
+  return Py_TYPE(h.ptr()) == api.tensor_type ? &api : nullptr;
+}
+
+/// A non-empty CPU torch.Tensor (exactly torch.Tensor) of one of the dtypes above as an ndarray
+/// over its data, built from `data_ptr()`, `shape` and `stride()` and holding a reference to the
+/// tensor: about 0.6 us per tensor, where a DLPack capsule from torch._C._to_dlpack costs about
+/// 1.2 us before nanobind reads it (docs/PERFORMANCE.md). What it does not check is what the
+/// capsule path does not check either: requires_grad (the verifiers only read such tensors) and
+/// the negative bit (only views of complex tensors carry it). Otherwise (another device or
+/// dtype, no storage, an empty tensor, any error) an invalid array: the caller then imports `h`
+/// through the capsule or as any other object.
+array torch_cpu_array(nb::handle h) {
+  const torch_api* t = torch_of(h);
+  if (t == nullptr) return {};
+  PyObject* o = h.ptr();
+  const auto fail = [] {
+    PyErr_Clear();
+    return array();
+  };
+  const nb::object cpu = nb::steal(PyObject_GetAttr(o, t->is_cpu));
+  if (!cpu.is_valid()) return fail();
+  if (cpu.ptr() != Py_True) return {};
+  const nb::object dtype = nb::steal(PyObject_GetAttr(o, t->dtype));
+  if (!dtype.is_valid()) return fail();
+  const nb::dlpack::dtype* code = nullptr;
+  for (const auto& e : t->dtypes)
+    if (e.object == dtype.ptr()) code = &e.code;
+  if (code == nullptr) return {};
+  const nb::object shape = nb::steal(PyObject_GetAttr(o, t->shape));
+  const nb::object stride = nb::steal(PyObject_CallMethodNoArgs(o, t->stride));
+  const nb::object data = nb::steal(PyObject_CallMethodNoArgs(o, t->data_ptr));
+  if (!shape.is_valid() || !stride.is_valid() || !data.is_valid()) return fail();
+  if (PyTuple_Check(shape.ptr()) == 0 || PyTuple_Check(stride.ptr()) == 0) return {};
+  constexpr Py_ssize_t max_ndim = 8;
+  const Py_ssize_t ndim = PyTuple_GET_SIZE(shape.ptr());
+  if (ndim > max_ndim || PyTuple_GET_SIZE(stride.ptr()) != ndim) return {};
+  std::size_t dims[max_ndim];
+  std::int64_t strides[max_ndim];
+  for (Py_ssize_t d = 0; d < ndim; ++d) {
+    dims[d] = PyLong_AsSize_t(PyTuple_GET_ITEM(shape.ptr(), d));
+    strides[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(stride.ptr(), d));
+    if (PyErr_Occurred() != nullptr) return fail();
+    if (dims[d] == 0) return {};
+  }
+  void* ptr = PyLong_AsVoidPtr(data.ptr());
+  if (PyErr_Occurred() != nullptr) return fail();
+  if (ptr == nullptr) return {};
+  return array(ptr, static_cast<std::size_t>(ndim), dims, h, strides, *code, nb::device::cpu::value,
+               0);
+}
+
 /// A DLPack capsule of `h` when it is a torch.Tensor (exactly; torch already imported), made by
 /// torch._C._to_dlpack: the C function behind Tensor.__dlpack__, which in torch 1.13-2.x is a
 /// Python method costing about 1 us per tensor before it calls it. The checks it skips do not
@@ -61,25 +162,9 @@ namespace {
 /// refused) and sparse layouts (refused by _to_dlpack itself). Otherwise, or when the call
 /// fails, an invalid object: the caller then imports `h` as any other object.
 nb::object torch_capsule(nb::handle h) {
-  static PyTypeObject* tensor_type = nullptr;
-  static PyObject* to_dlpack = nullptr;
-  if (tensor_type == nullptr) {
-    if (std::strcmp(Py_TYPE(h.ptr())->tp_name, "Tensor") != 0) return {};
-    // torch is imported (h is one of its tensors): look torch.Tensor and _to_dlpack up once.
-    const nb::object torch = nb::steal(PyImport_GetModule(nb::str("torch").ptr()));
-    if (!torch.is_valid()) {
-      PyErr_Clear();
-      return {};
-    }
-    const nb::object type = nb::getattr(torch, "Tensor", nb::none());
-    const nb::object c = nb::getattr(torch, "_C", nb::none());
-    const nb::object fn = c.is_none() ? nb::none() : nb::getattr(c, "_to_dlpack", nb::none());
-    if (!PyType_Check(type.ptr()) || fn.is_none()) return {};
-    tensor_type = reinterpret_cast<PyTypeObject*>(type.inc_ref().ptr());  // kept for the process
-    to_dlpack = fn.inc_ref().ptr();
-  }
-  if (Py_TYPE(h.ptr()) != tensor_type) return {};
-  nb::object capsule = nb::steal(PyObject_CallOneArg(to_dlpack, h.ptr()));
+  const torch_api* t = torch_of(h);
+  if (t == nullptr) return {};
+  nb::object capsule = nb::steal(PyObject_CallOneArg(t->to_dlpack, h.ptr()));
   if (!capsule.is_valid()) PyErr_Clear();
   return capsule;
 }
@@ -132,7 +217,8 @@ bool call_on_cuda(const named_array& target, std::initializer_list<named_array> 
 }
 
 array import_array(nb::handle h, const char* name, bool writable, bool any_device) {
-  array a;
+  array a = torch_cpu_array(h);
+  if (a.is_valid()) return a;  // a CPU tensor: no device check needed
   bool ok = false;
   const nb::object capsule = torch_capsule(h);
   const nb::handle source = capsule.is_valid() ? nb::handle(capsule) : h;

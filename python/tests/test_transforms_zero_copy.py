@@ -126,9 +126,10 @@ def test_torch_inputs_are_read_in_place_and_outputs_written_in_place():
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
 def test_torch_fast_import_requires_grad_subclasses_and_bfloat16():
-    """torch.Tensor is imported through torch._C._to_dlpack (not Tensor.__dlpack__): tensors
-    that require gradients are read (in place), subclasses still go through __dlpack__, and
-    bfloat16 logits are read as before."""
+    """A CPU torch.Tensor is imported from its data_ptr(), shape and stride() (others through
+    torch._C._to_dlpack, not Tensor.__dlpack__): tensors that require gradients are read (in
+    place), subclasses still go through __dlpack__, views with a storage offset are read at
+    their own data, and bfloat16 logits are read as before."""
     rng = np.random.default_rng(36)
     b, length, v = 2, 3, 16
     p_np = random_rows(rng, b * (length + 1), v).reshape(b, length + 1, v)
@@ -153,3 +154,21 @@ def test_torch_fast_import_requires_grad_subclasses_and_bfloat16():
     # A view with a non-unit last stride is refused as before, whichever path imports it.
     with pytest.raises(ValueError, match="contiguous"):
         specula.logits_to_probs(torch.randn(v, 3).t())
+    # A view that starts inside its storage (rows 1..2 of 4): read in place, at the view.
+    big = torch.randn(4, v)
+    view = big[1:3]
+    probs = specula.logits_to_probs(view)
+    assert specula._ext._last_pointers()["logits"] == view.data_ptr() != big.data_ptr()
+    assert torch.equal(probs, specula.logits_to_probs(big[1:3].clone()))
+    assert torch.allclose(probs, torch.softmax(view, dim=-1), atol=1e-6)
+    # float16 rows, and int64 draft tokens: the last rows of a taller tensor.
+    logits16 = torch.randn(2, v).half()
+    assert torch.allclose(specula.logits_to_probs(logits16),
+                          torch.softmax(logits16.float(), dim=-1), atol=1e-6)
+    tall = torch.from_numpy(np.concatenate([d_np[::-1], d_np], axis=0).astype(np.int64))
+    out = specula.chain_speculative_sampling(q, tall[b:], p, seeds=[1, 2], steps=3)[0]
+    assert out.tolist() == ref.tolist()
+    # A non-contiguous token view is refused, not read with the wrong layout.
+    with pytest.raises(ValueError, match="draft_token_ids must be C-contiguous"):
+        specula.chain_speculative_sampling(q, torch.cat([tall, tall], 1)[b:, :length], p,
+                                           seeds=[1, 2], steps=3)
