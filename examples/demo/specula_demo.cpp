@@ -269,6 +269,17 @@ struct method_entry {
 /// tokens; the target law is the model's restricted to image tokens), and each commit — one per
 /// decoding step, the accepted path — advances the progress line.
 class demo_session {
+  // (Defined first: the members below deduce their results from it.)
+  /// f(the model in use): the plain session or the guided pair.
+  template <class F>
+  decltype(auto) with(F&& f) {
+    return session_ ? f(*session_) : f(*guided_);
+  }
+  template <class F>
+  decltype(auto) with(F&& f) const {
+    return session_ ? f(*session_) : f(*guided_);
+  }
+
  public:
   demo_session(const ex::transformer& model, index_t vocab_limit, progress_line* progress,
                double cfg_scale = 1.0, token_t null_label = -1)
@@ -289,13 +300,13 @@ class demo_session {
   demo_session& operator=(const demo_session&) = delete;
 
   [[nodiscard]] index_t vocab_size() const {
-    return session_ ? session_->vocab_size() : guided_->vocab_size();
+    return with([](const auto& m) { return m.vocab_size(); });
   }
   void prefill(std::span<const token_t> prompt) {
     with([&](auto& m) { m.prefill(prompt); });
   }
   [[nodiscard]] index_t context_size() const {
-    return session_ ? session_->context_size() : guided_->context_size();
+    return with([](const auto& m) { return m.context_size(); });
   }
   void rollback(index_t n) {
     with([&](auto& m) { m.rollback(n); });
@@ -316,14 +327,6 @@ class demo_session {
   }
 
  private:
-  template <class F>
-  void with(F&& f) {
-    if (session_)
-      f(*session_);
-    else
-      f(*guided_);
-  }
-
   std::optional<ex::transformer_session> session_;
   std::optional<ex::transformer_batch> pair_;
   std::optional<specula::cfg_model<ex::transformer_batch>> guided_;
