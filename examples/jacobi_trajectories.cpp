@@ -5,9 +5,13 @@
 //
 //   specula_example_jacobi_trajectories [--out FILE] [--model NAME] [--block-size N]
 //                                       [--max-new-tokens N] [--prompts K] [--prompt-bytes P]
-//                                       [--seed S]
+//                                       [--seed S] [--prompts-file FILE] [--model-file PATH]
 //
-// Prompts: the first P bytes of K held-out windows of <model>.heldout (every rows/K-th window).
+// Prompts: the first P bytes of K held-out windows of <model>.heldout (every rows/K-th window),
+// or, with --prompts-file, K windows of P bytes at evenly spaced offsets of FILE (a byte-level
+// model's training text: tools/train_models.py collects Jacobi Forcing trajectories this way).
+// --model-file loads the weights from PATH instead of examples/models/<model>.safetensors (the
+// trainer's second round collects with its first-round model).
 // Without --out the program runs a small collection into a temporary file, reads it back and
 // checks it (the ctest run): every converged block's fixed point is the greedy output at its
 // positions, the last point of its trajectory equals it, and the blocks tile the output.
@@ -28,7 +32,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -50,7 +57,45 @@ struct options {
   index_t prompts = 8;
   index_t prompt_bytes = 64;
   std::uint64_t seed = 1;
+  std::filesystem::path prompts_file;  // empty: held-out windows of <model>.heldout
+  std::filesystem::path model_file;    // empty: examples/models/<model>.safetensors
 };
+
+/// K prompts of P tokens: the held-out windows of <model>.heldout, or byte windows of a file.
+std::vector<std::vector<token_t>> load_prompts(const options& o) {
+  std::vector<std::vector<token_t>> prompts;
+  if (!o.prompts_file.empty()) {
+    std::ifstream in(o.prompts_file, std::ios::binary);
+    if (!in) throw std::runtime_error("cannot read " + o.prompts_file.string());
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto length = static_cast<index_t>(bytes.size());
+    if (length < o.prompt_bytes)
+      throw std::runtime_error(o.prompts_file.string() + ": shorter than --prompt-bytes");
+    const index_t span = length - o.prompt_bytes;
+    for (index_t i = 0; i < o.prompts; ++i) {
+      const index_t start = o.prompts == 1 ? 0 : i * span / (o.prompts - 1);
+      std::vector<token_t> prompt;
+      for (index_t t = 0; t < o.prompt_bytes; ++t)
+        prompt.push_back(static_cast<unsigned char>(bytes[static_cast<std::size_t>(start + t)]));
+      prompts.push_back(std::move(prompt));
+    }
+    return prompts;
+  }
+  const std::filesystem::path dir{SPECULA_MODELS_DIR};
+  const auto held = ex::safetensors_file::open(dir / (o.model + ".heldout.safetensors"));
+  const auto& info = held.at("inputs");
+  const index_t rows = info.shape[0], T = info.shape[1];
+  const auto inputs = held.read_i32("inputs", info.shape);
+  const index_t count = std::min(o.prompts, rows);
+  const index_t P = std::min(o.prompt_bytes, T);
+  for (index_t i = 0; i < count; ++i) {
+    const index_t r = i * (rows / count);
+    std::vector<token_t> prompt;
+    for (index_t t = 0; t < P; ++t) prompt.push_back(inputs[static_cast<std::size_t>(r * T + t)]);
+    prompts.push_back(std::move(prompt));
+  }
+  return prompts;
+}
 
 /// What one collection produced (the tensors of the file, as vectors).
 struct collection {
@@ -61,22 +106,17 @@ struct collection {
 
 collection collect(const options& o) {
   const std::filesystem::path dir{SPECULA_MODELS_DIR};
-  const auto model = ex::transformer::load(dir / (o.model + ".safetensors"));
-  const auto held = ex::safetensors_file::open(dir / (o.model + ".heldout.safetensors"));
-  const auto& info = held.at("inputs");
-  const index_t rows = info.shape[0], T = info.shape[1];
-  const auto inputs = held.read_i32("inputs", info.shape);
-  const index_t count = std::min(o.prompts, rows);
-  const index_t P = std::min(o.prompt_bytes, T);
+  const auto model =
+      ex::transformer::load(o.model_file.empty() ? dir / (o.model + ".safetensors") : o.model_file);
+  const auto prompts = load_prompts(o);
+  const auto count = static_cast<index_t>(prompts.size());
 
   collection c;
   ex::transformer_session s(model);
   std::vector<token_t> pending;  // the current block's points, n tokens each
   std::vector<std::int32_t> pending_converged;
   for (index_t i = 0; i < count; ++i) {
-    const index_t r = i * (rows / count);
-    std::vector<token_t> prompt;
-    for (index_t t = 0; t < P; ++t) prompt.push_back(inputs[static_cast<std::size_t>(r * T + t)]);
+    const auto& prompt = prompts[static_cast<std::size_t>(i)];
     specula::jacobi_options jo;
     jo.window = o.block_size;
     jo.max_new_tokens = o.max_new_tokens;
@@ -141,7 +181,7 @@ void save(const std::filesystem::path& path, const options& o, const collection&
       tensor("points", {size(c.point_converged), n}, c.points),
       tensor("point_converged", {size(c.point_converged)}, c.point_converged)};
   const std::map<std::string, std::string> meta = {
-      {"model", o.model},
+      {"model", o.model_file.empty() ? o.model : o.model_file.filename().string()},
       {"block_size", std::to_string(o.block_size)},
       {"max_new_tokens", std::to_string(o.max_new_tokens)},
       {"init", "sample_context"},
@@ -230,6 +270,10 @@ int main(int argc, char** argv) {
       o.prompts = parse("--prompts", v);
     else if (a == "--prompt-bytes")
       o.prompt_bytes = parse("--prompt-bytes", v);
+    else if (a == "--prompts-file")
+      o.prompts_file = v;
+    else if (a == "--model-file")
+      o.model_file = v;
     else if (a == "--seed")
       o.seed = static_cast<std::uint64_t>(parse("--seed", v));
     else {
