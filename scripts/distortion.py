@@ -14,7 +14,7 @@ upwards at finite N, so only like-with-like comparisons at the same N mean anyth
         [--n 256] [--labels 0,1,2,3,4,5,6,7] [--image-model image-ar-256]
         [--common "--cfg 3 --top-k 32"] [--exact "--method sd --draft-length 4"]
         [--preset cool-sd [--draft-length 4]] [--config "NAME::ARGS" ...] [--n-sweep N]
-        [--permutations 200] [--cache-dir DIR] [--nice 10]
+        [--permutations 200] [--cache-dir DIR [--cached-only]] [--nice 10]
         [--json out.json] [--svg figure.svg] [--check-same NAME] [--check-different NAME]
 
 Distances, each between a configuration's samples R and the reference A (and B vs A for the
@@ -49,12 +49,14 @@ reads as "not distinguishable at this N". Step compression is tokens per target 
 
 Decoded sets are cached in --cache-dir (JSON, keyed by the demo arguments), so re-running with
 other statistics or another figure does not decode again. Seeds: set s (A = 1, B = 2, the
-configurations 3, 4, ...) decodes label c with `--seed 1000 * s + c`, image i with request id i.
+configurations 3, 4, ... in the order given: presets, then --config) decodes label c with
+`--seed 1000 * s + c`, image i with request id i.
 
 --preset cool-sd adds the sweep of docs/RESULTS.md: uniform, exponential (nu = 0.7) and linear
 (ell = 8) schedules at several delta, LANTERN++ (paper cap, k = 10) at several lambda, and plain
-AR decoding as a second exact control. --check-same NAME / --check-different NAME make the script
-exit 1 unless NAME's marginal TV is (is not) distinguishable from the noise floor: the ctest
+AR decoding as a second exact control. --check-same NAME makes the script exit 1 unless NAME is
+not distinguishable from A (marginal TV: permutation p >= 0.05 and an excess interval holding
+0), --check-different NAME unless it is (p < 0.05 and the interval above 0); the ctest
 `examples.distortion_tool` compares AR with AR (same law, other seeds) and with AR at
 temperature 2 on the 8x8 image-ar model.
 """
@@ -112,6 +114,8 @@ def parse_args():
     ap.add_argument("--cache-dir", default="")
     ap.add_argument("--json", default="", help="write every statistic here")
     ap.add_argument("--svg", default="", help="write the trade-off figure here")
+    ap.add_argument("--cached-only", action="store_true",
+                    help="decode nothing: skip the configurations not in --cache-dir")
     ap.add_argument("--nice", type=int, default=0, help="run the demo and scorer under nice -n")
     ap.add_argument("--check-same", action="append", default=[], metavar="NAME")
     ap.add_argument("--check-different", action="append", default=[], metavar="NAME")
@@ -139,6 +143,8 @@ def decode_set(args, flags, n, labels, set_id, tmp):
             d = json.load(f)
         if d.get("key") == key_src:
             return {k: np.asarray(v) if isinstance(v, list) else v for k, v in d.items()}
+    if args.cached_only:
+        return None
     toks, labs, ntok, nfwd, ndraft, steps, wall = [], [], [], [], [], [], 0.0
     for c in labels:
         cmd = nice_prefix(args) + [args.demo, "--task", "image", "--image-model", args.image_model]
@@ -324,12 +330,14 @@ def svg_figure(rows, floor, path, title):
         'font-family="sans-serif" font-size="11">',
         f'<text x="{W * len(panels) / 2}" y="16" text-anchor="middle" font-size="13">{title}</text>',
     ]
-    xs = [r["step_compression"] for r in rows]
+    rows = [r for r in rows if r["family"] != "AR (exact)"]  # x = 1 would squeeze the rest
+    sc0 = floor["exact_step_compression"]
+    xs = [r["step_compression"] for r in rows] + [sc0, 1.3 * sc0]
     xlo, xhi = min(xs) - 0.1, max(xs) + 0.1
     for k, (m, label) in enumerate(panels):
         ox = k * W
         ys = [r[m] for r in rows] + [r[m + "_ci"][1] for r in rows] + [floor[m + "_ci"][1]]
-        ys += [r[m + "_ci"][0] for r in rows] + [0.0]
+        ys += [r[m + "_ci"][0] for r in rows] + [floor[m + "_ci"][0]]
         ylo, yhi = min(ys), max(ys)
         pad = 0.05 * (yhi - ylo or 1)
         ylo, yhi = ylo - pad, yhi + pad
@@ -364,6 +372,13 @@ def svg_figure(rows, floor, path, title):
             "tokens per target forward</text>"
         )
         out.append(f'<text x="{ox + (W + ml) / 2}" y="{20 + mt - 6}" text-anchor="middle">{label}</text>')
+        # Exact SD at its step compression (its distance: the floor), and 1.3x its speed.
+        out.append(f'<circle cx="{X(sc0):.1f}" cy="{Y(floor[m]):.1f}" r="3.5" fill="#000"/>')
+        out.append(
+            f'<line x1="{X(1.3 * sc0):.1f}" x2="{X(1.3 * sc0):.1f}" y1="{20 + mt}" y2="{20 + H - mb}" '
+            'stroke="#000" stroke-dasharray="2 3"/>'
+        )
+        out.append(f'<text x="{X(1.3 * sc0) + 3:.1f}" y="{20 + H - mb - 4}">1.3x exact SD</text>')
         fams = {}
         for r in rows:
             fams.setdefault(r["family"], []).append(r)
@@ -386,6 +401,9 @@ def svg_figure(rows, floor, path, title):
                 )
                 out.append(f'<text x="{ox + ml + 18}" y="{ly + 4}">{fam}</text>')
                 ly += 14
+            out.append(f'<circle cx="{ox + ml + 10}" cy="{ly}" r="3.5" fill="#000"/>')
+            out.append(f'<text x="{ox + ml + 18}" y="{ly + 4}">exact SD</text>')
+            ly += 14
             out.append(f'<rect x="{ox + ml + 6}" y="{ly - 4}" width="8" height="8" fill="#dddddd"/>')
             out.append(f'<text x="{ox + ml + 18}" y="{ly + 4}">exact vs exact (noise floor)</text>')
     out.append("</svg>")
@@ -420,11 +438,14 @@ def main():
 
         def dec(flags, n, set_id):
             full = f"{args.common} {flags}".strip()
-            print(f"decoding set {set_id}: {full} ({n} images)", file=sys.stderr, flush=True)
+            if not args.cached_only:
+                print(f"decoding set {set_id}: {full} ({n} images)", file=sys.stderr, flush=True)
             return decode_set(args, full, n, labels, set_id, tmp)
 
         da = dec(args.exact, args.n, 1)
         db = dec(args.exact, args.n, 2)
+        if da is None or db is None:
+            sys.exit("--cached-only: the exact sets are not in --cache-dir")
         fa, fb = Features(da, vocab, grid), Features(db, vocab, grid)
         K = {m: fa.hists[m][0].shape[1] for m in TV_METRICS}
         # The noise floor TV(B, A) and its leave-one-out values over A and over B.
@@ -451,6 +472,8 @@ def main():
         rows = []
         for set_id, (name, fam, param, flags) in enumerate(configs, start=3):
             d = dec(flags, n_sweep, set_id)
+            if d is None:
+                continue
             fr = Features(d, vocab, grid)
             sc, sc_ci = step_compression_ci(fr)
             r = {"name": name, "family": fam, "param": param, "flags": f"{args.common} {flags}".strip(),
@@ -559,8 +582,8 @@ def markdown(res):
         f"{fl['permutation_p'][1]:.3f}; exact step compression {fl['exact_step_compression']:.3f}.",
         "",
         "| configuration | tokens / target pass | vs exact SD | marginal TV | excess over floor | p | "
-        "bigram TV h | excess | bigram TV v | class p(label \\| x) drop | accuracy |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "bigram TV h | excess | p | bigram TV v | class p(label \\| x) drop | accuracy |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in res["configs"]:
         lines.append(
@@ -568,6 +591,7 @@ def markdown(res):
             f"{r['speedup_vs_exact_sd']:.2f}x | {r['marginal_tv']:.4f} | "
             f"{fmt_ci(r['marginal_tv_excess'], r['marginal_tv_excess_ci'])} | {r['permutation_p'][0]:.3f} | "
             f"{r['bigram_tv_h']:.4f} | {fmt_ci(r['bigram_tv_h_excess'], r['bigram_tv_h_excess_ci'])} | "
+            f"{r['permutation_p'][1]:.3f} | "
             f"{r['bigram_tv_v']:.4f} | "
             f"{fmt_ci(r['class_posterior_drop'], r['class_posterior_drop_ci'], 3)} | "
             f"{r['class_accuracy']:.3f} |"
