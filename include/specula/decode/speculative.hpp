@@ -289,6 +289,31 @@ std::vector<token_t> speculative_decode(Target& target, Draft& draft,
   return out;
 }
 
+namespace detail {
+
+/// speculative_decode_batch with request r verified by verifier_of(r).
+template <class Target, class Draft, class VerifierOf>
+std::vector<std::vector<token_t>> speculative_batch(Target& target, Draft& draft,
+                                                    std::span<const std::vector<token_t>> prompts,
+                                                    const speculative_options& options,
+                                                    std::span<const request_rng> rngs,
+                                                    VerifierOf&& verifier_of,
+                                                    std::span<decode_stats> stats) {
+  require_parameter(draft.batch_size() >= static_cast<index_t>(prompts.size()), "draft",
+                    static_cast<double>(draft.batch_size()),
+                    "the draft model's batch_size() is smaller than the number of prompts");
+  std::vector<std::vector<token_t>> out(prompts.size());
+  decode_batch(target, &draft, target.batch_size(), prompts, rngs.size(), stats,
+               [&](index_t r, decode_stats& st) {
+                 const auto i = static_cast<std::size_t>(r);
+                 return speculative_task(member<Target>{&target, r}, member<Draft>{&draft, r},
+                                         prompts[i], options, rngs[i], verifier_of(r), st, out[i]);
+               });
+  return out;
+}
+
+}  // namespace detail
+
 /// speculative_decode for several requests at once: request r decodes `prompts[r]` with
 /// `rngs[r]` as request r of both batched models, all requests' draft and target passes shared
 /// (decode/task.hpp); adds to `stats[r]` when `stats` is given. Each output equals
@@ -299,18 +324,24 @@ std::vector<std::vector<token_t>> speculative_decode_batch(
     Target& target, Draft& draft, std::span<const std::vector<token_t>> prompts,
     const speculative_options& options, std::span<const request_rng> rngs,
     const Verifier& verify = {}, std::span<decode_stats> stats = {}) {
-  require_parameter(draft.batch_size() >= static_cast<index_t>(prompts.size()), "draft",
-                    static_cast<double>(draft.batch_size()),
-                    "the draft model's batch_size() is smaller than the number of prompts");
-  std::vector<std::vector<token_t>> out(prompts.size());
-  detail::decode_batch(target, &draft, target.batch_size(), prompts, rngs.size(), stats,
-                       [&](index_t r, decode_stats& st) {
-                         const auto i = static_cast<std::size_t>(r);
-                         return detail::speculative_task(
-                             detail::member<Target>{&target, r}, detail::member<Draft>{&draft, r},
-                             prompts[i], options, rngs[i], verify, st, out[i]);
-                       });
-  return out;
+  return detail::speculative_batch(
+      target, draft, prompts, options, rngs, [&](index_t) -> const Verifier& { return verify; },
+      stats);
+}
+
+/// speculative_decode_batch with one verifier per request: `verifiers[r]` verifies request r
+/// (per-request rules, e.g. each request's relaxation or LANTERN parameters in a tree_verifier).
+/// Throws invalid_input ("verifiers") unless there is one per prompt.
+template <batched_session_model Target, batched_session_model Draft, verifier Verifier>
+std::vector<std::vector<token_t>> speculative_decode_batch(
+    Target& target, Draft& draft, std::span<const std::vector<token_t>> prompts,
+    const speculative_options& options, std::span<const request_rng> rngs,
+    std::span<const Verifier> verifiers, std::span<decode_stats> stats = {}) {
+  detail::require_size(static_cast<index_t>(verifiers.size()), static_cast<index_t>(prompts.size()),
+                       "verifiers", "one verifier per prompt");
+  return detail::speculative_batch(
+      target, draft, prompts, options, rngs,
+      [&](index_t r) -> const Verifier& { return verifiers[static_cast<std::size_t>(r)]; }, stats);
 }
 
 }  // namespace specula

@@ -56,7 +56,13 @@ struct lantern_walk {
   lantern_limit limit_kind = lantern_limit::relative;
   lantern_cap cap = lantern_cap::paper;
   double limit_param = 1.0;
-  index_t k = 0;  ///< neighbours walked: the first k of each table row
+  index_t k = 0;       ///< neighbours walked: the first k of each table row
+  double omega = 1.0;  ///< Cool-SD's ω on the aggregated mass (1: LANTERN / LANTERN++ as such)
+
+  /// ω·m: the mass an acceptance test compares with q (m itself when ω = 1).
+  [[nodiscard]] SPECULA_HOST_DEVICE double relaxed(double m) const noexcept {
+    return detail::mul_rn(omega, m);
+  }
 
   [[nodiscard]] SPECULA_HOST_DEVICE double limit(double px) const noexcept {
     if (limit_kind == lantern_limit::absolute) return limit_param;
@@ -98,12 +104,13 @@ struct lantern_bound_rule {
     return n > 0 && walk.table.rank_of(drafted, y) < n;
   }
 
-  /// f(x̃) = min(1, (p(x̃) + Σ_A p) / q(x̃)), 0/0 = 1 (the p argument is unused: the aggregated
-  /// mass was computed at bind time).
+  /// f(x̃) = min(1, ω·(p(x̃) + Σ_A p) / q(x̃)), 0/0 = 1 (ω = 1 unless scheduled; the p argument
+  /// is unused: the aggregated mass was computed at bind time).
   [[nodiscard]] SPECULA_HOST_DEVICE double accept_probability(double /*p*/,
                                                               double q) const noexcept {
-    if (q <= 0.0 || mass >= q) return 1.0;
-    return mass / q;
+    const double m = walk.relaxed(mass);
+    if (q <= 0.0 || m >= q) return 1.0;
+    return m / q;
   }
 
   [[nodiscard]] SPECULA_HOST_DEVICE double residual_weight_at(index_t y, double py,
@@ -128,8 +135,8 @@ struct lantern_bound_rule {
         break;
       }
       case resampling::optimal: {
-        // q(y)·f(y) = min(q(y), neighbour mass of y as if y had been drafted).
-        const double m = walk.mass(p, y, nullptr);
+        // q(y)·f(y) = min(q(y), ω·neighbour mass of y as if y had been drafted).
+        const double m = walk.relaxed(walk.mass(p, y, nullptr));
         d = py - (m < qy ? m : qy);
         break;
       }
@@ -146,6 +153,10 @@ struct lantern_rule {
   resampling resample = resampling::optimal;
   lantern_cap cap = lantern_cap::paper;  ///< relative mode only
   index_t k = 0;  ///< neighbours walked per token, 1 .. table.k (make_*: 0 means table.k)
+  /// Cool-SD's ω applied to the aggregated mass: f = min(1, ω·(p(x̃) + Σ_A p)/q(x̃)), and G*
+  /// uses the same f. 1 (the default) is LANTERN / LANTERN++; scheduled_lantern_rule sets it
+  /// per draft position. The LANTERN resamplings do not read it.
+  double omega = 1.0;
 
   /// LANTERN++: neighbours kept while their summed p ≤ λ·p(x̃) (lantern_cap::paper, λ >= 0) or
   /// ≤ (λ − 1)·p(x̃) (lantern_cap::official, λ > 1). `k` = 0 walks the whole table row.
@@ -166,8 +177,10 @@ struct lantern_rule {
 
   /// Checked entry points call this: the limit (λ >= 0 with the paper's cap, λ > 1 with the
   /// official one, δ >= 0; finite), a LANTERN resampling, a table with one row per token of
-  /// `vocab` and 1 <= table.k < vocab, and 1 <= k <= table.k.
+  /// `vocab` and 1 <= table.k < vocab, 1 <= k <= table.k, and ω finite and > 0.
   void validate(index_t vocab) const {
+    require_parameter(detail::is_finite(omega) && omega > 0.0, "rule.omega", omega,
+                      "must be finite and > 0");
     if (limit_kind == lantern_limit::relative)
       check_lambda(limit_param, cap, "rule.limit_param");
     else
@@ -189,7 +202,7 @@ struct lantern_rule {
   }
 
   [[nodiscard]] SPECULA_HOST_DEVICE lantern_walk walk() const noexcept {
-    return {table, limit_kind, cap, limit_param, k};
+    return {table, limit_kind, cap, limit_param, k, omega};
   }
 
   template <class T>
@@ -216,6 +229,38 @@ struct lantern_rule {
         k >= 0 && k <= table.k(), "k", static_cast<double>(k),
         ("must be in [1, table k = " + std::to_string(table.k()) + "] (0: the table's k)").c_str());
     return k == 0 ? table.k() : k;
+  }
+};
+
+/// Cool-SD's relaxation schedule composed with LANTERN++ (the combined setting): at draft
+/// position i (depth i − 1) the LANTERN rule with ω = ω_i, i.e.
+///   f(x̃) = min(1, ω_i·(p(x̃) + Σ_A p) / q(x̃)),
+/// and, with resampling::optimal (the default), Cool-SD's G* for that f. ω_i = 1 everywhere is
+/// `rule` itself (LANTERN / LANTERN++); λ = 0 with the paper's cap is scheduled_relaxed_rule
+/// with the same schedule and resampling. A row-aware rule with a schedule: verify_chain,
+/// verify_tree and the decoding loops' tree_verifier take it.
+struct scheduled_lantern_rule {
+  lantern_rule rule;  ///< the neighbour walk, cap, k and resampling (its omega is replaced)
+  relaxation_schedule schedule;
+
+  /// The rule at depth d (draft position d + 1).
+  [[nodiscard]] SPECULA_HOST_DEVICE lantern_rule at(index_t depth) const noexcept {
+    lantern_rule r = rule;
+    r.omega = schedule.omega(depth + 1);
+    return r;
+  }
+  /// The position-free form (used only where no depth is known) is the first position's rule.
+  template <class T>
+  [[nodiscard]] SPECULA_HOST_DEVICE lantern_bound_rule<T> bind(row_view<const T> p,
+                                                               token_t x) const {
+    return at(0).bind(p, x);
+  }
+
+  /// Checked entry points call this: the schedule (relaxation_schedule::validate) and the
+  /// LANTERN rule (lantern_rule::validate).
+  void validate(index_t vocab) const {
+    schedule.validate();
+    rule.validate(vocab);
   }
 };
 

@@ -149,8 +149,9 @@ template <class R>
 concept batch_chain_rule = chain_rule<R> ||
     (detail::is_per_request<R>::value&& chain_rule<typename detail::is_per_request<R>::rule_type>);
 
-/// A rule argument of a batched tree entry point: an acceptance_rule (the K-candidate recursion
-/// needs the scalar form), or per_request of one.
+/// A rule argument of the CUDA tree entry points: an acceptance_rule (the device's K-candidate
+/// recursion recomputes p^(k) pointwise, which needs the scalar form), or per_request of one.
+/// The host tree entry points take any batch_chain_rule (row-aware rules included).
 template <class R>
 concept batch_tree_rule = acceptance_rule<R> ||
     (detail::is_per_request<R>::value&&

@@ -23,6 +23,13 @@
 /// tile. Without replacement, the first rejection costs one more pass: the proposal row's own
 /// total, from which the mass q^(k) renormalises by is derived (see without_replacement).
 /// Nothing is allocated.
+///
+/// Row-aware rules (rules/rule.hpp: LANTERN / LANTERN++, typical acceptance) take part too: step
+/// k binds the rule to p^(k) and c_k as the chain verifier binds it to p and its draft, and the
+/// residual of a rejected step is written to a workspace row, since a bound rule may read the
+/// target anywhere (LANTERN's neighbour walk). With one candidate this is chain verification;
+/// with more it is the same recursion with the rule's own residuals. The exact law of the
+/// recursion is computed independently by specula/testing/relaxation_analysis.hpp.
 
 #include <cstdint>
 #include <type_traits>
@@ -100,9 +107,23 @@ struct candidates_result {
   std::uint32_t flags = 0;   ///< chain_valid, chain_residual_fallback
 };
 
-/// Doubles of workspace verify_candidates needs for `k` candidates.
+/// Doubles of workspace verify_candidates needs for `k` candidates with a scalar rule.
 SPECULA_HOST_DEVICE constexpr index_t candidates_workspace_size(index_t k) noexcept {
   return 2 * k;
+}
+
+/// Doubles of workspace verify_candidates needs for `k` candidates over rows of `vocab` entries
+/// with a rule of type `Rule` (the rule in force at the node: rule_at(rule, depth)): 2k for
+/// scalar rules; a row-aware rule binds to each step's residual target p^(j), which is then held
+/// as a row, so it needs two rows more when k >= 2.
+template <class Rule>
+constexpr index_t candidates_workspace_size(index_t k, index_t vocab) noexcept {
+  if constexpr (acceptance_rule<Rule>) {
+    (void)vocab;
+    return 2 * k;
+  } else {
+    return 2 * k + (k >= 2 ? 2 * vocab : 0);
+  }
 }
 
 namespace detail {
@@ -127,6 +148,63 @@ template <class Proposal>
   }
 }
 
+/// The proposal row's mass weights, proposal.mass(x).
+template <class Proposal>
+struct proposal_mass_weights {
+  const Proposal& proposal;
+  SPECULA_HOST_DEVICE constexpr double operator()(index_t x) const noexcept {
+    return proposal.mass(x);
+  }
+  [[nodiscard]] dense_f32_weights dense_f32() const noexcept
+      requires(std::is_same_v<Proposal, without_replacement<float>>) {
+    return {.p = proposal.q.data};
+  }
+};
+
+/// 1-based index of the first of cand[0 .. limit) equal to x, or limit + 1 if none. Branch-free
+/// (a select per candidate), since it runs for every element of a pass.
+SPECULA_HOST_DEVICE constexpr index_t first_candidate_index(const token_t* cand, index_t x,
+                                                            index_t limit) noexcept {
+  index_t first = limit + 1;
+  for (index_t j = limit - 1; j >= 0; --j)
+    first = static_cast<index_t>(cand[j]) == x ? j + 1 : first;
+  return first;
+}
+
+/// The proposal mass left for q^(j) after the distinct earlier candidates are removed, as
+/// `renorm` = 1 / rest_j (see without_replacement): the row's own total minus the removed
+/// entries, in double (not 1 - removed mass: float rows do not sum to 1, and when the earlier
+/// candidates hold nearly all of q that difference cancels catastrophically). Where even this
+/// leaves little (1e-9 of the total), the remaining entries are summed directly.
+template <class Proposal, class Passes>
+struct proposal_mass_left {
+  const Proposal& proposal;
+  const Passes& passes;
+  index_t n;
+  bool removed = false;       // an earlier candidate removed mass from the proposal
+  double total = -1.0;        // the proposal row's summed mass (one pass, at the first removal)
+  double removed_mass = 0.0;  // q(c_1) + ... over the distinct earlier candidates
+
+  /// 1 / rest_j for candidate j (1-based) of cand.
+  SPECULA_HOST_DEVICE double renorm(const token_t* cand, index_t j) {
+    if (!removed) return 1.0;
+    if (total < 0.0) total = passes.mass(n, proposal_mass_weights<Proposal>{proposal});
+    double rest = total - removed_mass;
+    if (!(rest > 1e-9 * total))
+      rest = passes.mass(n, [&](index_t x) {
+        return first_candidate_index(cand, x, j - 1) <= j - 1 ? 0.0 : proposal.mass(x);
+      });
+    return rest > 0.0 ? 1.0 / rest : 0.0;
+  }
+
+  /// Candidate c (first occurrence: `repeated` false) was rejected: its mass leaves q.
+  SPECULA_HOST_DEVICE void remove(index_t c, bool repeated) {
+    if (repeated || !(proposal.mass(c) > 0.0)) return;  // a repeated candidate removes nothing
+    removed = true;
+    removed_mass += proposal.mass(c);
+  }
+};
+
 /// Pointwise residual targets p^(k)(x) for the candidate recursion.
 template <class Rule, class T, class Proposal>
 struct candidate_recursion {
@@ -138,12 +216,8 @@ struct candidate_recursion {
   const double* renorm;  // renorm[j]: 1 / (q's mass left before step j+1)
 
   /// 1-based index of the first candidate equal to x, or limit + 1 if none among c_1..c_limit.
-  /// Branch-free (a select per candidate), since it runs for every element of a pass.
   SPECULA_HOST_DEVICE constexpr index_t first_index(index_t x, index_t limit) const noexcept {
-    index_t first = limit + 1;
-    for (index_t j = limit - 1; j >= 0; --j)
-      first = static_cast<index_t>(cand[j]) == x ? j + 1 : first;
-    return first;
+    return first_candidate_index(cand, x, limit);
   }
 
   /// q^(k)(x) given first = first_index(x, ...).
@@ -253,119 +327,179 @@ struct first_candidate_residual {
   }
 };
 
-/// The proposal row's mass weights, proposal.mass(x).
-template <class Proposal>
-struct proposal_mass_weights {
-  const Proposal& proposal;
-  SPECULA_HOST_DEVICE constexpr double operator()(index_t x) const noexcept {
-    return proposal.mass(x);
+}  // namespace detail
+
+namespace detail {
+
+/// No candidates (or none left): the token is sampled from p at slot 1.
+template <random_source Source, class Row, class Passes>
+SPECULA_HOST_DEVICE void sample_target_row(Source& src, const Row& p, std::uint32_t position,
+                                           candidates_result& result, const Passes& passes) {
+  const detail::row_weights<typename Row::value_type, Row> target{p};
+  typename Passes::summary_type summary;
+  passes.summarize(p.size, target, summary);
+  if (summary.total > 0.0) {
+    result.token =
+        static_cast<token_t>(src.categorical(p.size, target, summary, draw_id{position, 1}));
+    result.flags |= chain_valid;
   }
-  [[nodiscard]] dense_f32_weights dense_f32() const noexcept
-      requires(std::is_same_v<Proposal, without_replacement<float>>) {
-    return {.p = proposal.q.data};
+}
+
+/// verify_candidates for a row-aware rule (rules/rule.hpp: LANTERN++, typical acceptance). Step
+/// j binds the rule to the residual target p^(j) and c_j, exactly as the chain verifier binds it
+/// to p and its draft: accept with bound.accept_probability(p^(j)(c_j), q^(j)(c_j)); after a
+/// rejection p^(j+1) = Norm(bound.residual_weight_at(y, p^(j)(y), q^(j)(y))). A bound rule may
+/// read p^(j) anywhere (LANTERN's neighbour walk), so p^(j+1) is written to a row of the
+/// workspace (two rows after the 2k doubles, used in turn) instead of being recomputed
+/// pointwise. The last step samples the residual as verify_chain does (sample_residual), so one
+/// candidate verifies exactly like a chain position. Host passes only (the row writes are a
+/// plain loop).
+template <class Rule, random_source Source, class T, class Proposal, class Passes>
+SPECULA_HOST_DEVICE candidates_result verify_candidates_bound(
+    const Rule& rule, Source& src, row_view<const T> p, const Proposal& proposal,
+    const token_t* cand, index_t k, double residual_floor, std::uint32_t position,
+    double* workspace, const Passes& passes) {
+  static_assert(chain_rule<Rule>, "a candidate rule is scalar or row-aware (rules/rule.hpp)");
+  candidates_result result;
+  const index_t n = p.size;
+  double* renorm = workspace + k;
+  double* rows[2] = {workspace + 2 * k, workspace + 2 * k + n};
+  proposal_mass_left<Proposal, Passes> left{proposal, passes, n};
+  for (index_t j = 1; j <= k; ++j) {
+    renorm[j - 1] = left.renorm(cand, j);
+    const index_t c = cand[j - 1];
+    const index_t first = first_candidate_index(cand, c, j - 1);
+    // q^(j)(x): x among c_1..c_{j-1} is `earlier`.
+    const auto q_at = [&, j](index_t x) {
+      return proposal.prob(x, first_candidate_index(cand, x, j - 1) < j, cand[j - 1],
+                           renorm[j - 1]);
+    };
+    // One step against the current target `cur` (p, then a workspace row); true when done.
+    const auto step = [&](const auto& cur) -> bool {
+      const auto bound = bind_rule(rule, cur, static_cast<token_t>(c));
+      const double a = bound.accept_probability(static_cast<double>(cur[c]), q_at(c));
+      if (src.bernoulli(a, draw_id{position, static_cast<std::uint32_t>(2 * (j - 1))})) {
+        result.accepted = j - 1;
+        result.token = static_cast<token_t>(c);
+        result.flags |= chain_valid;
+        return true;
+      }
+      if (j == k) {  // the last rejection: sample the residual (or p^(k) on fallback)
+        const index_t y = sample_residual(bound, src, cur, q_at, residual_floor,
+                                          draw_id{position, 1}, result.flags, passes);
+        if (y >= 0) {
+          result.token = static_cast<token_t>(y);
+          result.flags |= chain_valid;
+        }
+        return true;
+      }
+      double* next = rows[(j - 1) % 2];
+      for (index_t y = 0; y < n; ++y)
+        next[y] =
+            static_cast<double>(bound.residual_weight_at(y, static_cast<double>(cur[y]), q_at(y)));
+      const row_view<const double> next_row(next, n);
+      // The normaliser as the scalar recursion computes it (the same summation).
+      typename Passes::summary_type summary;
+      passes.summarize(n, row_weights<double>{next_row}, summary);
+      const double mass = summary.total;
+      if (!(mass > residual_floor && mass > 0.0)) {  // empty residual: sample from p^(j)
+        result.flags |= chain_residual_fallback;
+        sample_target_row(src, cur, position, result, passes);
+        return true;
+      }
+      const double inv_z = 1.0 / mass;
+      for (index_t y = 0; y < n; ++y) next[y] = mul_rn(next[y], inv_z);
+      return false;
+    };
+    const bool done = j == 1 ? step(p) : step(row_view<const double>(rows[(j - 2) % 2], n));
+    if (done) return result;
+    left.remove(c, first <= j - 1);
   }
-};
+  sample_target_row(src, p, position, result, passes);  // k == 0
+  return result;
+}
 
 }  // namespace detail
 
 /// Verifies candidates cand[0..k) at one position against target row p (see file comment).
 /// Draws: candidate j's acceptance test at draw_id{position, 2j}; the residual sample at
 /// draw_id{position, 1} (so k = 1 draws exactly like chain verification). `workspace` needs
-/// candidates_workspace_size(k) doubles. A residual with mass <= residual_floor after a rejection
-/// stops the recursion: the token is then sampled from the current target p^(j) and
-/// chain_residual_fallback is set.
+/// candidates_workspace_size<Rule>(k, p.size) doubles (2k for a scalar rule). A residual with mass
+/// <= residual_floor after a rejection stops the recursion: the token is then sampled from the
+/// current target p^(j) and chain_residual_fallback is set.
 template <class Rule, random_source Source, class T, class Proposal,
           class Passes = sequential_passes>
 SPECULA_HOST_DEVICE candidates_result
 verify_candidates(const Rule& rule, Source& src, row_view<const T> p, const Proposal& proposal,
                   const token_t* cand, index_t k, double residual_floor, std::uint32_t position,
                   double* workspace, const Passes& passes = {}) {
-  candidates_result result;
-  double* inv_z = workspace;
-  double* renorm = workspace + k;
-  const detail::candidate_recursion<Rule, T, Proposal> rec{rule, p, proposal, cand, inv_z, renorm};
-  const index_t n = p.size;
-  bool removed = false;       // an earlier candidate removed mass from the proposal
-  double total = -1.0;        // the proposal row's summed mass (one pass, at the first removal)
-  double removed_mass = 0.0;  // q(c_1) + ... over the distinct earlier candidates
-  typename Passes::summary_type summary;  // reused by every step: the normaliser pass records
-                                          // tile sums
-  for (index_t j = 1; j <= k; ++j) {
-    if (!removed) {
-      renorm[j - 1] = 1.0;
-    } else {
-      // The mass left for q^(j): the row's own total minus the removed entries, in double (not
-      // 1 - removed mass: float rows do not sum to 1, and when the earlier candidates hold
-      // nearly all of q that difference cancels catastrophically). Where even this leaves
-      // little (1e-9 of the total), the remaining entries are summed directly.
-      if (total < 0.0) total = passes.mass(n, detail::proposal_mass_weights<Proposal>{proposal});
-      double rest = total - removed_mass;
-      if (!(rest > 1e-9 * total))
-        rest = passes.mass(n, [&](index_t x) {
-          return rec.first_index(x, j - 1) <= j - 1 ? 0.0 : proposal.mass(x);
-        });
-      renorm[j - 1] = rest > 0.0 ? 1.0 / rest : 0.0;
-    }
-    const index_t c = cand[j - 1];
-    const index_t first = rec.first_index(c, j - 1);
-    const double pk = rec.p_at(j, c, first);
-    const double qk = rec.q_at(j, c, first);
-    const auto draw_slot = static_cast<std::uint32_t>(2 * (j - 1));
-    if (src.bernoulli(static_cast<double>(rule.accept_probability(pk, qk)),
-                      draw_id{position, draw_slot})) {
-      result.accepted = j - 1;
-      result.token = static_cast<token_t>(c);
-      result.flags |= chain_valid;
-      return result;
-    }
-    // One pass for the normaliser of this step's residual; returns true when the call is done
-    // (fallback, or the last candidate was rejected and the residual sample was drawn).
-    auto finish_step = [&](auto&& r) -> bool {
-      passes.summarize(n, r, summary);
-      const double mass = summary.total;
-      if (!(mass > residual_floor && mass > 0.0)) {
-        // Empty residual: sample from the current target p^(j).
-        result.flags |= chain_residual_fallback;
-        auto target = [&](index_t x) {
-          return detail::positive_part(rec.p_at(j, x, rec.first_index(x, j - 1)));
-        };
-        passes.summarize(n, target, summary);
-        if (summary.total > 0.0) {
-          result.token =
-              static_cast<token_t>(src.categorical(n, target, summary, draw_id{position, 1}));
-          result.flags |= chain_valid;
-        }
-        return true;
+  if constexpr (!acceptance_rule<Rule>) {
+    return detail::verify_candidates_bound(rule, src, p, proposal, cand, k, residual_floor,
+                                           position, workspace, passes);
+  } else {
+    candidates_result result;
+    double* inv_z = workspace;
+    double* renorm = workspace + k;
+    const detail::candidate_recursion<Rule, T, Proposal> rec{rule, p,     proposal,
+                                                             cand, inv_z, renorm};
+    const index_t n = p.size;
+    detail::proposal_mass_left<Proposal, Passes> left{proposal, passes, n};
+    typename Passes::summary_type summary;  // reused by every step: the normaliser pass records
+                                            // tile sums
+    for (index_t j = 1; j <= k; ++j) {
+      renorm[j - 1] = left.renorm(cand, j);
+      const index_t c = cand[j - 1];
+      const index_t first = rec.first_index(c, j - 1);
+      const double pk = rec.p_at(j, c, first);
+      const double qk = rec.q_at(j, c, first);
+      const auto draw_slot = static_cast<std::uint32_t>(2 * (j - 1));
+      if (src.bernoulli(static_cast<double>(rule.accept_probability(pk, qk)),
+                        draw_id{position, draw_slot})) {
+        result.accepted = j - 1;
+        result.token = static_cast<token_t>(c);
+        result.flags |= chain_valid;
+        return result;
       }
-      inv_z[j - 1] = 1.0 / mass;
-      if (j < k) return false;
-      // All rejected: sample from p^(k+1) = r_k / Z_k, reusing the normaliser just computed.
-      result.token = static_cast<token_t>(src.categorical(n, r, summary, draw_id{position, 1}));
-      if (result.token >= 0) result.flags |= chain_valid;
-      return true;
-    };
-    bool done = false;
-    if (j == 1 && !requires { Proposal::zero_off_candidates; }) {
-      // First step: p^(1) = p and no earlier candidates, a simple loop the compiler vectorises.
-      done = finish_step(
-          detail::first_candidate_residual<Rule, T, Proposal>{rule, p, proposal, cand[0], renorm});
-    } else {
-      done = finish_step(detail::candidate_residual<Rule, T, Proposal>{rec, j});
+      // One pass for the normaliser of this step's residual; returns true when the call is done
+      // (fallback, or the last candidate was rejected and the residual sample was drawn).
+      auto finish_step = [&](auto&& r) -> bool {
+        passes.summarize(n, r, summary);
+        const double mass = summary.total;
+        if (!(mass > residual_floor && mass > 0.0)) {
+          // Empty residual: sample from the current target p^(j).
+          result.flags |= chain_residual_fallback;
+          auto target = [&](index_t x) {
+            return detail::positive_part(rec.p_at(j, x, rec.first_index(x, j - 1)));
+          };
+          passes.summarize(n, target, summary);
+          if (summary.total > 0.0) {
+            result.token =
+                static_cast<token_t>(src.categorical(n, target, summary, draw_id{position, 1}));
+            result.flags |= chain_valid;
+          }
+          return true;
+        }
+        inv_z[j - 1] = 1.0 / mass;
+        if (j < k) return false;
+        // All rejected: sample from p^(k+1) = r_k / Z_k, reusing the normaliser just computed.
+        result.token = static_cast<token_t>(src.categorical(n, r, summary, draw_id{position, 1}));
+        if (result.token >= 0) result.flags |= chain_valid;
+        return true;
+      };
+      bool done = false;
+      if (j == 1 && !requires { Proposal::zero_off_candidates; }) {
+        // First step: p^(1) = p and no earlier candidates, a simple loop the compiler vectorises.
+        done = finish_step(detail::first_candidate_residual<Rule, T, Proposal>{rule, p, proposal,
+                                                                               cand[0], renorm});
+      } else {
+        done = finish_step(detail::candidate_residual<Rule, T, Proposal>{rec, j});
+      }
+      if (done) return result;
+      left.remove(c, first <= j - 1);
     }
-    if (done) return result;
-    if (first > j - 1 && proposal.mass(c) > 0.0) {  // a repeated candidate removes nothing
-      removed = true;
-      removed_mass += proposal.mass(c);
-    }
+    detail::sample_target_row(src, p, position, result, passes);  // k == 0: sample from p
+    return result;
   }
-  // k == 0: no candidates; sample from p.
-  const detail::row_weights<T> target{p};
-  passes.summarize(n, target, summary);
-  if (summary.total > 0.0) {
-    result.token = static_cast<token_t>(src.categorical(n, target, summary, draw_id{position, 1}));
-    result.flags |= chain_valid;
-  }
-  return result;
 }
 
 /// Options of verify_candidates_checked.
@@ -378,7 +512,7 @@ struct candidates_options {
 };
 
 /// Checked verify_candidates (host): validates the candidates (each in [0, vocab), distinct when
-/// drawn without replacement), the workspace size (candidates_workspace_size(k) doubles), p(c)
+/// drawn without replacement), the workspace size (candidates_workspace_size<Rule>(k, V)), p(c)
 /// and q(c) of every candidate (q(c) > 0 when the proposal has a row), and the rows at the
 /// chosen check level, then verifies. Throws invalid_input naming the argument ("p", "q",
 /// "candidates", "workspace") and index; the result is unspecified when it throws.
@@ -405,9 +539,14 @@ candidates_result verify_candidates_checked(const Rule& rule, const request_rng&
     if (q.data == nullptr) throw_if_failed({status::empty_input, -1, -1, 0.0}, "q", "null data");
   }
   const index_t k = candidates.size;
-  if (workspace.size < candidates_workspace_size(k) || (k > 0 && workspace.data == nullptr))
+  if (workspace.size < candidates_workspace_size<Rule>(k, vocab) ||
+      (k > 0 && workspace.data == nullptr))
     throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(workspace.size)},
-                    "workspace", "needs candidates_workspace_size(k) = 2k doubles");
+                    "workspace",
+                    acceptance_rule<Rule>
+                        ? "needs candidates_workspace_size(k) = 2k doubles"
+                        : "needs candidates_workspace_size<Rule>(k, vocab) = 2k + 2 vocab doubles "
+                          "(a row-aware rule with k >= 2)");
   for (index_t j = 0; j < k; ++j) {
     const token_t c = candidates[j];
     if (c < 0 || static_cast<index_t>(c) >= vocab)

@@ -13,6 +13,13 @@
 /// output). Without proposal rows the children are treated as deterministic candidates (one-hot
 /// proposals), which is lossless for any way of choosing them.
 ///
+/// Rules: any rule the chain verifier takes — scalar (exact, ω-relaxed), row-aware (LANTERN /
+/// LANTERN++, typical acceptance), scheduled by depth (`rule_at(rule, depth)`: Cool-SD's
+/// schedules, scheduled_lantern_rule), or per_request of one. A row-aware rule is bound at
+/// every candidate step to that step's residual target (verify/candidates.hpp); the tree then
+/// needs two rows of workspace per thread, which tree_workspace sizes from the rule type. The
+/// CUDA tree kernels take scalar rules only (batch_tree_rule).
+///
 /// Draws: verification at a node of depth d uses position d (candidate j at slot 2j, the
 /// residual or bonus sample at slot 1), so a chain-shaped tree draws exactly like
 /// verify_chain and gives the same output.
@@ -23,6 +30,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "specula/backend/host.hpp"
@@ -64,7 +72,7 @@ struct tree_request_result {
 
 /// Workspace for verifying one tree whose nodes have at most `max_children` children.
 struct tree_request_workspace {
-  double* z = nullptr;            ///< candidates_workspace_size(max_children) doubles
+  double* z = nullptr;  ///< candidates_workspace_size<R>(max_children, V) doubles (R: the rule)
   token_t* candidates = nullptr;  ///< max_children tokens
   index_t* children = nullptr;    ///< max_children node indices
 };
@@ -158,18 +166,19 @@ struct tree_batch_output {
 /// steady-state calls allocation-free.
 class tree_workspace {
  public:
-  void prepare(index_t batch, index_t threads, index_t max_children) {
+  /// `z_doubles`: the candidate workspace of one thread (candidates_workspace_size).
+  void prepare(index_t batch, index_t threads, index_t max_children, index_t z_doubles) {
     offsets_.resize(static_cast<std::size_t>(batch + 1));
     const auto slots = static_cast<std::size_t>(threads * max_children);
-    z_.resize(static_cast<std::size_t>(threads * candidates_workspace_size(max_children)));
+    z_.resize(static_cast<std::size_t>(threads * z_doubles));
     cand_.resize(slots);
     children_.resize(slots);
     width_ = max_children;
+    z_doubles_ = z_doubles;
   }
   [[nodiscard]] index_t* offsets() noexcept { return offsets_.data(); }
   [[nodiscard]] tree_request_workspace slot(index_t t) noexcept {
-    return {z_.data() + t * candidates_workspace_size(width_), cand_.data() + t * width_,
-            children_.data() + t * width_};
+    return {z_.data() + t * z_doubles_, cand_.data() + t * width_, children_.data() + t * width_};
   }
 
  private:
@@ -178,6 +187,7 @@ class tree_workspace {
   std::vector<token_t> cand_;
   std::vector<index_t> children_;
   index_t width_ = 0;
+  index_t z_doubles_ = 0;
 };
 
 namespace detail {
@@ -275,7 +285,10 @@ void run_tree_batch(const Policy& policy, const tree_batch_input<T>& in,
   const index_t batch = in.trees.size;
   index_t threads = 1;
   if constexpr (host::is_concurrent_policy<Policy>) threads = batch;
-  ws.prepare(batch, threads, detail::max_width(in.trees));
+  const index_t width = detail::max_width(in.trees);
+  // The rule in force at a node (the same type at every depth and for every request).
+  using node_rule = std::remove_cvref_t<decltype(rule_at(request_rule(rule, 0), 0))>;
+  ws.prepare(batch, threads, width, candidates_workspace_size<node_rule>(width, in.vocab_size));
   index_t* offsets = ws.offsets();
   offsets[0] = 0;
   for (index_t b = 0; b < batch; ++b) offsets[b + 1] = offsets[b] + in.trees[b].size();
@@ -314,7 +327,7 @@ void run_tree_batch(const Policy& policy, const tree_batch_input<T>& in,
 }  // namespace detail
 
 /// Tree verification without input validation. `ws` is reused across calls.
-template <host::policy Policy, class T, batch_tree_rule Rule = exact_rule>
+template <host::policy Policy, class T, batch_chain_rule Rule = exact_rule>
 void verify_tree_unchecked(const Policy& policy, const tree_batch_input<T>& in,
                            const tree_batch_output& out, tree_workspace& ws,
                            const tree_options& options = {}, const Rule& rule = {}) {
@@ -324,7 +337,7 @@ void verify_tree_unchecked(const Policy& policy, const tree_batch_input<T>& in,
 /// Checked tree verification: validates, then verifies every request under `policy`. At
 /// check_level::reads (the default) the rows are checked as the verifier reads them, so outputs
 /// are unspecified whenever the call throws.
-template <host::policy Policy, class T, batch_tree_rule Rule = exact_rule>
+template <host::policy Policy, class T, batch_chain_rule Rule = exact_rule>
 void verify_tree(const Policy& policy, const tree_batch_input<T>& in, const tree_batch_output& out,
                  tree_workspace& ws, const tree_options& options = {}, const Rule& rule = {}) {
   const bool scan = detail::scans_all_rows<Rule, T>(options.check);
@@ -340,7 +353,7 @@ void verify_tree(const Policy& policy, const tree_batch_input<T>& in, const tree
 }
 
 /// Checked tree verification with a workspace allocated for this call.
-template <host::policy Policy, class T, batch_tree_rule Rule = exact_rule>
+template <host::policy Policy, class T, batch_chain_rule Rule = exact_rule>
 void verify_tree(const Policy& policy, const tree_batch_input<T>& in, const tree_batch_output& out,
                  const tree_options& options = {}, const Rule& rule = {}) {
   tree_workspace ws;
