@@ -205,6 +205,26 @@ def main():
         print(HEADER)
         for name, m, extra in rows:
             print(text_runs(demo, m, extra, text_tokens).row(name))
+        # The same configurations (and blocks of 16, the second training round's block size)
+        # on text-target-jf, text-target after Jacobi Forcing, next to the base model; each
+        # model's output is its own greedy output.
+        jf_rows = rows + [
+            ("Jacobi, running window 16", "jacobi", ["--window", "16"]),
+            ("multi-block K = 2, r = 0.85, block 16", "multiblock",
+             ["--no-recycling", "--block-size", "16"]),
+            ("multi-block K = 2, r = 0.85 + recycling (defaults), block 16", "multiblock",
+             ["--block-size", "16"]),
+        ]
+        print(f"\ntext-target (base) vs text-target-jf (Jacobi Forcing), the same "
+              f"{len(TEXT_PROMPTS)} prompts x {text_tokens} tokens (block 64 unless stated):\n")
+        print("| configuration | base forwards | base step compression | base wall ms | "
+              "JF forwards | JF step compression | JF wall ms |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for name, m, extra in jf_rows:
+            b = text_runs(demo, m, extra, text_tokens)
+            j = text_runs(demo, m, extra + ["--model", "text-target-jf"], text_tokens)
+            print(f"| {name} | {b.forwards} | {b.tokens / b.forwards:.3f} | {b.wall * 1e3:.0f} | "
+                  f"{j.forwards} | {j.tokens / j.forwards:.3f} | {j.wall * 1e3:.0f} |")
         print(f"\nimage-ar, 8 labels x 1 sample x 64 tokens (greedy):\n")
         print(HEADER)
         for name, m, extra in rows:

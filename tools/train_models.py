@@ -11,6 +11,10 @@ rotate-half RoPE, grouped-query attention, SwiGLU MLP, no biases, untied output 
   image-ar-256    the same classes at 64x64 (a 16x16 grid: 256 tokens), same VQ codebook, ~1.2M
                   params (trained after image-ar, whose codebook it reads back from --out)
   image-draft     image-ar-256's data, tokenizer and held-out set, ~13x smaller (its draft model)
+  text-target-jf  text-target fine-tuned with Jacobi Forcing (tools/jacobi_forcing.py): two
+                  rounds of trajectories collected by the C++ collector (build it first:
+                  cmake --build build --target specula_example_jacobi_trajectories; --collector
+                  names another binary), evaluated on text-target's held-out set
 
 Every output is written to --out (default: examples/models/ next to this script's parent):
 
@@ -27,8 +31,9 @@ float64, so a conforming C++ engine should reproduce `heldout_nll` to well withi
 Only PyTorch and numpy are needed (Debian: python3-torch, python3-numpy); there are no downloads.
 The safetensors files are written by hand (the `safetensors` package is not required).
 
-Reproduce (60-80 minutes on one CPU thread, depending on the machine's other load; one model
-alone with `--only NAME`, e.g. `--only image-ar-256`, which leaves the other files untouched):
+Reproduce (60-80 minutes on one CPU thread, depending on the machine's other load, plus about
+an hour for text-target-jf; one model alone with `--only NAME`, e.g. `--only image-ar-256` or
+`--only text-target-jf`, which leaves the other files untouched):
 
     nice -n 10 /usr/bin/python3 tools/train_models.py
 
@@ -38,6 +43,7 @@ Smoke test of the whole pipeline (a few steps per model, into a scratch director
 """
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -45,6 +51,7 @@ import os
 import platform
 import struct
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -130,6 +137,25 @@ MODELS = {
         train=dict(steps=1000, batch=16, seq_len=257, lr=4e-3, warmup=60, min_lr_frac=0.1,
                    weight_decay=0.1, label_dropout=0.1),
         heldout=dict(rows=100, seq_len=257),
+    ),
+    # text-target fine-tuned with Jacobi Forcing (tools/jacobi_forcing.py, docs/jacobi_forcing.md):
+    # two rounds of progressive distillation scaled to a 256-token context (the paper's n16/w16
+    # then n32/w8 become n8/w8 then n16/w4), each on trajectories collected by the C++ collector
+    # on training-split prompts, the second with the first round's model. Held-out set: the
+    # base model's (text-target.heldout.safetensors).
+    "text-target-jf": dict(
+        kind="jacobi_forcing",
+        base="text-target",
+        config=dict(vocab_size=256, d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=640,
+                    max_seq_len=256, rope_theta=10000.0, norm_eps=1e-5, causal=True,
+                    mask_token=-1),
+        jf=dict(prompt_bytes=32, new_tokens=112, mask="nc", ar_weight=1.0, ar_data="corpus",
+                ar_batch=4,
+                rounds=[dict(block=8, window=8, prompts=800, steps=350),
+                        dict(block=16, window=4, prompts=800, steps=350)]),
+        train=dict(steps=700, batch=8, seq_len=255, lr=3e-4, warmup=20, min_lr_frac=0.1,
+                   weight_decay=0.1),
+        heldout=dict(rows=48, seq_len=256),
     ),
 }
 
@@ -258,14 +284,20 @@ class Llama(torch.nn.Module):
     def rms(self, x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg["norm_eps"]) * w
 
-    def rope(self, x):  # x: [B, H, T, hd]
+    def rope(self, x, positions=None):  # x: [B, H, T, hd]; positions: [T] (default 0..T-1)
         T, h2 = x.shape[2], self.hd // 2
-        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        if positions is None:
+            cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        else:
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         x1, x2 = x[..., :h2], x[..., h2:]
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
-    def forward(self, tokens):
-        """tokens: [B, T] int64 -> logits [B, T, vocab]."""
+    def forward(self, tokens, positions=None, mask=None):
+        """tokens: [B, T] int64 -> logits [B, T, vocab]. positions: [T] int64 position ids
+        (default 0..T-1); mask: [T, T] bool, True where query i attends to key j (default: the
+        causal mask of a causal model, none otherwise). Jacobi Forcing training packs noisy and
+        clean blocks with shared position ids and a block-sparse mask (tools/jacobi_forcing.py)."""
         cfg, W = self.cfg, self.params
         B, T = tokens.shape
         H, KV, hd = cfg["n_heads"], cfg["n_kv_heads"], self.hd
@@ -278,12 +310,14 @@ class Llama(torch.nn.Module):
             q = (a @ W[p + "attention.wq.weight"].T).view(B, T, H, hd).transpose(1, 2)
             k = (a @ W[p + "attention.wk.weight"].T).view(B, T, KV, hd).transpose(1, 2)
             v = (a @ W[p + "attention.wv.weight"].T).view(B, T, KV, hd).transpose(1, 2)
-            q, k = self.rope(q), self.rope(k)
+            q, k = self.rope(q, positions), self.rope(k, positions)
             # query head h reads kv head h // group: repeat_interleave gives exactly that.
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
             s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)  # [B, H, T, T]
-            if causal:  # a position sees itself and every earlier position
+            if mask is not None:
+                s = s.masked_fill(~mask, float("-inf"))
+            elif causal:  # a position sees itself and every earlier position
                 m = torch.ones(T, T, dtype=torch.bool, device=s.device).triu(1)
                 s = s.masked_fill(m, float("-inf"))
             o = torch.softmax(s, dim=-1) @ v
@@ -804,7 +838,108 @@ def train_image_large(name, spec, out, steps, seed, _corpus, n_train=24000):
     return model, inputs, targets, wall, last, extra, "image-vq"
 
 
-TRAINERS = {"text": train_text, "diffusion": train_diffusion, "image": train_image}
+def train_jacobi_forcing(name, spec, out, steps, seed, corpus, collector=None):
+    """Jacobi Forcing fine-tuning of spec["base"] (tools/jacobi_forcing.py): per round, collect
+    trajectories with the current model on training-split prompts, pack, train L_pc + w L_AR."""
+    import jacobi_forcing as jf
+    train_b, held_b, desc = corpus
+    cfg, tr, js = spec["config"], spec["train"], spec["jf"]
+    base_path = Path(out) / f"{spec['base']}.safetensors"
+    if not base_path.exists():
+        base_path = DEFAULT_OUT / f"{spec['base']}.safetensors"
+    collector = Path(collector or REPO_ROOT / "build" / "examples" /
+                     "specula_example_jacobi_trajectories")
+    if not collector.exists():
+        raise FileNotFoundError(f"{collector}: build it first (cmake --build build --target "
+                                "specula_example_jacobi_trajectories) or pass --collector")
+    torch.manual_seed(seed)
+    model, _ = load_model_from_file(base_path)
+    ho = spec["heldout"]
+    inputs, targets = text_heldout(held_b, ho["rows"], ho["seq_len"])
+    base_nll, _ = evaluate_heldout(model, inputs, targets)
+    log(f"{name}: base {base_path.name}, held-out nll {base_nll:.5f}")
+    total_steps = sum(r["steps"] for r in js["rounds"])
+    g = torch.Generator().manual_seed(seed + 1)
+    corpus_batch, _ = text_batches(train_b, dict(seq_len=cfg["max_seq_len"],
+                                                 batch=js["ar_batch"]), seed + 2)
+    tmp = Path(tempfile.mkdtemp(prefix="specula-jf-"))
+    prompts_file = tmp / "train.bin"
+    prompts_file.write_bytes(train_b)
+    wall, rounds_log, last = 0.0, [], float("nan")
+    current = base_path
+    for ri, rd in enumerate(js["rounds"]):
+        n, w = rd["block"], rd["window"]
+        N = js["new_tokens"] // n
+        r_steps = max(1, round(steps * rd["steps"] / total_steps))
+        traj_path = tmp / f"round{ri + 1}.safetensors"
+        t0 = time.time()
+        jf.collect(collector, current, prompts_file, rd["prompts"], js["prompt_bytes"], n,
+                   js["new_tokens"], traj_path, log)
+        traj, _ = jf.read_trajectories(traj_path, read_safetensors)
+        seqs, positions, P, L, fracs = jf.pack_round(traj, N, n, w)
+        points_per_block = (len(traj["points"]) / len(traj["block_prompt"]))
+        mask = jf.packed_mask(P, N, n, js["mask"], w)
+        log(f"{name} round {ri + 1}: n {n}, w {w}, {len(seqs)} packed sequences of {L} slots "
+            f"(prompt {P}, {N} blocks), {points_per_block:.2f} trajectory points per block; "
+            f"mean noisy fraction per window position "
+            f"{[round(float(fracs[:, j::w].mean()), 3) for j in range(min(w, N))]}")
+        stats = dict(pc=[], ar=[])
+
+        def loss_fn(step):
+            idx = torch.randint(0, len(seqs), (tr["batch"],), generator=g)
+            l_pc, l_ar = jf.jf_losses(model, seqs[idx], positions, mask, P, N, n)
+            if js["ar_data"] == "corpus":  # the pretraining objective on training-split text
+                wnd = corpus_batch()
+                lg = model(wnd[:, :-1])
+                l_ar = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), wnd[:, 1:].reshape(-1))
+            stats["pc"].append(float(l_pc))
+            stats["ar"].append(float(l_ar))
+            return l_pc + js["ar_weight"] * l_ar
+
+        r_wall, last = train_loop(model, tr, r_steps, loss_fn, f"{name} round {ri + 1}")
+        nll, _ = evaluate_heldout(model, inputs, targets)
+        tail = max(1, r_steps // 10)
+        rounds_log.append(dict(
+            block_size=n, window=w, blocks=N, prompts=len(seqs), prompt_bytes=js["prompt_bytes"],
+            new_tokens=js["new_tokens"], steps=r_steps,
+            trajectory_points_per_block=round(points_per_block, 3),
+            collected_with=current.name if ri else base_path.name,
+            final_l_pc=float(np.mean(stats["pc"][-tail:])),
+            final_l_ar=float(np.mean(stats["ar"][-tail:])),
+            heldout_nll_fp32=nll, wall_seconds=round(time.time() - t0, 1)))
+        log(f"{name} round {ri + 1}: L_pc {rounds_log[-1]['final_l_pc']:.4f} L_AR "
+            f"{rounds_log[-1]['final_l_ar']:.4f}, held-out nll {nll:.5f} (base {base_nll:.5f})")
+        wall += time.time() - t0
+        if ri + 1 < len(js["rounds"]):  # the next round collects with this round's model
+            current = tmp / f"round{ri + 1}-model.safetensors"
+            write_safetensors(current, model_tensors(model),
+                              {"specula.config": json.dumps(dict(architecture="llama", **cfg)),
+                               "specula.name": f"{name}-round{ri + 1}"})
+    for f in tmp.iterdir():
+        f.unlink()
+    tmp.rmdir()
+    extra = dict(
+        corpus=desc, tokenizer="bytes (token id = byte value 0..255, no special tokens)",
+        heldout_set=f"text-target's: {ho['rows']} windows of {ho['seq_len']} bytes at evenly "
+                    "spaced offsets of the held-out stream",
+        heldout_of=spec["base"], base_model=spec["base"], base_heldout_nll=base_nll,
+        jacobi_forcing=dict(
+            js, rounds=rounds_log,
+            prompts_from="the training split (the corpus minus the held-out files): K windows of "
+                         "prompt_bytes bytes at evenly spaced offsets",
+            noisy_views="released data preparation: t_b = linspace(0, 1, w)[b mod w], noise = "
+                        "(n - first mismatch) / n, the nearest point (ties: earliest)",
+            loss="L_pc + ar_weight * L_AR; L_pc = mean over noisy-block positions of "
+                 "KL(clean logits, detached || noisy logits), L_AR = next-token CE over prompt + "
+                 "clean blocks",
+            collector="examples/jacobi_trajectories.cpp (block-mode greedy Jacobi, guesses "
+                      "initialised from the context)"),
+    )
+    return model, inputs, targets, wall, last, extra, "bytes"
+
+
+TRAINERS = {"text": train_text, "diffusion": train_diffusion, "image": train_image,
+            "jacobi_forcing": train_jacobi_forcing}
 
 
 # --------------------------------------------------------------------------------------------
@@ -821,9 +956,14 @@ def ship(name, spec, out, model, inputs, targets, steps, wall, last_loss, extra,
         meta["specula.image"] = json.dumps(extra["image"])
     wpath = out / f"{name}.safetensors"
     write_safetensors(wpath, model_tensors(model), meta)
-    hpath = out / f"{name}.heldout.safetensors"
-    write_safetensors(hpath, {"inputs": ("I32", inputs), "targets": ("I32", targets)},
-                      {"specula.name": f"{name}.heldout"})
+    if "heldout_of" in extra:  # the base model's held-out set, not written again
+        hpath = out / f"{extra['heldout_of']}.heldout.safetensors"
+        if not hpath.exists():
+            hpath = DEFAULT_OUT / hpath.name
+    else:
+        hpath = out / f"{name}.heldout.safetensors"
+        write_safetensors(hpath, {"inputs": ("I32", inputs), "targets": ("I32", targets)},
+                          {"specula.name": f"{name}.heldout"})
 
     # Metrics of the weights as shipped: read both files back and evaluate in fp32.
     shipped, _ = load_model_from_file(wpath)
@@ -878,7 +1018,11 @@ def markdown_card(c):
                             "(classifier-free guidance via a null label).",
             "image-draft": "Class-conditional autoregressive model over the same VQ tokens as "
                            "image-ar-256, about 13x smaller (its draft model; trained with the "
-                           "same null-label dropout, so it can be guided too)."}
+                           "same null-label dropout, so it can be guided too).",
+            "text-target-jf": "text-target fine-tuned with Jacobi Forcing (progressive "
+                              "consistency distillation on its own Jacobi trajectories, "
+                              "arXiv 2512.14681; docs/jacobi_forcing.md): the same architecture "
+                              "and tokenizer, for Jacobi and multi-block decoding."}
     lines += [what.get(c["name"], ""), "",
               "Format: see `docs/model_format.md`. Trained by `tools/train_models.py`.", "",
               "## Size", "",
@@ -912,6 +1056,32 @@ def markdown_card(c):
                   f"- image layout (also in the `specula.image` metadata): "
                   f"{c['image']['patch_layout']}, {c['image']['token_order']}"]
     tr = c["training"]
+    if "jacobi_forcing" in c:
+        js = c["jacobi_forcing"]
+        lines += ["", "## Jacobi Forcing", "",
+                  f"- base model: `{c['base_model']}` (held-out NLL {c['base_heldout_nll']:.4f}"
+                  f"); this model: {c['heldout_nll']:.4f} "
+                  f"({100 * (c['heldout_nll'] / c['base_heldout_nll'] - 1):+.2f} %)",
+                  f"- prompts: {js['prompts_from']}; {js['new_tokens']} new tokens each "
+                  "(greedy), blocks tiling prompt's last byte + output",
+                  f"- trajectories: {js['collector']}",
+                  f"- noisy views: {js['noisy_views']}",
+                  f"- mask: {js['mask']} (noise-conditioned, Fig. 2b)" if js["mask"] == "nc"
+                  else f"- mask: {js['mask']}",
+                  f"- loss: {js['loss']}; ar_weight {js['ar_weight']}, L_AR on "
+                  + ("training-corpus windows (batch "
+                     f"{js['ar_batch']} x {c['config']['max_seq_len']})"
+                     if js["ar_data"] == "corpus" else "the packed clean stream"), "",
+                  "| round | block n | window w | blocks | prompts | steps | collected with | "
+                  "points per block | L_pc | L_AR | held-out NLL (fp32) | wall s |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: "
+                  "| ---: |"]
+        for i, r in enumerate(js["rounds"]):
+            lines.append(f"| {i + 1} | {r['block_size']} | {r['window']} | {r['blocks']} | "
+                         f"{r['prompts']} | {r['steps']} | {r['collected_with']} | "
+                         f"{r['trajectory_points_per_block']:.2f} | {r['final_l_pc']:.4f} | "
+                         f"{r['final_l_ar']:.4f} | {r['heldout_nll_fp32']:.4f} | "
+                         f"{r['wall_seconds']:.0f} |")
     lines += ["", "## Training", "",
               f"- {c['train_steps']} steps, batch {tr['batch']} x {tr['seq_len']} tokens, "
               f"AdamW lr {tr['lr']} (warmup {tr['warmup']}, cosine to {tr['min_lr_frac']} x), "
@@ -947,7 +1117,7 @@ def write_readme(out):
         n = c["name"]
         lines.append(f"| {n} | {c['parameters']:,} | {c['train_steps']} | "
                      f"{c['heldout_nll']:.4f} | {c['heldout_ppl']:.4f} | `{n}.safetensors`, "
-                     f"`{n}.heldout.safetensors`, `{n}.card.json`, `{n}.md` |")
+                     f"`{c['heldout_file']}`, `{n}.card.json`, `{n}.md` |")
     lines += ["", "Files:", "",
               "- `<name>.safetensors`: weights (BF16, RMSNorm weights F32) and the "
               "`specula.config` metadata",
@@ -980,7 +1150,20 @@ def main():
     # OpenMP threads under `nice` stall on each other and ran 4-10x slower than one.
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--collector", default=None,
+                    help="the trajectory collector for text-target-jf (default: build/examples/"
+                         "specula_example_jacobi_trajectories)")
+    ap.add_argument("--rewrite-cards", action="store_true",
+                    help="only rewrite the markdown cards of --only (default: all) from their "
+                         ".card.json and the README; no training")
     args = ap.parse_args()
+    if args.rewrite_cards:
+        for name in args.only or list(MODELS):
+            card = Path(args.out) / f"{name}.card.json"
+            if card.exists():
+                (Path(args.out) / f"{name}.md").write_text(markdown_card(json.loads(card.read_text())))
+        write_readme(args.out)
+        return 0
 
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
@@ -996,11 +1179,13 @@ def main():
         command += f" --seed {args.seed}"
     if args.threads != 1:
         command += f" --threads {args.threads}"
+    if args.collector:
+        command += f" --collector {args.collector}"
     log(f"torch {torch.__version__}, numpy {np.__version__}, {args.threads} threads; "
         f"training {', '.join(names)} into {out}")
 
     corpus = None
-    if any(MODELS[n]["kind"] in ("text", "diffusion") for n in names):
+    if any(MODELS[n]["kind"] in ("text", "diffusion", "jacobi_forcing") for n in names):
         corpus = load_text_corpus()
         d = corpus[2]
         log(f"corpus: Python {d['python_version']}, {d['files']} files, train {d['train_bytes']:,}"
@@ -1014,7 +1199,10 @@ def main():
         if "data_of" in spec:  # trained on another model's data: that model's seed for it
             spec = dict(spec, data_seed=args.seed + 100 * list(MODELS).index(spec["data_of"]))
         log(f"=== {name}: {steps} steps, seed {seed}")
-        model, inputs, targets, wall, last, extra, tok = TRAINERS[spec["kind"]](
+        trainer = TRAINERS[spec["kind"]]
+        if spec["kind"] == "jacobi_forcing":
+            trainer = functools.partial(trainer, collector=args.collector)
+        model, inputs, targets, wall, last, extra, tok = trainer(
             name, spec, out, steps, seed, corpus)
         ship(name, spec, out, model, inputs, targets, steps, wall, last, extra, tok, seed,
              command)

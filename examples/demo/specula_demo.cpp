@@ -3,7 +3,8 @@
 //   specula_demo --task text|image|diffusion --method ar|sd|sjd|sjd-pac|cool-sd|lantern|jacobi|
 //                multiblock|ssd [options]        (specula_demo --help lists the options)
 //
-// Text: byte-level Python continuation of --prompt by text-target (draft: text-draft).
+// Text: byte-level Python continuation of --prompt by text-target (draft: text-draft), or with
+// --model text-target-jf by text-target fine-tuned with Jacobi Forcing (docs/jacobi_forcing.md).
 // Image: 256 VQ tokens (16x16 grid of a 64x64 image) after a class label token, by image-ar-256
 // (draft: image-draft; --image-model image-ar: 64 tokens, 8x8, 32x32, no draft model); LANTERN++
 // relaxes acceptance to the drafted token's nearest codebook vectors; each sample is decoded with
@@ -124,6 +125,7 @@ struct demo_options {
   std::string prompt = default_prompt;
   std::string label = "0";                   // image class: index, name, or -1 (null label)
   std::string image_model = "image-ar-256";  // image task: the model (its grid from its metadata)
+  std::string text_model = "text-target";    // text task: the target model
   index_t num_samples = 1;
   index_t threads = 1;  // backend threads of every model (0: one per hardware thread)
   std::filesystem::path models_dir = SPECULA_MODELS_DIR;
@@ -821,6 +823,9 @@ void print_help() {
       "                       every model of the run (default 1; 0: one per hardware thread)\n"
       "  --prompt TEXT        text prompt (bytes; default: the start of a Python class)\n"
       "  --label C            image class: 0..7, a class name, or -1 (null label); default 0\n"
+      "  --model NAME         text: text-target (default) or text-target-jf (text-target\n"
+      "                       fine-tuned with Jacobi Forcing: jacobi and multiblock converge\n"
+      "                       faster; its own greedy output)\n"
       "  --image-model NAME   image-ar-256 (default: 64x64, a 16x16 grid of 256 tokens) or\n"
       "                       image-ar (32x32, an 8x8 grid of 64 tokens)\n"
       "  --cfg S              image: classifier-free guidance scale (default 1: off); the\n"
@@ -937,7 +942,7 @@ demo_options parse_args(int argc, char** argv) {
       "--cool-schedule", "--delta",          "--nu",          "--ell",       "--resampling",
       "--block-size",    "--blocks",         "--spawn-ratio", "--pool-size", "--ngram",
       "--pool",          "--spawn",          "--cache",       "--refresh",   "--image-model",
-      "--cfg",           "--lambda",         "--lantern-k"};
+      "--cfg",           "--lambda",         "--lantern-k",   "--model"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -989,6 +994,8 @@ demo_options parse_args(int argc, char** argv) {
       o.label = value;
     } else if (flag == "--image-model") {
       o.image_model = value;
+    } else if (flag == "--model") {
+      o.text_model = value;
     } else if (flag == "--num-samples") {
       o.num_samples = parse_int(flag, value);
     } else if (flag == "--threads") {
@@ -1233,7 +1240,11 @@ void resolve(demo_options& o, const method_entry& m) {
   require(o.lambda >= 0.0, "--lambda", "must be >= 0 (the cap is lambda * p(x))");
   require(o.lantern_k >= 1, "--lantern-k", "must be >= 1");
 
+  if (o.has("--model") && o.task != task_kind::text)
+    throw usage_error("--model: only used by task text (image: --image-model)");
   if (o.task == task_kind::text) {
+    require(o.text_model == "text-target" || o.text_model == "text-target-jf", "--model",
+            "must be text-target or text-target-jf, got '" + o.text_model + "'");
     require(!o.prompt.empty(), "--prompt", "must not be empty");
     if (o.max_new_tokens < 0) o.max_new_tokens = 128;
   } else if (o.task == task_kind::image) {
@@ -1332,7 +1343,7 @@ int run(int argc, char** argv) {
   token_t null_label = -1;
   index_t label = -2;
   if (o.task == task_kind::text) {
-    model.emplace(load_model(o.models_dir, "text-target", o.threads));
+    model.emplace(load_model(o.models_dir, o.text_model, o.threads));
     if (o.method == "sd" || o.method == "cool-sd")
       draft.emplace(load_model(o.models_dir, "text-draft", o.threads));
     for (const char c : o.prompt)

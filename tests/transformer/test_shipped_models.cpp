@@ -1,6 +1,7 @@
 // The models shipped in examples/models: each loads, and its held-out perplexity computed by
 // this backend matches the value on its model card (computed at training time by PyTorch on
-// the same bf16 weights) within 1 %.
+// the same bf16 weights) within 1 %. text-target-jf (text-target after Jacobi Forcing) is
+// evaluated on text-target's held-out set.
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -80,14 +81,15 @@ void check_heldout_round_trip(const vq_codebook& vq, const std::string& name) {
 }  // namespace
 
 TEST_CASE("shipped models reproduce their model cards' held-out perplexity", "[backend][models]") {
-  for (const std::string name :
-       {"text-target", "text-draft", "text-diffusion", "image-ar", "image-ar-256", "image-draft"}) {
+  for (const std::string name : {"text-target", "text-draft", "text-diffusion", "image-ar",
+                                 "image-ar-256", "image-draft", "text-target-jf"}) {
     INFO("model " << name);
     const nlohmann::json card = read_card(name);
     const transformer m = transformer::load(models_dir / (name + ".safetensors"));
     CHECK(m.weights().parameters() == card.at("parameters").get<index_t>());
+    // text-target-jf is evaluated on its base model's held-out set (its card names the file).
     const safetensors_file data =
-        safetensors_file::open(models_dir / (name + ".heldout.safetensors"));
+        safetensors_file::open(models_dir / card.at("heldout_file").get<std::string>());
     index_t counted = 0;
     const double nll = heldout_nll(m, data, &counted);
     const double ppl = std::exp(nll);
@@ -189,4 +191,20 @@ TEST_CASE("image-ar-256's tokenizer: image-ar's codebook on a 16x16 grid, round 
     }
   CHECK_THROWS_WITH(vq.decode(std::vector<token_t>(64, 0)), Catch::Contains("tokens"));
   CHECK_THROWS_WITH(vq.encode(vq8.decode(std::vector<token_t>(64, 0))), Catch::Contains("rgb"));
+}
+
+TEST_CASE("The Jacobi Forcing model's card: the base model's held-out set, NLL within 5 %",
+          "[backend][models][jf_model]") {
+  const auto card = read_card("text-target-jf");
+  const auto base = read_card("text-target");
+  CHECK(card.at("base_model").get<std::string>() == "text-target");
+  CHECK(card.at("heldout_file").get<std::string>() == base.at("heldout_file").get<std::string>());
+  CHECK(card.at("heldout_tokens").get<index_t>() == base.at("heldout_tokens").get<index_t>());
+  CHECK(card.at("config") == base.at("config"));
+  CHECK(card.at("heldout_nll").get<double>() <= 1.05 * base.at("heldout_nll").get<double>());
+  // The two rounds of progressive distillation: a larger block, a smaller window.
+  const auto& rounds = card.at("jacobi_forcing").at("rounds");
+  REQUIRE(rounds.size() == 2);
+  CHECK(rounds[1].at("block_size").get<index_t>() > rounds[0].at("block_size").get<index_t>());
+  CHECK(rounds[1].at("window").get<index_t>() < rounds[0].at("window").get<index_t>());
 }
