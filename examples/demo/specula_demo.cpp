@@ -490,43 +490,10 @@ specula::neighbour_table image_neighbours(const ex::vq_codebook& vq, index_t voc
                                   specula::neighbour_metric::l2);
 }
 
-/// LANTERN++ as speculative_decode's verifier: LANTERN's rule needs the whole target row, which
-/// the tree verifier's K-candidate recursion does not take (it takes scalar rules only), so the
-/// draft is a chain (node i + 1 is the child of node i; the lantern method takes no
-/// --draft-tree) and this adapter verifies it with the chain verifier, whose draws and outputs
-/// it maps back to the tree layout (accepted nodes 0, 1, ..., num_accepted).
-struct lantern_chain_verifier {
-  specula::lantern_rule rule;
-  void operator()(const specula::tree_batch_input<float>& in,
-                  const specula::tree_batch_output& out) const {
-    if (in.trees.size != 1) throw std::logic_error("lantern_chain_verifier: one request");
-    const specula::token_tree& tree = in.trees[0];
-    const index_t nodes = tree.size();
-    const index_t V = in.vocab_size;
-    std::vector<token_t> drafts;
-    for (index_t i = 1; i < nodes; ++i) {
-      if (tree.parent(i) != i - 1)
-        throw std::logic_error("lantern_chain_verifier: the draft must be a chain");
-      drafts.push_back(tree.token(i));
-    }
-    const std::int64_t offsets[2] = {0, nodes - 1};
-    specula::chain_batch_input<float> c;
-    c.vocab_size = V;
-    c.draft_offsets = specula::index_view(offsets, 2);
-    c.draft_tokens = specula::row_view<const token_t>(drafts.data(), nodes - 1);
-    if (in.draft_probs.rows > 0)  // the q rows of nodes 0 .. L - 1 (sampled drafts)
-      c.draft_probs = specula::batch_view<const float>(in.draft_probs.data, nodes - 1, V);
-    c.target_probs = in.target_probs;  // L + 1 rows: the drafts' and the bonus row
-    c.rng = in.rng;
-    specula::chain_batch_output o;
-    o.output_tokens = out.output_tokens;
-    o.num_accepted = out.num_accepted;
-    o.flags = out.flags;
-    specula::verify_chain(specula::host::sequential_policy{}, c, o, specula::chain_options{}, rule);
-    if (!out.accepted_nodes.empty())
-      for (index_t i = 0; i < nodes; ++i) out.accepted_nodes[i] = i <= out.num_accepted[0] ? i : -1;
-  }
-};
+/// Whether the lantern method composes Cool-SD's schedule with LANTERN++ (a schedule flag given).
+bool lantern_scheduled(const demo_options& o) {
+  return o.has("--cool-schedule") || o.has("--delta") || o.has("--nu") || o.has("--ell");
+}
 
 enum class sd_rule { exact, cool, lantern };
 
@@ -549,10 +516,18 @@ std::vector<token_t> speculative(const run_input& in, decode_stats& st, sd_rule 
   if (rule == sd_rule::exact)
     return specula::speculative_decode(target, draft, in.prompt, so, in.rng,
                                        specula::tree_verifier<>{}, &st);
-  if (rule == sd_rule::lantern)
-    return specula::speculative_decode(target, draft, in.prompt, so, in.rng,
-                                       lantern_chain_verifier{lantern_rule_of(o, *in.neighbours)},
-                                       &st);
+  if (rule == sd_rule::lantern) {
+    const specula::lantern_rule lantern = lantern_rule_of(o, *in.neighbours);
+    if (!lantern_scheduled(o)) {
+      specula::tree_verifier<specula::host::sequential_policy, specula::lantern_rule> v;
+      v.rule = lantern;
+      return specula::speculative_decode(target, draft, in.prompt, so, in.rng, v, &st);
+    }
+    // Cool-SD's schedule on LANTERN++: omega_i times the aggregated mass at draft position i.
+    specula::tree_verifier<specula::host::sequential_policy, specula::scheduled_lantern_rule> v;
+    v.rule = {lantern, cool_rule(o).schedule};
+    return specula::speculative_decode(target, draft, in.prompt, so, in.rng, v, &st);
+  }
   specula::tree_verifier<specula::host::sequential_policy, specula::scheduled_relaxed_rule> v;
   v.rule = cool_rule(o);
   return specula::speculative_decode(target, draft, in.prompt, so, in.rng, v, &st);
@@ -580,18 +555,23 @@ json params_sd(const demo_options& o) {
   return p;
 }
 
-json params_cool_sd(const demo_options& o) {
-  json p = params_sd(o);
+/// The schedule's parameters and its omega at each draft position.
+void add_schedule_json(const demo_options& o, json& p) {
   p["schedule"] = o.cool_schedule;
   p["delta"] = o.delta;
   if (o.cool_schedule == "exponential") p["nu"] = o.nu;
   if (o.cool_schedule == "linear") p["ell"] = o.ell;
-  p["resampling"] = o.resampling;
   const auto rule = cool_rule(o);
   json omega = json::array();
   for (index_t i = 1; i <= std::max<index_t>(1, o.draft_length); ++i)
     omega.push_back(rule.schedule.omega(i));
   p["omega"] = omega;
+}
+
+json params_cool_sd(const demo_options& o) {
+  json p = params_sd(o);
+  add_schedule_json(o, p);
+  p["resampling"] = o.resampling;
   return p;
 }
 
@@ -602,6 +582,7 @@ json params_lantern(const demo_options& o) {
   p["k"] = o.lantern_k;
   p["neighbours"] = "l2 between codebook vectors";
   p["resampling"] = o.resampling;
+  if (lantern_scheduled(o)) add_schedule_json(o, p);  // Cool-SD's schedule on LANTERN++
   return p;
 }
 
@@ -763,7 +744,8 @@ const std::vector<method_entry>& methods() {
       {"lantern",
        image_bit,
        0,
-       {"--draft-length", "--draft-greedy", "--lambda", "--lantern-k", "--resampling"},
+       {"--draft-length", "--draft-tree", "--draft-greedy", "--lambda", "--lantern-k",
+        "--resampling", "--cool-schedule", "--delta", "--nu", "--ell"},
        run_lantern,
        params_lantern,
        "speculative decoding with LANTERN++'s relaxed (lossy) acceptance (codebook neighbours)"},
@@ -844,8 +826,8 @@ void print_help() {
       "  --draft-length N     sd, cool-sd, lantern: drafted tokens per step (default 4); the\n"
       "                       draft model is text-draft (text) or image-draft (image, with\n"
       "                       image-ar-256 only; --cfg guides it with the same scale)\n"
-      "  --draft-tree WxD     sd, cool-sd: draft a full W-ary tree of D levels per step instead\n"
-      "                       of a chain (siblings without replacement; greedy: top W tokens)\n"
+      "  --draft-tree WxD     sd, cool-sd, lantern: draft a full W-ary tree of D levels per step\n"
+      "                       instead of a chain (siblings without replacement; greedy: top W)\n"
       "  --window N           sjd (default 16), sjd-pac (64), jacobi (16): draft window; sjd,\n"
       "                       sjd-pac: a fixed budget of drafted nodes, PD tree included\n"
       "  --count-root         sjd, sjd-pac: --window and --pd-depth count the root, as the\n"
@@ -862,9 +844,11 @@ void print_help() {
       "  --pd-first-path      sjd-pac: K candidates per level along the first path only (K D\n"
       "                       nodes) instead of the full K-ary tree\n"
       "  --no-ac, --no-pd     sjd-pac: disable Adaptive Continuation / Proactive Drafting\n"
-      "  --cool-schedule S    cool-sd: uniform (default) | exponential | linear\n"
-      "  --delta D            cool-sd: relaxation budget (> 0, default 2; 1 with the uniform\n"
-      "                       schedule = exact rule)\n"
+      "  --cool-schedule S    cool-sd: uniform (default) | exponential | linear; lantern:\n"
+      "                       any schedule flag applies the schedule's omega_i to LANTERN++'s\n"
+      "                       aggregated mass (Cool-SD's schedule on LANTERN++)\n"
+      "  --delta D            cool-sd, lantern: relaxation budget (> 0, default 2; 1 with the\n"
+      "                       uniform schedule = exact rule for cool-sd, LANTERN++ for lantern)\n"
       "  --nu NU              cool-sd exponential: decay (>= 0, default 0.7)\n"
       "  --ell L              cool-sd linear: slope parameter (>= 2, default 8)\n"
       "  --resampling R       cool-sd: optimal (default) | vanilla; lantern: optimal (default) |\n"
