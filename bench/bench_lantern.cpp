@@ -12,6 +12,11 @@
 //   drafted token. The table is synthetic (row t: t + o_j mod V for 1000 distinct random
 //   offsets o_j, random-looking ids as a codebook's are), since the cost does not depend on the
 //   geometry.
+// lantern/tree/<exact|optimal|vanilla>/V:<V>/K:4[/k:1000]: one unchecked verify_tree call of a
+//   root with K = 4 children (p's 4 most likely tokens, q = p/2 + 1/8 on each), every child
+//   rejected: the K-candidate recursion, pointwise for the exact rule, with two materialised
+//   residual rows for the row-aware LANTERN++ rule (λ = 2, k = 1000); bytes: p and q once per
+//   candidate (8V·K).
 
 #include <benchmark/benchmark.h>
 
@@ -26,6 +31,7 @@
 #include "specula/rules/exact.hpp"
 #include "specula/rules/lantern.hpp"
 #include "specula/verify/chain.hpp"
+#include "specula/verify/tree.hpp"
 #include "stream_baseline.hpp"
 
 namespace {
@@ -138,6 +144,53 @@ void bm_verify(benchmark::State& state, index_t V, const Rule& rule, double a_si
   state.counters["A"] = a_size;
 }
 
+/// K siblings under a root, all rejected: the K-candidate recursion of verify_tree. Rows: p as
+/// in verify_rows, the children the K most likely tokens of p, q = p/2 + 1/(2K) on each child
+/// (so every child has f < 1). A seed whose verification rejects every child is used.
+template <class Rule>
+void bm_tree_verify(benchmark::State& state, index_t V, index_t K, const Rule& rule) {
+  const verify_rows rows(V);
+  std::vector<index_t> order(static_cast<std::size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](index_t a, index_t b) {
+    return rows.p[static_cast<std::size_t>(a)] > rows.p[static_cast<std::size_t>(b)];
+  });
+  std::vector<index_t> parents = {-1};
+  std::vector<token_t> tokens = {0};
+  for (index_t j = 0; j < K; ++j) {
+    parents.push_back(0);
+    tokens.push_back(static_cast<token_t>(order[static_cast<std::size_t>(j)]));
+  }
+  const std::vector<token_tree> trees = {token_tree(parents, tokens)};
+  const index_t n = K + 1;
+  std::vector<float> p, q;
+  for (index_t u = 0; u < n; ++u) p.insert(p.end(), rows.p.begin(), rows.p.begin() + V);
+  std::vector<float> q0(rows.p.begin(), rows.p.begin() + V);
+  for (auto& v : q0) v *= 0.5f;
+  for (index_t j = 0; j < K; ++j)
+    q0[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])] +=
+        0.5f / static_cast<float>(K);
+  for (index_t u = 0; u < n; ++u) q.insert(q.end(), q0.begin(), q0.end());
+  std::vector<request_rng> rng = {{0, 0, 0}};
+  std::vector<token_t> out(static_cast<std::size_t>(n));
+  std::vector<std::int32_t> acc(1);
+  const tree_batch_input<float> in{V, trees, {p.data(), n, V}, {q.data(), n, V}, rng};
+  const tree_batch_output o{out, acc, {}, {}};
+  tree_workspace ws;
+  for (std::uint64_t s = 1; s < 1000; ++s) {
+    rng[0] = {s, 0, 0};
+    verify_tree_unchecked(host::seq, in, o, ws, {}, rule);
+    if (acc[0] == 0) break;
+  }
+  if (acc[0] != 0) {
+    state.SkipWithError("no seed rejects every child");
+    return;
+  }
+  // The floor: p and q read once per candidate (K passes of 8V bytes).
+  bench::run_against_stream(state, 8.0 * static_cast<double>(V * K),
+                            [&] { verify_tree_unchecked(host::seq, in, o, ws, {}, rule); });
+}
+
 const int registered = [] {
   for (const index_t V : {index_t{32000}, index_t{128256}})
     for (const index_t k : {index_t{64}, index_t{1000}})
@@ -182,6 +235,27 @@ const int registered = [] {
           })
           ->Unit(benchmark::kMicrosecond);
     }
+  }
+  // Trees: K = 4 rejected siblings, the exact rule's pointwise recursion against a row-aware
+  // rule's materialised residual rows (LANTERN++ λ = 2, k = 1000, G*).
+  for (const index_t V : {index_t{32000}, index_t{128256}}) {
+    const std::string suffix = "/V:" + std::to_string(V) + "/K:4";
+    benchmark::RegisterBenchmark(("lantern/tree/exact" + suffix).c_str(), [=](benchmark::State& s) {
+      bm_tree_verify(s, V, 4, exact_rule{});
+    })->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("lantern/tree/optimal" + suffix + "/k:1000").c_str(),
+                                 [=](benchmark::State& s) {
+                                   const neighbour_table table = synthetic_table(V, 1000);
+                                   bm_tree_verify(s, V, 4, lantern_rule::make_relative(table, 2.0));
+                                 })
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(
+        ("lantern/tree/vanilla" + suffix + "/k:1000").c_str(),
+        [=](benchmark::State& s) {
+          const neighbour_table table = synthetic_table(V, 1000);
+          bm_tree_verify(s, V, 4, lantern_rule::make_relative(table, 2.0, resampling::vanilla));
+        })
+        ->Unit(benchmark::kMicrosecond);
   }
   return 0;
 }();
