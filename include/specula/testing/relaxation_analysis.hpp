@@ -281,8 +281,8 @@ relaxation_report relaxation_accounting(const toy_ar_model& target, const toy_ar
 /// drafted), verifies the children of the current node as K candidates with the rule at its
 /// depth (detail::candidate_terms), descends into the accepted child's subtree, and ends with
 /// the residual sample or, at a leaf, the target's bonus token. A chain-shaped `shape` gives
-/// the chain loop's law (speculative_loop_law below is this with a chain). With the exact rule this is the target's
-/// law.
+/// the chain loop's law (speculative_loop_law below is this with a chain). With the exact rule this
+/// is the target's law.
 template <class Rule>
 std::vector<double> speculative_tree_loop_law(const toy_ar_model& target, const toy_ar_model& draft,
                                               const token_tree& shape, sibling_sampling sampling,
