@@ -181,13 +181,12 @@ struct proposal_mass_left {
   const Proposal& proposal;
   const Passes& passes;
   index_t n;
-  bool removed = false;       // an earlier candidate removed mass from the proposal
   double total = -1.0;        // the proposal row's summed mass (one pass, at the first removal)
-  double removed_mass = 0.0;  // q(c_1) + ... over the distinct earlier candidates
+  double removed_mass = 0.0;  // q(c_1) + ... over the distinct earlier candidates (each > 0)
 
   /// 1 / rest_j for candidate j (1-based) of cand.
   SPECULA_HOST_DEVICE double renorm(const token_t* cand, index_t j) {
-    if (!removed) return 1.0;
+    if (!(removed_mass > 0.0)) return 1.0;  // nothing removed yet
     if (total < 0.0) total = passes.mass(n, proposal_mass_weights<Proposal>{proposal});
     double rest = total - removed_mass;
     if (!(rest > 1e-9 * total))
@@ -200,7 +199,6 @@ struct proposal_mass_left {
   /// Candidate c (first occurrence: `repeated` false) was rejected: its mass leaves q.
   SPECULA_HOST_DEVICE void remove(index_t c, bool repeated) {
     if (repeated || !(proposal.mass(c) > 0.0)) return;  // a repeated candidate removes nothing
-    removed = true;
     removed_mass += proposal.mass(c);
   }
 };
@@ -326,10 +324,6 @@ struct first_candidate_residual {
             .num_skip = one_hot ? 1 : 0};
   }
 };
-
-}  // namespace detail
-
-namespace detail {
 
 /// No candidates (or none left): the token is sampled from p at slot 1.
 template <random_source Source, class Row, class Passes>
