@@ -5,6 +5,7 @@
 // membership test; the neighbour-table builder against a brute-force double ranking; bad
 // parameters at the checked entry points.
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
@@ -13,9 +14,12 @@
 
 #include "sampled_round.hpp"
 #include "specula/rules/lantern.hpp"
+#include "specula/sample/without_replacement.hpp"
+#include "specula/testing/enumerate.hpp"
 #include "specula/testing/goodness_of_fit.hpp"
 #include "specula/testing/relaxation_analysis.hpp"
 #include "specula/testing/toy_models.hpp"
+#include "specula/verify/candidates.hpp"
 #include "specula/verify/chain.hpp"
 
 using namespace specula;
@@ -51,13 +55,24 @@ std::vector<std::vector<token_t>> brute_neighbours(const std::vector<float>& e, 
   return out;
 }
 
-/// Which convention a reference rule follows; the `wrong_*` variants are the negative controls.
-enum class ref_resample { eq6, official, optimal, vanilla, wrong_eq6_keep_a, wrong_official_k };
+/// Which convention a reference rule follows; the `wrong_*` variants are the negative controls
+/// (`wrong_official_zero_q`: q zeroed at the neighbours instead of the target, as the LlamaGen
+/// and Anole files' static-tree test path does).
+enum class ref_resample {
+  eq6,
+  official,
+  optimal,
+  vanilla,
+  wrong_eq6_keep_a,
+  wrong_official_k,
+  wrong_official_zero_q
+};
 
 /// LANTERN written from its definitions with explicit sets (no code shared with the library
 /// rule): A = the longest prefix of x̃'s first k neighbours whose cumulative p is <= the cap
 /// (LANTERN's cumsum test); Eq. 6 builds P^{k,λ} as a vector; the official resampling zeroes a
-/// copy of q at neighbours[0 .. k] (Python's `[:k + 1]`, clipped to the row).
+/// copy of the target p at neighbours[0 .. k] (Python's `gtp[nearest[x, :k + 1]] = 0`, clipped
+/// to the row) before subtracting q.
 struct reference_lantern {
   const std::vector<std::vector<token_t>>* nb;
   double cap_factor;  // λ (paper) or λ − 1 (official); negative: absolute δ = −cap_factor
@@ -93,15 +108,17 @@ struct reference_lantern {
           break;
         }
         case ref_resample::official:
-        case ref_resample::wrong_official_k: {
-          std::vector<double> qz(p.size(), 0.0);
+        case ref_resample::wrong_official_k:
+        case ref_resample::wrong_official_zero_q: {
+          std::vector<double> pz = p, qz(p.size(), 0.0);
           qz[sy] = qy;
           const auto& row = (*r->nb)[static_cast<std::size_t>(x)];
-          const index_t take = r->resample == ref_resample::official ? r->k + 1 : r->k;
+          const index_t take = r->resample == ref_resample::wrong_official_k ? r->k : r->k + 1;
+          auto& zeroed = r->resample == ref_resample::wrong_official_zero_q ? qz : pz;
           if (any)
             for (index_t j = 0; j < take && j < static_cast<index_t>(row.size()); ++j)
-              qz[static_cast<std::size_t>(row[static_cast<std::size_t>(j)])] = 0;
-          w = py - qz[sy];
+              zeroed[static_cast<std::size_t>(row[static_cast<std::size_t>(j)])] = 0;
+          w = pz[sy] - qz[sy];
           break;
         }
         case ref_resample::optimal: {
@@ -219,7 +236,7 @@ TEST_CASE("LANTERN negative controls: each neighbouring convention gives another
   const index_t V = c.V, k = c.k, L = c.L;
   const auto& table = c.table;
   const auto& nb = c.nb;
-  double cap_gap = 0, eq6_gap = 0, k1_gap = 0;
+  double cap_gap = 0, eq6_gap = 0, k1_gap = 0, zero_q_gap = 0;
   for (std::uint64_t seed = 1; seed <= 6; ++seed) {
     const testing::toy_ar_model target(V, L + 1, seed * 7, 0.1);
     const auto draft = testing::toy_ar_model::perturbed(target, 0.8, seed * 7 + 1, 0.1);
@@ -245,11 +262,17 @@ TEST_CASE("LANTERN negative controls: each neighbouring convention gives another
     k1_gap = std::max(
         k1_gap, testing::max_abs_difference(
                     off, law(reference_lantern{&nb, 1.5, k, ref_resample::wrong_official_k})));
+    // The official resampling zeroing q instead of the target at the neighbours.
+    zero_q_gap = std::max(
+        zero_q_gap,
+        testing::max_abs_difference(
+            off, law(reference_lantern{&nb, 1.5, k, ref_resample::wrong_official_zero_q})));
   }
-  INFO("cap " << cap_gap << " eq6 " << eq6_gap << " k+1 " << k1_gap);
+  INFO("cap " << cap_gap << " eq6 " << eq6_gap << " k+1 " << k1_gap << " zero q " << zero_q_gap);
   CHECK(cap_gap > 1e-4);
   CHECK(eq6_gap > 1e-4);
   CHECK(k1_gap > 1e-4);
+  CHECK(zero_q_gap > 1e-4);
 }
 
 TEST_CASE("LANTERN official conventions through verify_chain follow the enumerated law",
@@ -408,4 +431,150 @@ TEST_CASE("checked calls refuse bad LANTERN parameters, naming the field",
   auto bad_resample = official;
   bad_resample.resample = static_cast<resampling>(9);
   CHECK_THROWS_WITH(chain(bad_resample), Catch::Contains("rule.resample"));
+}
+
+namespace {
+
+/// LANTERN's resampling after a rejection, transcribed operation by operation from its code
+/// (lumina-mGPT with EAGLE-1 drafts): gtp = the target row; if the neighbour walk kept
+/// something, gtp[nearest[x, :k + 1]] = 0; gtp = gtp - q; gtp[gtp < 0] = 0; gtp /= gtp.sum().
+/// `row` is x's neighbour list (x itself excluded: the code builds its table with an infinite
+/// diagonal). Returns false where the code would fall back to a uniform row (gtp.sum() == 0).
+bool official_resampling(std::vector<double> gtp, const std::vector<double>& q,
+                         const std::vector<token_t>& row, index_t k, bool kept,
+                         std::vector<double>& out) {
+  if (kept)
+    for (std::size_t j = 0; j < row.size() && j < static_cast<std::size_t>(k) + 1; ++j)
+      gtp[static_cast<std::size_t>(row[j])] = 0;
+  double sum = 0;
+  for (std::size_t y = 0; y < gtp.size(); ++y) {
+    gtp[y] = std::max(gtp[y] - q[y], 0.0);
+    sum += gtp[y];
+  }
+  if (sum == 0) return false;
+  for (auto& v : gtp) v /= sum;
+  out = gtp;
+  return true;
+}
+
+/// The code's acceptance of x: cumsum of p over x's first k neighbours, the last index whose
+/// cumsum is <= the cap ((delta - 1)·p(x) for delta > 1, else delta), px += that cumsum;
+/// accepted when r <= px / qx. Returns min(1, px / qx) and whether an index was found.
+std::pair<double, bool> official_accept(const std::vector<double>& p, double qx,
+                                        const std::vector<token_t>& row, index_t k, token_t x,
+                                        double delta) {
+  const double px = p[static_cast<std::size_t>(x)];
+  const double cap = delta > 1.0 ? (delta - 1.0) * px : delta;
+  double cum = 0, kept_cum = 0;
+  bool found = false;
+  for (index_t j = 0; j < k; ++j) {
+    cum += p[static_cast<std::size_t>(row[static_cast<std::size_t>(j)])];
+    if (cum <= cap) {
+      kept_cum = cum;
+      found = true;
+    }
+  }
+  const double mass = found ? px + kept_cum : px;
+  return {qx <= 0 ? 1.0 : std::min(1.0, mass / qx), found};
+}
+
+/// Law of one drafted position: x ~ q, verified by verify_candidates (one candidate drawn
+/// through the source), enumerated over every random decision.
+std::vector<double> one_position_law(const lantern_rule& rule, const std::vector<double>& p,
+                                     const std::vector<double>& q) {
+  const auto V = static_cast<index_t>(p.size());
+  const auto law = testing::enumerate_token_law(V, [&](auto& src) -> index_t {
+    auto qw = [&](index_t y) { return q[static_cast<std::size_t>(y)]; };
+    token_t cand = 0;
+    const index_t got = sample_without_replacement_sequential(src, V, qw, 1, 77, 0, &cand);
+    std::vector<double> ws(static_cast<std::size_t>(candidates_workspace_size<lantern_rule>(1, V)));
+    const auto r = verify_candidates(rule, src, row_view<const double>(p),
+                                     without_replacement<double>{row_view<const double>(q)}, &cand,
+                                     got, 0.0, 0, ws.data());
+    REQUIRE((r.flags & chain_valid) != 0);
+    return r.token;
+  });
+  CHECK(law.invalid_mass == 0.0);
+  return law.probability;
+}
+
+}  // namespace
+
+TEST_CASE("LANTERN official resampling: the worked example, computed by hand",
+          "[relaxed][lantern][law]") {
+  // p, q over 6 tokens, drafted token 2 whose nearest neighbours are 0, 1, 5, 3, 4; the paper's
+  // cap with λ = 1 walking k = 2 neighbours keeps A = {0, 1} (0.1 + 0.1 <= 1 · 0.2), so
+  // f = (0.2 + 0.2) / 0.6 = 2/3. The official resampling zeroes p at the first k + 1 = 3
+  // neighbours {0, 1, 5}: [(0, 0, .2, .3, .25, 0) - q]+ = (0, 0, 0, .2, .15, 0) -> (0, 0, 0,
+  // 4/7, 3/7, 0). (Zeroing q there instead would give (1/6, 1/6, 0, 1/3, 1/4, 1/12).)
+  const std::vector<double> p = {0.1, 0.1, 0.2, 0.3, 0.25, 0.05};
+  const std::vector<double> q = {0.05, 0.05, 0.6, 0.1, 0.1, 0.1};
+  const neighbour_table table({1,      2, 3, 4, 5, /**/ 0, 2, 3, 4, 5, /**/ 0, 1, 5, 3, 4,
+                               /**/ 0, 1, 2, 4, 5, /**/ 0, 1, 2, 3, 5, /**/ 0, 1, 2, 3, 4},
+                              6, 5);
+  const auto rule =
+      lantern_rule::make_relative(table, 1.0, resampling::lantern_official, lantern_cap::paper, 2);
+  const auto b = rule.bind(row_view<const double>(p), 2);
+  REQUIRE(b.count == 2);
+  CHECK(b.accept_probability(0.0, 0.6) == Approx(2.0 / 3.0).epsilon(1e-15));
+  std::vector<double> g(6);
+  double sum = 0;
+  for (index_t y = 0; y < 6; ++y) {
+    g[static_cast<std::size_t>(y)] =
+        b.residual_weight_at(y, p[static_cast<std::size_t>(y)], q[static_cast<std::size_t>(y)]);
+    sum += g[static_cast<std::size_t>(y)];
+  }
+  const double want[] = {0, 0, 0, 4.0 / 7.0, 3.0 / 7.0, 0};
+  for (std::size_t y = 0; y < 6; ++y) CHECK(g[y] / sum == Approx(want[y]).margin(1e-15));
+}
+
+TEST_CASE("LANTERN official resampling: one position's law equals a transcription of the code",
+          "[relaxed][lantern][law]") {
+  // Random rows over V = 7 with random neighbour lists; the code's `--lantern_delta` d maps to
+  // lantern_cap::official with λ = d (d > 1) or the absolute cap δ = d (d <= 1).
+  const index_t V = 7;
+  int compared = 0, relaxed_some = 0;
+  for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+    std::mt19937_64 g(seed);
+    std::vector<token_t> ids;
+    std::vector<std::vector<token_t>> rows(static_cast<std::size_t>(V));
+    for (index_t t = 0; t < V; ++t) {
+      for (index_t u = 0; u < V; ++u)
+        if (u != t) rows[static_cast<std::size_t>(t)].push_back(static_cast<token_t>(u));
+      std::shuffle(rows[static_cast<std::size_t>(t)].begin(),
+                   rows[static_cast<std::size_t>(t)].end(), g);
+      ids.insert(ids.end(), rows[static_cast<std::size_t>(t)].begin(),
+                 rows[static_cast<std::size_t>(t)].end());
+    }
+    const neighbour_table table(ids, V, V - 1);
+    const auto p = testing::random_probability_row(V, seed, 0, 0.0);
+    const auto q = testing::random_probability_row(V, seed, 1, 0.0);
+    for (const double delta : {0.3, 1.5, 2.5, 4.0})
+      for (const index_t k : {index_t{1}, index_t{2}, index_t{4}}) {
+        const auto rule =
+            delta > 1.0
+                ? lantern_rule::make_relative(table, delta, resampling::lantern_official,
+                                              lantern_cap::official, k)
+                : lantern_rule::make_absolute(table, delta, resampling::lantern_official, k);
+        std::vector<double> want(static_cast<std::size_t>(V), 0.0), gx;
+        bool uniform_fallback = false;
+        for (index_t x = 0; x < V; ++x) {
+          const auto sx = static_cast<std::size_t>(x);
+          const auto [a, kept] =
+              official_accept(p, q[sx], rows[sx], k, static_cast<token_t>(x), delta);
+          relaxed_some += kept ? 1 : 0;
+          want[sx] += q[sx] * a;
+          if (a < 1.0) {
+            if (!official_resampling(p, q, rows[sx], k, kept, gx)) uniform_fallback = true;
+            for (std::size_t y = 0; y < gx.size(); ++y) want[y] += q[sx] * (1.0 - a) * gx[y];
+          }
+        }
+        if (uniform_fallback) continue;  // the code's uniform fallback (docs/relaxed.md)
+        INFO("seed " << seed << " delta " << delta << " k " << k);
+        CHECK(testing::max_abs_difference(one_position_law(rule, p, q), want) < 1e-12);
+        ++compared;
+      }
+  }
+  CHECK(compared > 120);
+  CHECK(relaxed_some > 100);
 }

@@ -18,9 +18,10 @@
 ///   - resampling::vanilla: G_van = Norm([p − q]+);
 ///   - resampling::lantern: LANTERN++'s Norm([P^{k,λ} − q]+) (Eq. 6), where P^{k,λ} moves the
 ///     mass of A onto x̃;
-///   - resampling::lantern_official: LANTERN's code: when A is not empty, q is set to 0 at x̃'s
-///     first k + 1 table neighbours (x̃ itself excluded; all of A and more), then
-///     Norm([p − q]+); when A is empty, G_van.
+///   - resampling::lantern_official: LANTERN's code (lumina-mGPT with EAGLE-1 drafts): when A is
+///     not empty, the *target* p is set to 0 at x̃'s first k + 1 table neighbours (x̃ itself is
+///     not in its row: all of A and more), then Norm([p − q]+); when A is empty, G_van. Those
+///     neighbours get no resampling mass.
 ///
 /// This is a row-aware rule (see rules/rule.hpp): it needs the whole target row. Not lossless.
 
@@ -129,9 +130,10 @@ struct lantern_bound_rule {
           d = py - qy;
         break;
       case resampling::lantern_official: {
-        // q zeroed at the first k + 1 table neighbours (as many as the row holds) when A ≠ ∅.
+        // p zeroed at the first k + 1 table neighbours (as many as the row holds) when A ≠ ∅:
+        // [0 − q(y)]+ = 0 there.
         const index_t zeroed = walk.k < walk.table.k ? walk.k + 1 : walk.table.k;
-        d = count > 0 && y != drafted && among_first(y, zeroed) ? py : py - qy;
+        d = count > 0 && among_first(y, zeroed) ? 0.0 : py - qy;
         break;
       }
       case resampling::optimal: {

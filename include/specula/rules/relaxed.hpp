@@ -26,8 +26,8 @@ enum class resampling : std::uint8_t {
   optimal,  ///< G* = Norm([p − q·f]+) (Cool-SD Eq. 10), the default
   vanilla,  ///< G_van = Norm([p − q]+) (Eq. 2)
   lantern,  ///< LANTERN++'s Norm([P^{k,λ} − q]+) (Eq. 6); only for lantern_rule
-  /// LANTERN's code: q zeroed at x̃'s first k + 1 neighbours, then Norm([p − q]+); only for
-  /// lantern_rule (rules/lantern.hpp)
+  /// LANTERN's code: the target p zeroed at x̃'s first k + 1 neighbours, then Norm([p − q]+);
+  /// only for lantern_rule (rules/lantern.hpp)
   lantern_official,
 };
 
