@@ -361,6 +361,22 @@ int register_all() {
                 ->UseManualTime()
                 ->Unit(benchmark::kMicrosecond);
           }
+  // The checked entry points' shared-stream check alone (distinct streams: the whole scan),
+  // to set against the checked calls above at the same B.
+  for (index_t b : {16, 64, 256, 1024, 4096})
+    benchmark::RegisterBenchmark(
+        ("streams/find_shared_stream/B:" + std::to_string(b)).c_str(),
+        [](benchmark::State& state, index_t batch) {
+          std::vector<request_rng> rng;
+          for (index_t r = 0; r < batch; ++r)
+            rng.push_back(request_rng{11, static_cast<std::uint32_t>(r), 0});
+          for (auto _ : state) {
+            auto pair = detail::find_shared_stream(rng);
+            benchmark::DoNotOptimize(pair);
+          }
+        },
+        b)
+        ->Unit(benchmark::kMicrosecond);
   for (std::int64_t bytes :
        {std::int64_t{1} << 16, std::int64_t{1} << 20, std::int64_t{1} << 24, std::int64_t{1} << 28})
     benchmark::RegisterBenchmark(("stream_read/bytes:" + std::to_string(bytes)).c_str(),

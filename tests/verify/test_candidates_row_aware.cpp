@@ -292,7 +292,7 @@ TEST_CASE("per-request row-aware rules in tree verification equal single-rule ca
   p2.insert(p2.end(), prow.begin(), prow.end());
   q2.insert(q2.end(), qrow.begin(), qrow.end());
   for (std::uint32_t run = 0; run < 200; ++run) {
-    const std::vector<request_rng> rng = {{3, run, 0}, {3, run, 1}};
+    const std::vector<request_rng> rng = {{3, 2 * run, 0}, {3, 2 * run + 1, 0}};
     const std::vector<token_tree> both = {tree, tree};
     std::vector<token_t> out(static_cast<std::size_t>(2 * n));
     std::vector<std::int32_t> acc(2);

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "bad_input_util.hpp"
+#include "specula/rules/typical.hpp"
 #include "specula/verify/chain.hpp"
+#include "specula/verify/chain_logits.hpp"
 #include "specula/verify/greedy.hpp"
 
 using namespace specula;
@@ -202,6 +204,110 @@ TEST_CASE("bad shapes and empty inputs", "[verify][bad_input]") {
     o.sum_tolerance = -1.0;
     require_error([&] { verify_chain(host::seq, f.in(), f.output(), o); },
                   {status::invalid_parameter, "options.sum_tolerance", -1, -1});
+  }
+}
+
+TEST_CASE("requests sharing a random stream are refused, naming both", "[verify][bad_input]") {
+  fixture f;
+  auto run = [&] { verify_chain(host::seq, f.in(), f.output()); };
+  SECTION("the same seed and request id (the step does not matter)") {
+    f.rng = {{7, 3, 0}, {7, 3, 5}};
+    require_error(run, {status::shared_stream, "rng", 1, -1});
+    try {
+      run();
+    } catch (const invalid_input& e) {
+      CHECK(std::string(e.what()).find("requests 0 and 1 have the same seed (7) and request_id "
+                                       "(3)") != std::string::npos);
+    }
+  }
+  SECTION("the same seed with distinct ids, or distinct seeds, are distinct streams") {
+    f.rng = {{7, 3, 0}, {7, 4, 0}};
+    REQUIRE_NOTHROW(run());
+    f.rng = {{7, 3, 0}, {8, 3, 0}};
+    REQUIRE_NOTHROW(run());
+  }
+  SECTION("validate_chain_batch, greedy-free entry points of every layout") {
+    f.rng = {{1, 1, 0}, {1, 1, 0}};
+    require_error([&] { validate_chain_batch(f.in(), f.output()); },
+                  {status::shared_stream, "rng", 1, -1});
+  }
+}
+
+TEST_CASE("find_shared_stream names the first shared pair in small and large batches",
+          "[verify][bad_input]") {
+  for (const index_t batch : {2, 5, 32, 33, 100, 1000}) {
+    std::vector<request_rng> rng(static_cast<std::size_t>(batch));
+    for (index_t b = 0; b < batch; ++b)
+      rng[static_cast<std::size_t>(b)] = {static_cast<std::uint64_t>(b) * 0x9e3779b9ull, 0, 0};
+    CHECK(detail::find_shared_stream(rng).second == -1);
+    // Two shared pairs: the one whose later request comes first is named.
+    const index_t late = batch - 1;
+    rng[static_cast<std::size_t>(late)] = rng[0];
+    if (batch > 2) rng[static_cast<std::size_t>(batch / 2)] = rng[1];
+    const auto s = detail::find_shared_stream(rng);
+    CHECK(s.first == (batch > 2 ? 1 : 0));
+    CHECK(s.second == (batch > 2 ? batch / 2 : 1));
+    // Request ids alone tell streams apart.
+    for (index_t b = 0; b < batch; ++b)
+      rng[static_cast<std::size_t>(b)] = {42, static_cast<std::uint32_t>(b), 0};
+    CHECK(detail::find_shared_stream(rng).second == -1);
+  }
+}
+
+TEST_CASE("placeholders (-1) inside the counted drafts: refused, or rejected at their position",
+          "[verify][bad_input]") {
+  fixture f;
+  // Request 0 drafts {1, -1}: p_1 is one-hot at 1 (q_1(1) = 0.25: accepted surely), p_2 one-hot
+  // at 3 with q_2 uniform, so the token sampled at the placeholder is 3.
+  f.tokens = {1, no_token, 0};
+  std::fill(f.target.begin(), f.target.begin() + 8, 0.0f);
+  f.target[1] = 1.0f;
+  f.target[4 + 3] = 1.0f;
+  std::fill(f.draft.begin(), f.draft.begin() + 8, 0.25f);
+  chain_options reject;
+  reject.placeholders = draft_placeholders::reject;
+  SECTION("refused by default, with one wording in every entry point") {
+    require_error([&] { verify_chain(host::seq, f.in(), f.output()); },
+                  {status::bad_padding, "draft_tokens", 1, -1});
+    require_error([&] { verify_chain_greedy(host::seq, f.in(), f.output()); },
+                  {status::bad_padding, "draft_tokens", 1, -1});
+    std::string a, b;
+    try {
+      verify_chain(host::seq, f.in(), f.output());
+    } catch (const invalid_input& e) {
+      a = e.what();
+    }
+    try {
+      verify_chain_greedy(host::seq, f.in(), f.output());
+    } catch (const invalid_input& e) {
+      b = e.what();
+    }
+    CHECK(a == b);
+    CHECK(a.find(detail::placeholder_refused) != std::string::npos);
+  }
+  SECTION("draft_placeholders::reject: rejected without a draw, a residual sample there") {
+    for (std::uint64_t seed = 0; seed < 20; ++seed) {
+      f.rng = {{seed, 0, 0}, {seed, 1, 0}};
+      for (const bool dense : {true, false}) {
+        chain_batch_input<float> in = f.in();
+        if (!dense) in.draft_probs = {};
+        REQUIRE_NOTHROW(verify_chain(host::seq, in, f.output(), reject));
+        CHECK(f.n[0] == 1);
+        CHECK(f.out[0] == 1);
+        CHECK(f.out[1] == 3);
+        CHECK(f.acc[1] == 0);
+        CHECK((f.flags[0] & chain_valid) != 0);
+      }
+    }
+    // Greedy: the placeholder never equals the argmax, which is emitted there.
+    REQUIRE_NOTHROW(verify_chain_greedy(host::seq, f.in(), f.output(), draft_placeholders::reject));
+    CHECK(f.n[0] == 1);
+    CHECK(f.out[1] == 3);
+  }
+  SECTION("row-aware rules bind the drafted token: they still refuse placeholders") {
+    require_error(
+        [&] { verify_chain(host::seq, f.in(), f.output(), reject, typical_rule::make(0.3, 0.09)); },
+        {status::bad_padding, "draft_tokens", 1, -1});
   }
 }
 

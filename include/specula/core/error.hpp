@@ -52,6 +52,7 @@ inline std::string format_diagnostic(const char* argument, const diagnostic& d,
   switch (d.code) {
     case status::nan_value:
     case status::empty_input:
+    case status::shared_stream:
       break;
     default:
       os << " (value " << d.value << ")";

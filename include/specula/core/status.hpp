@@ -23,6 +23,7 @@ enum class status : int {
   bad_padding,             ///< a real token after padding, or padding where a token is required
   invalid_parameter,       ///< a scalar parameter outside its domain
   no_mass,                 ///< a row with no positive weight to sample from
+  shared_stream,           ///< two requests of one call with the same (seed, request_id)
 };
 
 /// Short human-readable description of a status code.
@@ -52,6 +53,8 @@ SPECULA_HOST_DEVICE constexpr const char* describe(status s) noexcept {
       return "invalid parameter";
     case status::no_mass:
       return "row has no positive mass";
+    case status::shared_stream:
+      return "random stream shared with another request";
   }
   return "unknown status";
 }

@@ -4,11 +4,14 @@
 /// Input validation. The `check_*` functions are host+device scans that return a `diagnostic`;
 /// the `validate_*` functions are host wrappers that throw `invalid_input` naming the argument.
 
+#include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "specula/core/error.hpp"
 #include "specula/core/numeric.hpp"
+#include "specula/core/rng.hpp"
 #include "specula/core/row.hpp"
 #include "specula/core/simd.hpp"
 #include "specula/core/status.hpp"
@@ -152,6 +155,66 @@ inline void check_entry(double v, const char* argument, index_t row, index_t col
 /// The verifiers' extent check: throws unless `actual == expected` (see validate_extent).
 inline void require_size(index_t actual, index_t expected, const char* argument, const char* what) {
   validate_extent(actual, expected, argument, what);
+}
+
+/// Two requests of one call whose random streams have the same seed and request id (they would
+/// make the same draws: a call's requests share their step in practice), `first < second`; -1,
+/// -1 when every (seed, request_id) pair is distinct.
+struct shared_stream_pair {
+  index_t first = -1;
+  index_t second = -1;
+};
+
+/// The shared pair with the smallest `second` (then the smallest `first`), or none. Up to 32
+/// requests a comparison of every pair; above, one pass over an open-addressing table of the
+/// pairs seen (a thread-local buffer of 4 to 8 bytes per request, kept between calls).
+inline shared_stream_pair find_shared_stream(row_view<const request_rng> rng) {
+  const index_t n = rng.size;
+  const auto same = [&](index_t a, index_t b) {
+    return rng[a].seed == rng[b].seed && rng[a].request_id == rng[b].request_id;
+  };
+  if (n <= 32) {
+    for (index_t b = 1; b < n; ++b)
+      for (index_t a = 0; a < b; ++a)
+        if (same(a, b)) return {a, b};
+    return {};
+  }
+  std::size_t size = 64;
+  while (size < 2 * static_cast<std::size_t>(n)) size *= 2;
+  thread_local std::vector<std::uint32_t> table;  // request index + 1; 0: empty slot
+  table.assign(size, 0u);
+  const std::size_t mask = size - 1;
+  for (index_t b = 0; b < n; ++b) {
+    // SplitMix64's finaliser over the seed and the request id.
+    std::uint64_t h = rng[b].seed ^ (std::uint64_t{rng[b].request_id} * 0x9e3779b97f4a7c15ull);
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+    for (std::size_t slot = h & mask;; slot = (slot + 1) & mask) {
+      if (table[slot] == 0u) {
+        table[slot] = static_cast<std::uint32_t>(b + 1);
+        break;
+      }
+      const auto a = static_cast<index_t>(table[slot] - 1);
+      if (same(a, b)) return {a, b};
+    }
+  }
+  return {};
+}
+
+/// The checked entry points' stream check: one stream per request (`batch` of them), and no
+/// two with the same (seed, request_id) (status::shared_stream, naming both requests).
+inline void require_streams(row_view<const request_rng> rng, index_t batch) {
+  require_size(rng.size, batch, "rng", "one random stream per request");
+  const shared_stream_pair s = find_shared_stream(rng);
+  if (s.second < 0) return;
+  const std::string text =
+      "requests " + std::to_string(s.first) + " and " + std::to_string(s.second) +
+      " have the same seed (" + std::to_string(rng[s.second].seed) + ") and request_id (" +
+      std::to_string(rng[s.second].request_id) +
+      "), so they would make the same draws: give each request of a call its own (seed, "
+      "request_id)";
+  throw_if_failed({status::shared_stream, s.second, -1, 0.0}, "rng", text.c_str());
 }
 
 }  // namespace detail

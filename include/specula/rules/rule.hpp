@@ -119,6 +119,16 @@ struct is_per_request<per_request<R>> : std::true_type {
   using rule_type = R;
 };
 
+/// The rule type of a rule argument: R, or the rule of per_request<R>.
+template <class R>
+struct unwrap_per_request {
+  using type = R;
+};
+template <class R>
+struct unwrap_per_request<per_request<R>> {
+  using type = R;
+};
+
 /// Checked entry points call this: a rule with parameters (ω, schedules, neighbour tables tied
 /// to the vocabulary) checks them with its `validate(vocab)`; a per_request rule argument must
 /// hold one rule per request, each checked. Throws invalid_input naming the field.

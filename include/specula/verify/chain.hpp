@@ -33,6 +33,19 @@
 
 namespace specula {
 
+/// What checked entry points do with -1 inside a request's counted drafts (its L_b drafts:
+/// draft_offsets in the flattened layout, draft_lengths in the padded one).
+enum class draft_placeholders {
+  /// Invalid input: `invalid_input` (status::bad_padding) naming the draft (the default).
+  refuse,
+  /// vLLM's rule for its placeholder draft id: the draft at that position is rejected without an
+  /// acceptance draw and the request emits a token sampled from the rule's residual there (the
+  /// placeholder proposes nothing: without proposal rows the exact rule samples p; with them,
+  /// max(p - q, 0) normalised), then stops. Scalar rules only (exact, relaxed, scheduled):
+  /// row-aware rules (LANTERN++, typical acceptance) still refuse placeholders.
+  reject,
+};
+
 /// Options of chain verification.
 struct chain_options {
   /// Checked entry points reject probability rows with |sum - 1| above this.
@@ -43,6 +56,8 @@ struct chain_options {
   /// What checked entry points validate (see check_level): by default the rows the verifier
   /// reads, checked as they are read; check_level::full scans every row first.
   check_level check = check_level::reads;
+  /// -1 inside a request's counted drafts: invalid input, or vLLM's rejection at that position.
+  draft_placeholders placeholders = draft_placeholders::refuse;
 };
 
 /// Inputs in the flattened (ragged) layout. B = draft_offsets.size - 1.
@@ -164,19 +179,37 @@ run_segment(const Rule& rule, const request_rng& rng, const chain_segment& s, co
   return run([&](index_t i) { return one_hot_proposal{drafts[i]}; });
 }
 
+/// The message of a -1 inside a request's counted drafts when placeholders are refused (every
+/// entry point words it so, the Python package included).
+inline constexpr const char* placeholder_refused =
+    "-1 inside a request's counted drafts (a placeholder: pass placeholders='reject' / "
+    "draft_placeholders::reject for vLLM's rule, which rejects the draft at that position)";
+
+/// Whether a checked call with this rule and these options takes -1 inside the counted drafts:
+/// draft_placeholders::reject with a scalar rule (a row-aware rule binds the drafted token).
+template <class Rule>
+[[nodiscard]] constexpr bool takes_placeholders(const chain_options& o) noexcept {
+  using R = typename unwrap_per_request<Rule>::type;
+  constexpr bool binds = requires(const R& r, const row_view<const float>& p, token_t x) {
+    rule_at(r, index_t{0}).bind(p, x);
+  };
+  return o.placeholders == draft_placeholders::reject && !binds;
+}
+
 /// Validates drafted tokens of a segment and the probabilities the verifier reads at them:
 /// q(x) (positive) and p(x) at every drafted position.
 template <class T>
 void validate_segment_drafts(const chain_segment& s, index_t b, const token_t* tokens,
                              batch_view<const T> draft_probs, batch_view<const T> target_probs,
-                             index_t vocab, bool padded, index_t max_draft) {
+                             index_t vocab, bool padded, index_t max_draft,
+                             bool placeholders = false) {
   for (index_t i = 0; i < s.length; ++i) {
     const token_t x = tokens[s.draft_row + i];
     const index_t row = padded ? b : s.draft_row + i;
     const index_t col = padded ? i : -1;
+    if (x == no_token && placeholders) continue;  // rejected at its position; nothing read at x
     if (x == no_token)
-      throw_if_failed({status::bad_padding, row, col, -1.0}, "draft_tokens",
-                      "padding (-1) inside a request's drafts");
+      throw_if_failed({status::bad_padding, row, col, -1.0}, "draft_tokens", placeholder_refused);
     if (x < 0 || static_cast<index_t>(x) >= vocab)
       throw_if_failed({status::token_out_of_range, row, col, static_cast<double>(x)},
                       "draft_tokens", ("vocab_size is " + std::to_string(vocab)).c_str());
@@ -352,12 +385,12 @@ namespace detail {
 template <host::policy Policy, class T>
 void validate_chain_input(const Policy& policy, const chain_batch_input<T>& in,
                           const chain_batch_output& out, const chain_options& options,
-                          bool scan_rows) {
+                          bool scan_rows, bool placeholders = false) {
   detail::validate_options(options);
   const index_t batch = detail::validate_flattened_shape(in);
   if (batch == 0) return;  // B = 0 is a no-op
   const index_t num_draft = in.draft_offsets[batch];
-  detail::require_size(in.rng.size, batch, "rng", "one random stream per request");
+  detail::require_streams(in.rng, batch);
   const index_t target_rows = detail::validate_bonus_tokens(in, num_draft, batch);
   detail::validate_rows(policy, in.target_probs, target_rows, in.vocab_size, "target_probs",
                         options.sum_tolerance, !scan_rows);
@@ -366,7 +399,8 @@ void validate_chain_input(const Policy& policy, const chain_batch_input<T>& in,
                           options.sum_tolerance, !scan_rows);
   for (index_t b = 0; b < batch; ++b)
     detail::validate_segment_drafts(detail::flattened_segment(in, b), b, in.draft_tokens.data,
-                                    in.draft_probs, in.target_probs, in.vocab_size, false, 0);
+                                    in.draft_probs, in.target_probs, in.vocab_size, false, 0,
+                                    placeholders);
   detail::validate_flattened_outputs(out, num_draft, batch);
 }
 
@@ -374,7 +408,7 @@ void validate_chain_input(const Policy& policy, const chain_batch_input<T>& in,
 template <host::policy Policy, class T>
 void validate_chain_input(const Policy& policy, const padded_chain_input<T>& in,
                           const padded_chain_output& out, const chain_options& options,
-                          bool scan_rows) {
+                          bool scan_rows, bool placeholders = false) {
   detail::validate_options(options);
   require_parameter(in.vocab_size > 0, "vocab_size", static_cast<double>(in.vocab_size),
                     "must be positive");
@@ -394,7 +428,7 @@ void validate_chain_input(const Policy& policy, const padded_chain_input<T>& in,
             {status::invalid_parameter, b, -1, static_cast<double>(in.draft_lengths[b])},
             "draft_lengths", ("must be in [0, " + std::to_string(len) + "]").c_str());
   }
-  detail::require_size(in.rng.size, batch, "rng", "one random stream per request");
+  detail::require_streams(in.rng, batch);
   detail::validate_rows(policy, in.target_probs, batch * (len + 1), in.vocab_size, "target_probs",
                         options.sum_tolerance, !scan_rows);
   if (in.draft_probs.rows > 0)
@@ -404,7 +438,7 @@ void validate_chain_input(const Policy& policy, const padded_chain_input<T>& in,
     const index_t n = detail::padded_length(in.draft_tokens, in.draft_lengths, len, b);
     detail::validate_segment_drafts(detail::chain_segment{n, b * len, b * (len + 1)}, b,
                                     in.draft_tokens.data, in.draft_probs, in.target_probs,
-                                    in.vocab_size, true, len);
+                                    in.vocab_size, true, len, placeholders);
   }
   detail::require_size(out.output_tokens.size, batch * (len + 1), "output_tokens",
                        "length must be B * (L + 1)");
@@ -421,7 +455,8 @@ void validate_chain_input(const Policy& policy, const padded_chain_input<T>& in,
 template <host::policy Policy, class T>
 void validate_chain_batch(const Policy& policy, const chain_batch_input<T>& in,
                           const chain_batch_output& out, const chain_options& options = {}) {
-  detail::validate_chain_input(policy, in, out, options, true);
+  detail::validate_chain_input(policy, in, out, options, true,
+                               options.placeholders == draft_placeholders::reject);
 }
 
 /// Validates padded-layout inputs and outputs, every row included; throws invalid_input on the
@@ -429,7 +464,8 @@ void validate_chain_batch(const Policy& policy, const chain_batch_input<T>& in,
 template <host::policy Policy, class T>
 void validate_chain_batch(const Policy& policy, const padded_chain_input<T>& in,
                           const padded_chain_output& out, const chain_options& options = {}) {
-  detail::validate_chain_input(policy, in, out, options, true);
+  detail::validate_chain_input(policy, in, out, options, true,
+                               options.placeholders == draft_placeholders::reject);
 }
 
 /// Validates inputs and outputs of either layout on the calling thread.
@@ -533,7 +569,8 @@ void verify_chain(const Policy& policy, const Input& in, const Output& out,
                   const chain_options& options = {}, const Rule& rule = {}) {
   using T = typename decltype(in.target_probs)::value_type;
   const bool scan = detail::scans_all_rows<Rule, T>(options.check);
-  detail::validate_chain_input(policy, in, out, options, scan);
+  detail::validate_chain_input(policy, in, out, options, scan,
+                               detail::takes_placeholders<Rule>(options));
   detail::validate_rule(rule, in.vocab_size, detail::batch_size_of(in));
   if constexpr (detail::checks_reads<Rule, T>) {
     if (!scan) {

@@ -117,10 +117,12 @@ SPECULA_HOST_DEVICE index_t sample_residual(const BoundRule& rule, Source& src, 
 }
 
 /// The draft positions of verify_chain_request (same arguments; `target_row(i)` is read for
-/// i < length only). When every draft is accepted it returns with chain_bonus set and no emitted
-/// token (`out_tokens[length]` is -1): the caller then emits the bonus token — sampled from
-/// p_{L+1} by verify_chain_request, or given (a bonus the engine sampled itself, as vLLM's
-/// bonus_token_ids).
+/// i < length only). A draft of -1 (a placeholder: draft_placeholders::reject) is rejected at
+/// its position without an acceptance draw, and the emitted token is sampled there from the
+/// rule's residual (a one-hot proposal of -1 proposes nothing: the exact rule samples p). When
+/// every draft is accepted it returns with chain_bonus set and no emitted token
+/// (`out_tokens[length]` is -1): the caller then emits the bonus token — sampled from p_{L+1} by
+/// verify_chain_request, or given (a bonus the engine sampled itself, as vLLM's bonus_token_ids).
 template <class Rule, random_source Source, class TargetRowFn, class ProposalFn,
           class Passes = sequential_passes>
 SPECULA_HOST_DEVICE chain_request_result
@@ -137,9 +139,11 @@ verify_chain_drafts(const Rule& rule, Source& src, index_t length, const token_t
     const auto q = proposal(i);
     const token_t x = drafts[i];
     const auto rule_i = bind_rule(rule_at(rule, i), p, x);
-    const double a = rule_i.accept_probability(static_cast<double>(p[x]), q(x));
     const auto pos = static_cast<std::uint32_t>(i);
-    if (src.bernoulli(a, draw_id{pos, 0})) {
+    // A placeholder (x < 0: no draft at this position, vLLM's -1) is rejected without a draw;
+    // the token is then sampled from the residual with nothing proposed by a one-hot draft.
+    if (x >= 0 && src.bernoulli(rule_i.accept_probability(static_cast<double>(p[x]), q(x)),
+                                draw_id{pos, 0})) {
       out_tokens[i] = x;
       if (accepted != nullptr) accepted[i] = 1;
       result.num_accepted = static_cast<std::int32_t>(i + 1);
@@ -160,7 +164,8 @@ verify_chain_drafts(const Rule& rule, Source& src, index_t length, const token_t
 
 /// Verifies one request's chain (see file comment).
 ///
-/// - `drafts[i]`, i < length: drafted tokens, each in [0, vocab) (not checked here).
+/// - `drafts[i]`, i < length: drafted tokens, each in [0, vocab) or -1 (a placeholder, rejected
+///   at its position; scalar rules only), not checked here.
 /// - `target_row(i)`, i <= length: row_view of p_{i+1}.
 /// - `proposal(i)`, i < length: a callable y -> q_{i+1}(y) (dense_proposal or one_hot_proposal).
 /// - `out_tokens`: length + 1 slots: the accepted drafts, then the emitted token, then -1.

@@ -138,7 +138,7 @@ void validate_chain_logits(const Policy& policy, const chain_logits_input<T>& in
   const index_t batch = detail::validate_flattened_shape(
       chain_batch_input<float>{in.vocab_size, in.draft_offsets, in.draft_tokens, {}, {}, in.rng});
   const index_t num_draft = in.draft_offsets[batch];
-  detail::require_size(in.rng.size, batch, "rng", "one random stream per request");
+  detail::require_streams(in.rng, batch);
   detail::require_size(in.target_logits.rows, num_draft + batch, "target_logits",
                        "number of rows must be num_draft + B");
   detail::require_size(in.target_logits.cols, in.vocab_size, "target_logits",
@@ -161,6 +161,11 @@ void validate_chain_logits(const Policy& policy, const chain_logits_input<T>& in
   }
   for (index_t r = 0; r < num_draft; ++r) {
     const token_t x = in.draft_tokens[r];
+    if (x == no_token)  // placeholders are refused here (no draft_placeholders::reject yet)
+      throw_if_failed({status::bad_padding, r, -1, -1.0}, "draft_tokens",
+                      "-1 inside a request's counted drafts (a placeholder: the logits entry "
+                      "point refuses them; verify_chain with draft_placeholders::reject takes "
+                      "them)");
     if (x < 0 || static_cast<index_t>(x) >= in.vocab_size)
       throw_if_failed(
           {x == no_token ? status::bad_padding : status::token_out_of_range, r, -1,

@@ -108,15 +108,23 @@ void validate_score_rows(const Policy& policy, batch_view<const T> rows, index_t
 }  // namespace detail
 
 /// Greedy chain verification, flattened layout (chain_batch_input; draft_probs is ignored and
-/// target_probs may hold logits). Checked: validates shapes, tokens and NaN-free rows.
+/// target_probs may hold logits). Checked: validates shapes, tokens and NaN-free rows. With
+/// draft_placeholders::reject a -1 draft is rejected at its position (it never equals the
+/// argmax, which is emitted there), as vLLM's greedy rule does.
 template <host::policy Policy, class T>
 void verify_chain_greedy(const Policy& policy, const chain_batch_input<T>& in,
-                         const chain_batch_output& out) {
+                         const chain_batch_output& out,
+                         draft_placeholders placeholders = draft_placeholders::refuse) {
   const index_t batch = detail::validate_flattened_shape(in);
   if (batch == 0) return;  // B = 0 is a no-op
   const index_t num_draft = in.draft_offsets[batch];
   for (index_t i = 0; i < num_draft; ++i) {
     const token_t x = in.draft_tokens[i];
+    if (x == no_token) {
+      if (placeholders == draft_placeholders::reject) continue;
+      throw_if_failed({status::bad_padding, i, -1, -1.0}, "draft_tokens",
+                      detail::placeholder_refused);
+    }
     if (x < 0 || static_cast<index_t>(x) >= in.vocab_size)
       throw_if_failed({status::token_out_of_range, i, -1, static_cast<double>(x)}, "draft_tokens",
                       ("vocab_size is " + std::to_string(in.vocab_size)).c_str());

@@ -221,7 +221,7 @@ void validate_tree_input(const Policy& policy, const tree_batch_input<T>& in,
   if (in.trees.size == 0) return;  // B = 0 is a no-op
   const index_t batch = in.trees.size;
   const index_t nodes = detail::total_nodes(in.trees);
-  detail::require_size(in.rng.size, batch, "rng", "one random stream per request");
+  detail::require_streams(in.rng, batch);
   detail::validate_rows(policy, in.target_probs, nodes, in.vocab_size, "target_probs",
                         options.sum_tolerance, !scan_rows);
   const bool dense = in.draft_probs.rows > 0;
