@@ -116,6 +116,11 @@ _python_skip() {
   printf '%s\n' "$1" >"$2/skipped"
 }
 
+# The progress lines of a CMake build ("[ 40%] Building CXX object ...") on stderr.
+_python_progress() {
+  { grep --line-buffered -E '^ *\[ *[0-9]+%\]' | sed -u 's/^ */[specula]   python package: /' >&2; } || true
+}
+
 ensure_python_package() {
   local dir="$1" venv="$1/venv" py="${SPECULA_PYTHON:-}"
   mkdir -p "$dir"
@@ -147,12 +152,13 @@ ensure_python_package() {
       return 0
     fi
   fi
-  log "building the Python package (python/) into $venv"
-  if ! CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" "$venv/bin/python" -m pip install --no-build-isolation \
+  log "building the Python package (python/, distribution specula-sd) into $venv; log: $dir/build.log"
+  # pip -v passes CMake's output on: its progress lines are printed as they come.
+  if ! CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" "$venv/bin/python" -m pip install -v --no-build-isolation \
          --no-deps --disable-pip-version-check --config-settings=build-dir="$dir/build" \
-         "$SPECULA_ROOT/python" >"$dir/build.log" 2>&1; then
+         "$SPECULA_ROOT/python" 2>&1 | tee "$dir/build.log" | _python_progress; then
     log "building the Python package failed (see $dir/build.log): python.pytest will fail"
-    "$venv/bin/python" -m pip uninstall --yes --quiet specula >/dev/null 2>&1 || true
+    "$venv/bin/python" -m pip uninstall --yes --quiet specula-sd >/dev/null 2>&1 || true
   fi
 }
 

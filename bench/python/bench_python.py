@@ -4,7 +4,7 @@
 For each case (padded chain layout, L drafts per request, fp32 rows, one thread) the rounds
 alternate, in this order:
 
-  cpp            the C++ call alone: specula._specula._chain_padded_timed loops
+  cpp            the C++ call alone: specula_sd._specula._chain_padded_timed loops
                  specula::verify_chain on the same arrays inside C++ (mean over `inner` calls)
   ext/numpy      the extension function on NumPy arrays, outputs preallocated
   api/numpy      specula.chain_speculative_sampling on NumPy arrays (allocates its outputs)
@@ -33,8 +33,8 @@ import time
 import numpy as np
 import torch
 
-import specula
-from specula import _specula as ext
+import specula_sd as specula
+from specula_sd import _specula as ext
 
 torch.set_num_threads(1)
 
@@ -132,7 +132,7 @@ def run_case(batch, length, vocab, rounds, inner, torch_rows=True):
 
     def cpp_args(qq, dd, pp, oo, nn, s):
         return (qq, dd, pp, args[0], s, args[1], args[2], oo, nn, None, None, None, 1e-3, 1e-6,
-                "reads", 1)
+                "reads", "refuse", 1)
 
     rows = {
         "cpp": None,

@@ -21,11 +21,15 @@ thread_local std::vector<token_t> flat_output_buffer;
 thread_local std::vector<std::int64_t> offsets_buffer;
 
 chain_options chain_options_of(double sum_tolerance, double residual_floor,
-                               const std::string& check) {
+                               const std::string& check, const std::string& placeholders) {
   chain_options o;
   o.sum_tolerance = sum_tolerance;
   o.residual_floor = residual_floor;
   o.check = parse_check(check);
+  if (placeholders == "reject")
+    o.placeholders = draft_placeholders::reject;
+  else if (placeholders != "refuse")
+    value_error("specula: placeholders must be 'refuse' or 'reject' (got '" + placeholders + "')");
   return o;
 }
 
@@ -36,7 +40,7 @@ batch_view<const T> optional_rows(const array& a, const char* name, const array&
   if (a.dtype() != target.dtype())
     type_error(std::string("specula: ") + name + " must have the dtype of target_probs (" +
                dtype_name(target.dtype()) + "; got " + dtype_name(a.dtype()) + ")");
-  return rows_view<T>(a, name);
+  return prob_rows<T>(a, name, wide_rows_buffer(1));
 }
 
 /// The output arrays of a chain call: tokens, counts, and the optional per-position and
@@ -108,13 +112,31 @@ cuda_path::device_rule device_rule_of(nb::handle rule_arg) {
 }
 #endif
 
+/// ValueError unless padded-layout rows `a` ((B, n, V) or (B * n, V)) hold n rows for each of
+/// the B requests of draft_token_ids (B, L).
+void require_padded_rows(const array& a, const char* name, index_t batch, index_t max_draft,
+                         index_t n) {
+  const auto got = static_cast<index_t>(a.shape(0));
+  if (a.ndim() == 3 ? got == batch && static_cast<index_t>(a.shape(1)) == n : got == batch * n)
+    return;
+  std::string shape = "(" + std::to_string(a.shape(0));
+  for (std::size_t d = 1; d < a.ndim(); ++d) shape += ", " + std::to_string(a.shape(d));
+  shape += ")";
+  value_error(std::string("specula: ") + name + " has shape " + shape +
+              ", but draft_token_ids has B = " + std::to_string(batch) +
+              " requests of L = " + std::to_string(max_draft) + " drafts: " + name +
+              " must have shape (" + std::to_string(batch) + ", " + std::to_string(n) +
+              ", V) or (" + std::to_string(batch * n) + ", V)");
+}
+
 double chain_padded_repeated(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
                              nb::handle target_probs_arg, nb::handle draft_lengths_arg,
                              nb::handle seeds, nb::handle request_ids, nb::handle steps,
                              nb::handle output_token_ids_arg, nb::handle num_accepted_arg,
                              nb::handle accepted_arg, nb::handle flags_arg, nb::handle rule_arg,
                              double sum_tolerance, double residual_floor, const std::string& check,
-                             int threads, int repeats, std::uintptr_t stream) {
+                             const std::string& placeholders, int threads, int repeats,
+                             std::uintptr_t stream) {
   clear_pointers();
   if (repeats < 1) value_error("specula: repeats must be >= 1");
   const array target = import_array(target_probs_arg, "target_probs", false, true);
@@ -131,6 +153,11 @@ double chain_padded_repeated(nb::handle draft_probs_arg, nb::handle draft_token_
                                                              {&outputs.accepted, "accepted"},
                                                              {&outputs.flags, "flags"}});
   if (cuda) require_dtype<std::int32_t>(tokens, "draft_token_ids", "int32 (CUDA tensors)");
+  if (cuda && is_16bit_float(target))
+    type_error(
+        "specula: target_probs must have dtype float32 or float64 with CUDA tensors in this "
+        "build (got " +
+        dtype_name(target.dtype()) + ")");
   require_ndim(tokens, "draft_token_ids", 2, "(B, L)");
   if (target.ndim() != 3 && target.ndim() != 2)
     value_error("specula: target_probs must have shape (B, L + 1, V) or (B * (L + 1), V)");
@@ -141,10 +168,15 @@ double chain_padded_repeated(nb::handle draft_probs_arg, nb::handle draft_token_
   const auto vocab = static_cast<index_t>(target.shape(target.ndim() - 1));
   const auto drafts = token_array(tokens, "draft_token_ids", token_buffer);
   const index_view lens = lengths.is_valid() ? index_array(lengths, "draft_lengths") : index_view{};
+  // B comes from draft_token_ids: rows of the probabilities for another B are named here, before
+  // the per-request seeds are read.
+  require_padded_rows(target, "target_probs", batch, max_draft, max_draft + 1);
+  if (draft.is_valid()) require_padded_rows(draft, "draft_probs", batch, max_draft, max_draft);
   const auto rng = make_rng(seeds, request_ids, steps, batch);
   const auto out =
       outputs.view<padded_chain_output>(int32_output(outputs.tokens, "output_token_ids"));
-  const chain_options options = chain_options_of(sum_tolerance, residual_floor, check);
+  const chain_options options =
+      chain_options_of(sum_tolerance, residual_floor, check, placeholders);
   return with_prob_type(target, "target_probs", [&](auto element) {
     using T = decltype(element);
     const padded_chain_input<T> in{vocab,
@@ -153,10 +185,12 @@ double chain_padded_repeated(nb::handle draft_probs_arg, nb::handle draft_token_
                                    drafts,
                                    lens,
                                    optional_rows<T>(draft, "draft_probs", target),
-                                   rows_view<T>(target, "target_probs"),
+                                   prob_rows<T>(target, "target_probs", wide_rows_buffer(0)),
                                    rng};
 #ifdef SPECULA_PYTHON_CUDA
     if (cuda) {
+      if (options.placeholders == draft_placeholders::reject)
+        value_error("specula: placeholders='reject' is not taken with CUDA tensors in this build");
       const std::string error =
           cuda_path::verify_padded({static_cast<int>(target.device_id()), stream}, in, out, options,
                                    device_rule_of(rule_arg));
@@ -173,11 +207,12 @@ void chain_padded(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
                   nb::handle request_ids, nb::handle steps, nb::handle output_token_ids_arg,
                   nb::handle num_accepted_arg, nb::handle accepted_arg, nb::handle flags_arg,
                   nb::handle rule_arg, double sum_tolerance, double residual_floor,
-                  const std::string& check, int threads, std::uintptr_t stream) {
+                  const std::string& check, const std::string& placeholders, int threads,
+                  std::uintptr_t stream) {
   chain_padded_repeated(draft_probs_arg, draft_token_ids_arg, target_probs_arg, draft_lengths_arg,
                         seeds, request_ids, steps, output_token_ids_arg, num_accepted_arg,
                         accepted_arg, flags_arg, rule_arg, sum_tolerance, residual_floor, check,
-                        threads, 1, stream);
+                        placeholders, threads, 1, stream);
 }
 
 /// B of a flattened call and draft_offsets with a leading 0 (vLLM's cu_num_draft_tokens has
@@ -202,6 +237,85 @@ index_view flattened_offsets(const array& cu, index_t batch, const std::string& 
   return {offsets_buffer.data(), batch + 1};
 }
 
+/// Requests [first, last) of a flattened batch as a batch of their own (views, and a buffer of
+/// their offsets rebased to 0).
+template <class T>
+struct flat_range {
+  std::vector<std::int64_t> offsets;
+  chain_batch_input<T> in;
+  chain_batch_output out;
+
+  flat_range(const chain_batch_input<T>& all, const chain_batch_output& all_out, index_t first,
+             index_t last)
+      : offsets(static_cast<std::size_t>(last - first + 1)) {
+    const index_t d0 = all.draft_offsets[first];
+    const index_t nd = all.draft_offsets[last] - d0;
+    const index_t n = last - first;
+    for (index_t b = 0; b <= n; ++b)
+      offsets[static_cast<std::size_t>(b)] = all.draft_offsets[first + b] - d0;
+    const bool given_bonus = !all.bonus_tokens.empty();
+    auto rows = [](batch_view<const T> v, index_t start, index_t count) {
+      return v.rows == 0
+                 ? v
+                 : batch_view<const T>{v.data + start * v.row_stride, count, v.cols, v.row_stride};
+    };
+    in = {all.vocab_size,
+          index_view{offsets.data(), n + 1},
+          all.draft_tokens.subview(d0, nd),
+          rows(all.draft_probs, d0, nd),
+          given_bonus ? rows(all.target_probs, d0, nd) : rows(all.target_probs, d0 + first, nd + n),
+          all.rng.empty() ? all.rng : all.rng.subview(first, n),
+          given_bonus ? all.bonus_tokens.subview(first, n) : all.bonus_tokens};
+    out = {all_out.output_tokens.subview(d0 + first, nd + n),
+           all_out.num_accepted.subview(first, n),
+           all_out.accepted.empty() ? all_out.accepted : all_out.accepted.subview(d0, nd),
+           all_out.flags.empty() ? all_out.flags : all_out.flags.subview(first, n)};
+  }
+};
+
+/// A batch whose requests are verified by the greedy rule where `greedy_mask` is 1 and by
+/// sampling (rule_arg) elsewhere: each run of consecutive requests of one kind is one call of
+/// verify_chain_greedy or verify_chain on views of its rows (nothing is copied). An error is
+/// the C++ message of that run, whose indices count from the run's first request and rows.
+template <class T>
+void verify_mixed(nb::handle rule_arg, int threads, const chain_batch_input<T>& in,
+                  const chain_batch_output& out, const chain_options& options,
+                  const std::vector<std::uint8_t>& greedy_mask) {
+  record_chain_pointers(in, out);
+  const auto batch = static_cast<index_t>(greedy_mask.size());
+  const bool per_request_rules =
+      PyList_Check(rule_arg.ptr()) != 0 || PyTuple_Check(rule_arg.ptr()) != 0;
+  if (per_request_rules && static_cast<index_t>(nb::len(rule_arg)) != batch)
+    value_error("specula: rule must be one rule, or a sequence of one rule per request (B = " +
+                std::to_string(batch) + "; got " + std::to_string(nb::len(rule_arg)) + ")");
+  for (index_t first = 0; first < batch;) {
+    const std::uint8_t kind = greedy_mask[static_cast<std::size_t>(first)];
+    index_t last = first + 1;
+    while (last < batch && greedy_mask[static_cast<std::size_t>(last)] == kind) ++last;
+    const flat_range<T> r(in, out, first, last);
+    try {
+      if (kind != 0) {
+        nb::gil_scoped_release release;
+        with_policy(threads, [&](const auto& policy) {
+          verify_chain_greedy(policy, r.in, r.out, options.placeholders);
+        });
+      } else {
+        const nb::object rules = per_request_rules
+                                     ? nb::steal(PySequence_GetSlice(rule_arg.ptr(), first, last))
+                                     : nb::borrow(rule_arg);
+        run_verify_chain(rules, threads, r.in, r.out, options);
+      }
+    } catch (const invalid_input& e) {
+      throw invalid_input(e.code(), e.argument(), e.row(), e.column(),
+                          std::string(e.what()) + " [is_greedy splits the call: in requests " +
+                              std::to_string(first) + ".." + std::to_string(last - 1) +
+                              ", verified " + (kind != 0 ? "greedily" : "by sampling") +
+                              ", whose indices count from request " + std::to_string(first) + "]");
+    }
+    first = last;
+  }
+}
+
 #ifdef SPECULA_PYTHON_CUDA
 /// chain_flat on CUDA arrays: shapes checked here, everything else on the device (bad tokens
 /// and offsets flag the request with chain_invalid_input; rows are not validated).
@@ -209,9 +323,13 @@ void chain_flat_cuda(const array& target, const char* target_name, const array& 
                      const array& cu, const array& draft, const array& bonus,
                      const chain_output_arrays& outputs, nb::handle seeds, nb::handle request_ids,
                      nb::handle steps, nb::handle rule_arg, const chain_options& options,
-                     bool greedy, std::uintptr_t stream) {
+                     bool greedy, nb::handle is_greedy, std::uintptr_t stream) {
   if (bonus.is_valid())
     value_error("specula: bonus_token_ids is not taken with CUDA tensors in this build");
+  if (options.placeholders == draft_placeholders::reject)
+    value_error("specula: placeholders='reject' is not taken with CUDA tensors in this build");
+  if (!is_greedy.is_none())
+    value_error("specula: is_greedy is not taken with CUDA tensors in this build");
   require_ndim(tokens, "draft_token_ids", 1, "(num_draft_tokens,)");
   require_ndim(target, target_name, 2, "(num_draft_tokens + B, V)");
   require_dtype<std::int32_t>(tokens, "draft_token_ids", "int32 (CUDA tensors)");
@@ -239,6 +357,11 @@ void chain_flat_cuda(const array& target, const char* target_name, const array& 
       greedy ? row_view<const request_rng>{} : make_rng(seeds, request_ids, steps, batch);
   const cuda_path::device_rule rule =
       greedy ? cuda_path::device_rule{exact_rule{}} : device_rule_of(rule_arg);
+  if (is_16bit_float(target))
+    type_error("specula: " + std::string(target_name) +
+               " must have dtype float32 or float64 with "
+               "CUDA tensors in this build (got " +
+               dtype_name(target.dtype()) + ")");
   with_prob_type(target, target_name, [&](auto element) {
     using T = decltype(element);
     const chain_batch_input<T> in{static_cast<index_t>(target.shape(1)),
@@ -261,8 +384,9 @@ void chain_flat(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
                 nb::handle bonus_token_ids_arg, nb::handle seeds, nb::handle request_ids,
                 nb::handle steps, nb::handle output_token_ids_arg, nb::handle num_accepted_arg,
                 nb::handle accepted_arg, nb::handle flags_arg, nb::handle rule_arg,
-                double sum_tolerance, double residual_floor, const std::string& check, int threads,
-                bool greedy, std::uintptr_t stream) {
+                double sum_tolerance, double residual_floor, const std::string& check,
+                const std::string& placeholders, int threads, bool greedy, nb::handle is_greedy_arg,
+                std::uintptr_t stream) {
   clear_pointers();
   const char* target_name = greedy ? "target_logits" : "target_probs";
   const array target = import_array(target_probs_arg, target_name, false, true);
@@ -283,8 +407,9 @@ void chain_flat(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
                                             {&outputs.flags, "flags"}})) {
 #ifdef SPECULA_PYTHON_CUDA
     chain_flat_cuda(target, target_name, tokens, cu, draft, bonus, outputs, seeds, request_ids,
-                    steps, rule_arg, chain_options_of(sum_tolerance, residual_floor, check), greedy,
-                    stream);
+                    steps, rule_arg,
+                    chain_options_of(sum_tolerance, residual_floor, check, placeholders), greedy,
+                    is_greedy_arg, stream);
 #else
     (void)stream;
 #endif
@@ -319,8 +444,12 @@ void chain_flat(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
       flattened_offsets(cu, batch,
                         bonus.is_valid() ? "entries of bonus_token_ids"
                                          : "rows of target_probs - number of draft tokens");
-  const auto rng =
-      greedy ? row_view<const request_rng>{} : make_rng(seeds, request_ids, steps, batch);
+  // is_greedy: (B,) bool / uint8 / integer mask of the requests verified by the greedy rule.
+  const std::vector<std::uint8_t> greedy_mask =
+      greedy ? std::vector<std::uint8_t>{} : mask_of(is_greedy_arg, "is_greedy", batch);
+  const auto rng = greedy ? row_view<const request_rng>{}
+                          : make_rng(seeds, request_ids, steps, batch,
+                                     greedy_mask.empty() ? nullptr : greedy_mask.data());
   // Outputs: (num_draft + B,) in specula's flattened layout, written in place; or vLLM's
   // (B, max_spec_len + 1), written through a buffer of num_draft + B tokens.
   const bool padded_output = output.ndim() == 2;
@@ -336,23 +465,35 @@ void chain_flat(nb::handle draft_probs_arg, nb::handle draft_token_ids_arg,
     out_tokens = {flat_output_buffer.data(), drafts.size + batch};
   }
   const auto out = outputs.view<chain_batch_output>(out_tokens);
-  const chain_options options = chain_options_of(sum_tolerance, residual_floor, check);
+  const chain_options options =
+      chain_options_of(sum_tolerance, residual_floor, check, placeholders);
   with_prob_type(target, greedy ? "target_logits" : "target_probs", [&](auto element) {
     using T = decltype(element);
     const chain_batch_input<T> in{vocab,
                                   offsets,
                                   drafts,
                                   optional_rows<T>(draft, "draft_probs", target),
-                                  rows_view<T>(target, "target_probs"),
+                                  prob_rows<T>(target, target_name, wide_rows_buffer(0)),
                                   rng,
                                   bonus_tokens};
-    if (!greedy) {
+    const bool all_greedy =
+        greedy || (!greedy_mask.empty() && std::find(greedy_mask.begin(), greedy_mask.end(),
+                                                     std::uint8_t{0}) == greedy_mask.end());
+    const bool any_greedy = all_greedy || std::find(greedy_mask.begin(), greedy_mask.end(),
+                                                    std::uint8_t{1}) != greedy_mask.end();
+    if (any_greedy && !all_greedy) {
+      verify_mixed(rule_arg, threads, in, out, options, greedy_mask);
+      return;
+    }
+    if (!all_greedy) {
       run_verify_chain(rule_arg, threads, in, out, options);
       return;
     }
     record_chain_pointers(in, out);
     nb::gil_scoped_release release;
-    with_policy(threads, [&](const auto& policy) { verify_chain_greedy(policy, in, out); });
+    with_policy(threads, [&](const auto& policy) {
+      verify_chain_greedy(policy, in, out, options.placeholders);
+    });
   });
   if (padded_output) {
     // Request b's L_b + 1 slots start at draft_offsets[b] + b; the rest of its row is -1.
@@ -395,6 +536,12 @@ void candidates(nb::handle target_probs_arg, nb::handle candidates_arg, nb::hand
   const auto batch = static_cast<index_t>(cand.shape(0));
   const auto k = static_cast<index_t>(cand.shape(1));
   const auto cands = token_array(cand, "candidates", token_buffer);
+  for (const auto& [a, name] :
+       {std::pair{&target, "target_probs"}, std::pair{&draft, "draft_probs"}})
+    if (a->is_valid() && static_cast<index_t>(a->shape(0)) != batch)
+      value_error(std::string("specula: ") + name + " has " + std::to_string(a->shape(0)) +
+                  " rows, but candidates has B = " + std::to_string(batch) +
+                  " requests: one row per request");
   const auto rng = make_rng(seeds, request_ids, steps, batch);
   // Positions: one integer for every request, or one per request.
   std::vector<std::uint32_t> positions(static_cast<std::size_t>(batch), 0);
@@ -423,7 +570,7 @@ void candidates(nb::handle target_probs_arg, nb::handle candidates_arg, nb::hand
   options.check = parse_check(check);
   with_prob_type(target, "target_probs", [&](auto element) {
     using T = decltype(element);
-    const auto p_rows = rows_view<T>(target, "target_probs");
+    const auto p_rows = prob_rows<T>(target, "target_probs", wide_rows_buffer(0));
     const auto q_rows = optional_rows<T>(draft, "draft_probs", target);
     if (p_rows.rows != batch || (draft.is_valid() && q_rows.rows != batch))
       value_error("specula: target_probs (and draft_probs) must have one row per request (B = " +
@@ -475,13 +622,14 @@ void register_chain(nb::module_& m) {
         nb::arg("request_ids"), nb::arg("steps"), nb::arg("output_token_ids"),
         nb::arg("num_accepted"), nb::arg("accepted").none(), nb::arg("flags").none(),
         nb::arg("rule").none(), nb::arg("sum_tolerance"), nb::arg("residual_floor"),
-        nb::arg("check"), nb::arg("threads"), nb::arg("stream") = 0);
+        nb::arg("check"), nb::arg("placeholders"), nb::arg("threads"), nb::arg("stream") = 0);
   m.def("_chain_padded_timed", &chain_padded_repeated, nb::arg("draft_probs").none(),
         nb::arg("draft_token_ids"), nb::arg("target_probs"), nb::arg("draft_lengths").none(),
         nb::arg("seeds"), nb::arg("request_ids"), nb::arg("steps"), nb::arg("output_token_ids"),
         nb::arg("num_accepted"), nb::arg("accepted").none(), nb::arg("flags").none(),
         nb::arg("rule").none(), nb::arg("sum_tolerance"), nb::arg("residual_floor"),
-        nb::arg("check"), nb::arg("threads"), nb::arg("repeats"), nb::arg("stream") = 0,
+        nb::arg("check"), nb::arg("placeholders"), nb::arg("threads"), nb::arg("repeats"),
+        nb::arg("stream") = 0,
         "The C++ call alone, `repeats` times on the same arguments: mean ns per call "
         "(bench/python).");
   m.def("_chain_flat", &chain_flat, nb::arg("draft_probs").none(), nb::arg("draft_token_ids"),
@@ -489,7 +637,8 @@ void register_chain(nb::module_& m) {
         nb::arg("seeds"), nb::arg("request_ids"), nb::arg("steps"), nb::arg("output_token_ids"),
         nb::arg("num_accepted"), nb::arg("accepted").none(), nb::arg("flags").none(),
         nb::arg("rule").none(), nb::arg("sum_tolerance"), nb::arg("residual_floor"),
-        nb::arg("check"), nb::arg("threads"), nb::arg("greedy"), nb::arg("stream") = 0);
+        nb::arg("check"), nb::arg("placeholders"), nb::arg("threads"), nb::arg("greedy"),
+        nb::arg("is_greedy").none(), nb::arg("stream") = 0);
   m.def("_candidates", &candidates, nb::arg("target_probs"), nb::arg("candidates"),
         nb::arg("draft_probs").none(), nb::arg("seeds"), nb::arg("request_ids"), nb::arg("steps"),
         nb::arg("position"), nb::arg("with_replacement"), nb::arg("accepted_index"),

@@ -171,8 +171,14 @@ nb::dict last_pointers();
 /// (the same for every request) or a 1-D integer array of B entries. Reuses a thread-local
 /// buffer. ValueError when B > 1 and seeds and request_ids are both scalars (every request
 /// would draw the same numbers).
+/// `skip`: null, or B flags; requests flagged 1 (verified greedily: they draw nothing) are left
+/// out of the shared-stream check.
 row_view<const request_rng> make_rng(nb::handle seeds, nb::handle request_ids, nb::handle steps,
-                                     index_t batch);
+                                     index_t batch, const std::uint8_t* skip = nullptr);
+
+/// A per-request boolean mask (None: empty): a (B,) bool, uint8 or integer array, or a list of
+/// B truth values, as 0 / 1. TypeError / ValueError naming the argument otherwise.
+std::vector<std::uint8_t> mask_of(nb::handle h, const char* name, index_t batch);
 
 // ---------------------------------------------------------------------------------------------
 // Rules
@@ -201,20 +207,10 @@ struct rule_holder {
 /// The rule of a `rule` argument: None is the exact rule.
 const rule_holder& rule_of(nb::handle h);
 
-/// The rule type of a rule argument: R, or the rule of per_request<R>.
-template <class R>
-struct rule_type {
-  using type = R;
-};
-template <class R>
-struct rule_type<per_request<R>> {
-  using type = R;
-};
-
 /// Rules the tree and K-candidate verifiers accept (scalar acceptance rules, or one per
 /// request).
 template <class R>
-inline constexpr bool scalar_rule = acceptance_rule<typename rule_type<R>::type>;
+inline constexpr bool scalar_rule = acceptance_rule<typename detail::unwrap_per_request<R>::type>;
 
 /// The holders of a `rule` argument that is a sequence of B rules (one per request; None is the
 /// exact rule), all of one kind; TypeError / ValueError naming `rule` otherwise. The Python
@@ -276,14 +272,52 @@ decltype(auto) with_policy(int threads, F&& f) {
   return f(host::par.with_threads(static_cast<unsigned>(threads)));
 }
 
-/// Runs f(float{}) or f(double{}) by the dtype of a probability array.
+/// Whether an array holds float16 or bfloat16 values.
+[[nodiscard]] inline bool is_16bit_float(const array& a) {
+  const nb::dlpack::dtype t = a.dtype();
+  return t.bits == 16 && t.lanes == 1 &&
+         (t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) ||
+          t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat));
+}
+
+/// Runs f(float{}) or f(double{}) by the dtype of a probability array: float32 (and float16 /
+/// bfloat16, read through prob_rows as float32) or float64.
 template <class F>
 decltype(auto) with_prob_type(const array& a, const char* name, F&& f) {
-  if (has_dtype<float>(a)) return f(float{});
+  if (has_dtype<float>(a) || is_16bit_float(a)) return f(float{});
   if (has_dtype<double>(a)) return f(double{});
-  type_error(std::string("specula: ") + name + " must have dtype float32 or float64 (got " +
+  type_error(std::string("specula: ") + name +
+             " must have dtype float32, float64, float16 or bfloat16 (got " +
              dtype_name(a.dtype()) + ")");
 }
+
+/// Rows of a probability array (see rows_view) as T: rows of dtype T are read in place; for
+/// T = float, float16 and bfloat16 rows are widened exactly (every such value is a float) into
+/// `buffer`, dense rows: a copy, the only one of probability rows (docs/python.md).
+template <class T>
+[[nodiscard]] batch_view<const T> prob_rows(const array& a, const char* name,
+                                            std::vector<float>& buffer) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (is_16bit_float(a)) {
+      const bool bf16 = a.dtype().code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat);
+      const batch_view<const std::uint16_t> raw = rows_view<std::uint16_t>(a, name);
+      buffer.resize(static_cast<std::size_t>(raw.rows * raw.cols));
+      for (index_t r = 0; r < raw.rows; ++r) {
+        const std::uint16_t* src = raw.data + r * raw.row_stride;
+        float* dst = buffer.data() + r * raw.cols;
+        if (bf16)
+          for (index_t i = 0; i < raw.cols; ++i) dst[i] = to_float(bfloat16{src[i]});
+        else
+          for (index_t i = 0; i < raw.cols; ++i) dst[i] = to_float(half{src[i]});
+      }
+      return {buffer.data(), raw.rows, raw.cols, raw.cols};
+    }
+  }
+  return rows_view<T>(a, name);
+}
+
+/// Thread-local buffers of prob_rows: 0 for target rows, 1 for draft rows.
+std::vector<float>& wide_rows_buffer(int which);
 
 // Registration of each part of the module.
 void register_rules(nb::module_& m);

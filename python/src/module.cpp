@@ -216,6 +216,60 @@ bool call_on_cuda(const named_array& target, std::initializer_list<named_array> 
   return false;
 }
 
+namespace {
+
+/// The text of a Python exception raised by `f` (cleared), or empty when it raises none.
+template <class F>
+std::string python_error_of(F&& f) {
+  try {
+    f();
+  } catch (nb::python_error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+/// Raises the error of an array argument that could not be imported: TypeError or ValueError
+/// naming it and saying why (non-native byte order, a read-only output, a meta tensor, the
+/// exporter's own error), or TypeError for an object that is not an array at all.
+[[noreturn]] void explain_import_failure(nb::handle h, const char* name, bool writable) {
+  const std::string arg = std::string("specula: ") + name;
+  const nb::object dtype = nb::getattr(h, "dtype", nb::none());
+  // NumPy: byte order and writability.
+  if (!dtype.is_none() && nb::hasattr(dtype, "isnative") && !nb::cast<bool>(dtype.attr("isnative")))
+    type_error(arg + " has non-native byte order (dtype " +
+               nb::cast<std::string>(nb::str(dtype.attr("str"))) +
+               "): convert it with .astype(a.dtype.newbyteorder('='))");
+  const nb::object flags = nb::getattr(h, "flags", nb::none());
+  if (writable && !flags.is_none() && nb::hasattr(flags, "writeable") &&
+      !nb::cast<bool>(flags.attr("writeable")))
+    value_error(arg + " is read-only, but it is an output: pass a writable array");
+  // torch: tensors without data.
+  const nb::object device = nb::getattr(h, "device", nb::none());
+  if (!device.is_none() && nb::hasattr(device, "type") &&
+      nb::cast<std::string>(nb::str(device.attr("type"))) == "meta")
+    value_error(arg + " is a meta tensor (it has no data): pass a tensor on the CPU" +
+                std::string(
+#ifdef SPECULA_PYTHON_CUDA
+                    " or a CUDA device"
+#else
+                    ""
+#endif
+                    ));
+  if (nb::hasattr(h, "__dlpack__")) {
+    const std::string why = python_error_of([&] { (void)h.attr("__dlpack__")(); });
+    type_error(
+        arg + " could not be read over DLPack" +
+        (why.empty() ? std::string(" (an unsupported dtype, layout or device)") : ": " + why));
+  }
+  type_error(arg +
+             " must be a NumPy array or a PyTorch tensor (any object with __dlpack__ or the "
+             "buffer protocol), not " +
+             nb::type_name(h.type()).c_str());
+}
+
+}  // namespace
+
 array import_array(nb::handle h, const char* name, bool writable, bool any_device) {
   array a = torch_cpu_array(h);
   if (a.is_valid()) return a;  // a CPU tensor: no device check needed
@@ -229,11 +283,7 @@ array import_array(nb::handle h, const char* name, bool writable, bool any_devic
     ok = nb::try_cast(source, ro, /*convert=*/false);
     if (ok) a = array(ro);
   }
-  if (!ok)
-    type_error(std::string("specula: ") + name +
-               " must be a NumPy array or a PyTorch tensor (any object with __dlpack__ or the "
-               "buffer protocol), not " +
-               nb::type_name(h.type()).c_str());
+  if (!ok) explain_import_failure(h, name, writable);
   if (!any_device) require_cpu(a, name);
   return a;
 }
@@ -298,10 +348,17 @@ row_view<const token_t> token_array(const array& a, const char* name,
     buffer.resize(static_cast<std::size_t>(n));
     for (index_t i = 0; i < n; ++i) {
       const std::int64_t v = src[i];
-      // Ids outside int32 become INT32_MAX: the C++ checks then report them as outside the
-      // vocabulary, naming the argument and index.
-      buffer[static_cast<std::size_t>(i)] =
-          v >= INT32_MIN && v <= INT32_MAX ? static_cast<token_t>(v) : token_t{INT32_MAX};
+      if (v < INT32_MIN || v > INT32_MAX) {
+        // Token ids are 32-bit in C++: name the entry and its value here.
+        std::string at = std::to_string(i);
+        if (a.ndim() == 2 && a.shape(1) > 0)
+          at = std::to_string(i / static_cast<index_t>(a.shape(1))) + ", " +
+               std::to_string(i % static_cast<index_t>(a.shape(1)));
+        value_error(std::string("specula: ") + name + "[" + at + "] = " + std::to_string(v) +
+                    " is not a token id: ids must be in [0, vocab_size) (32-bit), or -1 for "
+                    "padding");
+      }
+      buffer[static_cast<std::size_t>(i)] = static_cast<token_t>(v);
     }
     return {buffer.data(), n};
   }
@@ -463,8 +520,45 @@ thread_local std::vector<request_rng> rng_buffer;
 
 }  // namespace
 
+std::vector<std::uint8_t> mask_of(nb::handle h, const char* name, index_t batch) {
+  std::vector<std::uint8_t> mask;
+  if (h.is_none()) return mask;
+  const std::string arg = std::string("specula: ") + name;
+  if (PyList_Check(h.ptr()) != 0 || PyTuple_Check(h.ptr()) != 0) {
+    if (static_cast<index_t>(nb::len(h)) != batch)
+      value_error(arg + " must have one entry per request (B = " + std::to_string(batch) +
+                  "; got " + std::to_string(nb::len(h)) + ")");
+    for (nb::handle item : nb::borrow<nb::sequence>(h)) {
+      const int t = PyObject_IsTrue(item.ptr());
+      if (t < 0) throw nb::python_error();
+      mask.push_back(static_cast<std::uint8_t>(t));
+    }
+    return mask;
+  }
+  const array a = import_array(h, name);
+  if (a.ndim() != 1 || static_cast<index_t>(a.shape(0)) != batch)
+    value_error(arg + " must have shape (B,) = (" + std::to_string(batch) + ",)");
+  require_contiguous(a, name);
+  mask.resize(static_cast<std::size_t>(batch));
+  auto fill = [&](const auto* p) {
+    for (index_t b = 0; b < batch; ++b) mask[static_cast<std::size_t>(b)] = p[b] != 0 ? 1 : 0;
+  };
+  if (has_dtype<bool>(a) || has_dtype<std::uint8_t>(a))
+    fill(static_cast<const std::uint8_t*>(a.data()));
+  else if (has_dtype<std::int8_t>(a))
+    fill(static_cast<const std::int8_t*>(a.data()));
+  else if (has_dtype<std::int32_t>(a))
+    fill(static_cast<const std::int32_t*>(a.data()));
+  else if (has_dtype<std::int64_t>(a))
+    fill(static_cast<const std::int64_t*>(a.data()));
+  else
+    type_error(arg + " must have dtype bool, uint8, int8, int32 or int64 (got " +
+               dtype_name(a.dtype()) + ")");
+  return mask;
+}
+
 row_view<const request_rng> make_rng(nb::handle seeds, nb::handle request_ids, nb::handle steps,
-                                     index_t batch) {
+                                     index_t batch, const std::uint8_t* skip) {
   rng_buffer.assign(static_cast<std::size_t>(batch), request_rng{});
   const bool scalar_seed = fill_stream_field(seeds, "seeds", UINT64_MAX, batch, rng_buffer,
                                              [](request_rng& r, std::uint64_t v) { r.seed = v; });
@@ -474,18 +568,56 @@ row_view<const request_rng> make_rng(nb::handle seeds, nb::handle request_ids, n
   fill_stream_field(
       steps, "steps", UINT32_MAX, batch, rng_buffer,
       [](request_rng& r, std::uint64_t v) { r.step = static_cast<std::uint32_t>(v); });
-  if (batch > 1 && scalar_seed && scalar_id)
+  index_t sampled_count = batch;
+  if (skip != nullptr)
+    for (index_t b = 0; b < batch; ++b) sampled_count -= skip[b] != 0 ? 1 : 0;
+  if (sampled_count > 1 && scalar_seed && scalar_id)
     value_error(
         "specula: seeds and request_ids are both single integers for a batch of " +
         std::to_string(batch) +
         " requests, so every request would draw the same random numbers: pass one seed or one "
         "request id per request");
-  return {rng_buffer.data(), batch};
+  const row_view<const request_rng> rng{rng_buffer.data(), batch};
+  detail::shared_stream_pair shared;
+  if (skip == nullptr) {
+    shared = detail::find_shared_stream(rng);
+  } else {  // the sampled requests only
+    thread_local std::vector<request_rng> sampled;
+    thread_local std::vector<index_t> index;
+    sampled.clear();
+    index.clear();
+    for (index_t b = 0; b < batch; ++b)
+      if (skip[b] == 0) {
+        sampled.push_back(rng[b]);
+        index.push_back(b);
+      }
+    shared = detail::find_shared_stream({sampled.data(), static_cast<index_t>(sampled.size())});
+    if (shared.second >= 0)
+      shared = {index[static_cast<std::size_t>(shared.first)],
+                index[static_cast<std::size_t>(shared.second)]};
+  }
+  if (shared.second >= 0) {
+    const std::string a = std::to_string(shared.first);
+    const std::string b = std::to_string(shared.second);
+    value_error("specula: requests " + a + " and " + b +
+                " would draw the same random numbers: both have seed " +
+                std::to_string(rng[shared.second].seed) + " and request id " +
+                std::to_string(rng[shared.second].request_id) + " (" +
+                (scalar_seed ? "seeds" : "seeds[" + a + "] = seeds[" + b + "]") + ", " +
+                (scalar_id ? "request_ids" : "request_ids[" + a + "] = request_ids[" + b + "]") +
+                "): give each request of a call its own (seed, request id) pair");
+  }
+  return rng;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Options
 // ---------------------------------------------------------------------------------------------
+
+std::vector<float>& wide_rows_buffer(int which) {
+  thread_local std::vector<float> buffers[2];
+  return buffers[which != 0 ? 1 : 0];
+}
 
 check_level parse_check(const std::string& check) {
   if (check == "reads") return check_level::reads;

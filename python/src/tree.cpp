@@ -93,6 +93,17 @@ void tree(nb::handle parents_arg, nb::handle tokens_arg, nb::handle node_offsets
   const array flags = import_optional(flags_arg, "flags", true);
   const std::vector<token_tree> trees = make_trees(parents, tokens, offsets);
   const auto batch = static_cast<index_t>(trees.size());
+  if (target.ndim() >= 1) {  // one target row per node, named before the seeds are read
+    index_t rows = 1;
+    for (std::size_t d = 0; d + 1 < target.ndim(); ++d)
+      rows *= static_cast<index_t>(target.shape(d));
+    index_t nodes_total = 0;
+    for (const token_tree& t : trees) nodes_total += t.size();
+    if (rows != nodes_total)
+      value_error(std::string("specula: ") + target_name + " has " + std::to_string(rows) +
+                  " rows, but the trees have " + std::to_string(nodes_total) +
+                  " nodes: one row per node");
+  }
   const auto rng =
       greedy ? row_view<const request_rng>{} : make_rng(seeds, request_ids, steps, batch);
   const tree_batch_output out{int32_output(output, "output_tokens"),
@@ -105,13 +116,13 @@ void tree(nb::handle parents_arg, nb::handle tokens_arg, nb::handle node_offsets
   options.check = parse_check(check);
   with_prob_type(target, target_name, [&](auto element) {
     using T = decltype(element);
-    const auto target_rows = rows_view<T>(target, target_name);
+    const auto target_rows = prob_rows<T>(target, target_name, wide_rows_buffer(0));
     batch_view<const T> draft_rows{};
     if (draft.is_valid()) {
       if (draft.dtype() != target.dtype())
         type_error("specula: draft_probs must have the dtype of target_probs (" +
                    dtype_name(target.dtype()) + "; got " + dtype_name(draft.dtype()) + ")");
-      draft_rows = rows_view<T>(draft, "draft_probs");
+      draft_rows = prob_rows<T>(draft, "draft_probs", wide_rows_buffer(1));
     }
     const tree_batch_input<T> in{
         target_rows.cols, {trees.data(), batch}, target_rows, draft_rows, rng};

@@ -4,7 +4,7 @@ sequence of one rule per request)."""
 import numpy as np
 import pytest
 
-import specula
+import specula_sd as specula
 from helpers import draft_from, random_batch, random_rows
 
 try:
@@ -119,7 +119,8 @@ def test_bonus_token_ids_bad_input():
         specula.rejection_sample(*args, bad, **kw)
     with pytest.raises(specula.InvalidInput, match=r"bonus_tokens\[row 2\]"):
         specula.greedy_chain(f["tokens"], f["cu"], f["target"], bad)
-    with pytest.raises(specula.InvalidInput, match=r"bonus_tokens\[row 0\]"):
+    with pytest.raises(ValueError, match=r"^specula: bonus_token_ids\[0\] = 1099511627776 is "
+                                         r"not a token id"):
         specula.rejection_sample(*args, np.array([2**40, 0, 0, 0]), **kw)  # int64, beyond int32
     # Wrong length: B is the number of bonus tokens, so cu_num_draft_tokens disagrees.
     with pytest.raises(ValueError, match=r"cu_num_draft_tokens must have B or B \+ 1 entries "

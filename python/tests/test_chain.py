@@ -4,7 +4,7 @@ implementations of transformers' and vLLM's rejection samplers, layouts, batch i
 import numpy as np
 import pytest
 
-import specula
+import specula_sd as specula
 from helpers import ALPHA, draft_from, g_test, homogeneity_test, random_batch, random_rows
 
 try:

@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-import specula
+import specula_sd as specula
 from helpers import draft_from, random_rows
 
 REFERENCE = os.environ.get("SPECULA_PY_REFERENCE", "")

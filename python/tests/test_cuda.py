@@ -6,7 +6,7 @@ verifier). Skipped without such a build or without a visible GPU."""
 import numpy as np
 import pytest
 
-import specula
+import specula_sd as specula
 from helpers import random_batch
 
 torch = pytest.importorskip("torch")

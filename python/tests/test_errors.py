@@ -6,7 +6,7 @@ import ctypes
 import numpy as np
 import pytest
 
-import specula
+import specula_sd as specula
 
 try:
     import torch
@@ -79,11 +79,11 @@ def test_flattened_layout_errors():
                                  max_spec_len=3)
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.int32])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
 def test_wrong_probability_dtype_is_a_type_error(dtype):
     q, d, p = chain_args()
-    with pytest.raises(TypeError, match=r"^specula: target_probs must have dtype float32 or "
-                                        r"float64 \(got (float16|int32)\)"):
+    with pytest.raises(TypeError, match=r"^specula: target_probs must have dtype float32, "
+                                        r"float64, float16 or bfloat16 \(got int(32|64)\)"):
         call(q.astype(dtype), d, p.astype(dtype))
     with pytest.raises(TypeError, match="draft_probs must have the dtype of target_probs"):
         call(q.astype(np.float64), d, p)
@@ -261,9 +261,108 @@ def test_cuda_build_device_checks_without_a_gpu():
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
 def test_torch_errors():
     q, d, p = chain_args()
-    with pytest.raises(TypeError, match=r"target_probs must have dtype float32 or float64 "
-                                        r"\(got bfloat16\)"):
-        call(torch.from_numpy(q).bfloat16(), torch.from_numpy(d), torch.from_numpy(p).bfloat16())
+    with pytest.raises(TypeError, match=r"target_probs must have dtype float32, float64, "
+                                        r"float16 or bfloat16 \(got int32\)"):
+        call(torch.from_numpy(q).int(), torch.from_numpy(d), torch.from_numpy(p).int())
+    # bfloat16 rows are taken (widened exactly: test_engine_semantics.py).
+    call(torch.from_numpy(q).bfloat16(), torch.from_numpy(d), torch.from_numpy(p).bfloat16())
     t = torch.from_numpy(np.full((2, 4, 3), 1 / 3, np.float32)).transpose(1, 2)
     with pytest.raises(ValueError, match="target_probs must be contiguous along its last"):
         call(torch.from_numpy(q), torch.from_numpy(d), t[:, :3])
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments of the wrong kind: TypeError / ValueError naming the argument and the expected form
+# ---------------------------------------------------------------------------------------------
+
+def test_one_dimensional_draft_token_ids():
+    q, d, p = chain_args()
+    with pytest.raises(ValueError, match=r"^specula: draft_token_ids must have shape \(B, L\) "
+                                         r"\(got 1 dimension: \(2,\)\)"):
+        call(q, d[0], p)
+    with pytest.raises(ValueError, match=r"^specula: draft_token_ids must have shape "
+                                         r"\(num_draft_tokens,\) \(got 2 dimensions"):
+        specula.rejection_sample(d, np.array([2, 4]), None, p.reshape(-1, 4), seeds=[1, 2],
+                                 steps=0)
+
+
+def test_lists_are_type_errors():
+    q, d, p = chain_args()
+    with pytest.raises(TypeError, match=r"^specula: draft_token_ids must be a NumPy array or a "
+                                        r"PyTorch tensor .*, not list"):
+        specula.chain_speculative_sampling(q, d.tolist(), p, seeds=[1, 2], steps=0)
+    with pytest.raises(TypeError, match=r"^specula: target_probs must be a NumPy array .*not list"):
+        specula.rejection_sample(d.reshape(-1), np.array([2, 4]), None, p.reshape(-1, 4).tolist(),
+                                 seeds=[1, 2], steps=0)
+    with pytest.raises(TypeError, match=r"^specula: candidates must be .*not list"):
+        specula.verify_candidates(p[:, 0], [[0], [1]], seeds=[1, 2], steps=0)
+    with pytest.raises(TypeError, match=r"^specula: logits must be .*not list"):
+        specula.logits_to_probs([[0.0, 1.0]])
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_float_cu_num_draft_tokens(framework):
+    if framework == "torch" and torch is None:
+        pytest.skip("torch is not installed")
+    tokens = np.zeros(2, np.int32)
+    target = np.full((4, 4), 0.25, np.float32)
+    cu = np.array([1.0, 2.0], np.float32)
+    if framework == "torch":
+        tokens, target, cu = torch.from_numpy(tokens), torch.from_numpy(target), torch.tensor(cu)
+    with pytest.raises(TypeError, match=r"^specula: cu_num_draft_tokens must have dtype int32 or "
+                                        r"int64 \(got float32\)"):
+        specula.rejection_sample(tokens, cu, None, target, seeds=[1, 2], steps=0)
+
+
+def test_big_endian_and_read_only_arrays():
+    q, d, p = chain_args()
+    with pytest.raises(TypeError, match=r"^specula: target_probs has non-native byte order "
+                                        r"\(dtype >f4\)"):
+        call(q, d, p.astype(">f4"))
+    ro = p.copy()
+    ro.flags.writeable = False
+    call(q, d, ro)  # inputs are only read
+    out = np.zeros((2, 3), np.int32)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match=r"^specula: output_token_ids is read-only, but it is an "
+                                         r"output"):
+        call(q, d, p, output_token_ids=out)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_meta_tensors():
+    q, d, p = chain_args()
+    with pytest.raises(ValueError, match=r"^specula: target_probs is a meta tensor \(it has no "
+                                         r"data\)"):
+        call(torch.from_numpy(q), torch.from_numpy(d), torch.empty(2, 3, 4, device="meta"))
+
+
+def test_batch_mismatch_is_named_before_the_seeds():
+    q, d, p = chain_args()
+    p3 = np.full((3, 3, 4), 0.25, np.float32)
+    with pytest.raises(ValueError, match=r"^specula: target_probs has shape \(3, 3, 4\), but "
+                                         r"draft_token_ids has B = 2 requests of L = 2 drafts: "
+                                         r"target_probs must have shape \(2, 3, V\) or \(6, V\)"):
+        call(q, d, p3, seeds=[1, 2, 3])
+    with pytest.raises(ValueError, match=r"^specula: draft_probs has shape \(3, 2, 4\)"):
+        call(np.full((3, 2, 4), 0.25, np.float32), d, p, seeds=[1, 2, 3])
+    with pytest.raises(ValueError, match=r"^specula: target_probs has 3 rows, but candidates has "
+                                         r"B = 2 requests"):
+        specula.verify_candidates(np.full((3, 4), 0.25, np.float32), np.zeros((2, 1), np.int32),
+                                  seeds=[1, 2, 3], steps=0)
+    with pytest.raises(ValueError, match=r"^specula: target_probs has 3 rows, but the trees have "
+                                         r"4 nodes"):
+        specula.verify_tree(np.array([[-1, 0], [-1, 0]]), np.array([[-1, 1], [-1, 1]]),
+                            np.full((3, 4), 0.25, np.float32), seeds=[1, 2, 3], steps=0)
+
+
+def test_int64_token_id_outside_int32_names_its_value():
+    q, d, p = chain_args()
+    d64 = d.astype(np.int64)
+    d64[1, 0] = 5_000_000_000
+    with pytest.raises(ValueError, match=r"^specula: draft_token_ids\[1, 0\] = 5000000000 is not "
+                                         r"a token id: ids must be in \[0, vocab_size\) \(32-bit\)"):
+        call(q, d64, p)
+    with pytest.raises(ValueError, match=r"^specula: draft_token_ids\[3\] = -4294967296 is not"):
+        specula.rejection_sample(np.array([0, 0, 0, -2**32]), np.array([2, 4]), None,
+                                 np.full((6, 4), 0.25, np.float32), seeds=[1, 2], steps=0)

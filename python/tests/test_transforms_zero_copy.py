@@ -4,7 +4,7 @@ written into the caller's arrays (data pointers checked)."""
 import numpy as np
 import pytest
 
-import specula
+import specula_sd as specula
 from helpers import random_rows
 
 try:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-import specula
+import specula_sd as specula
 from helpers import ALPHA, draft_from, g_test, random_rows
 
 V = 6

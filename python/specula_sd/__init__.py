@@ -1,4 +1,5 @@
-"""specula: speculative-sampling verifiers for NumPy and PyTorch engines.
+"""specula_sd (distribution ``specula-sd``): specula's speculative-sampling verifiers for NumPy
+and PyTorch engines. Not the unrelated PyPI project ``specula`` (docs/python.md).
 
 Every function here calls specula's C++ entry points (``specula/verify.hpp``) on the caller's
 arrays in place (DLPack or the buffer protocol, no conversion): the results are those of the
@@ -90,8 +91,42 @@ def _stream(like):
     return 0
 
 
+def _dtype_name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def _shape(x, name, ndims=None, expected=None):
+    """The shape of an array argument as a tuple: TypeError naming the argument for an object
+    that is not an array (a list, a number), ValueError for a number of dimensions not in
+    `ndims` (`expected`: the shape the message shows)."""
+    shape = getattr(x, "shape", None)
+    if shape is None or isinstance(x, (list, tuple)):
+        raise TypeError(f"specula: {name} must be a NumPy array or a PyTorch tensor (any object "
+                        f"with __dlpack__ or the buffer protocol), not {type(x).__name__}")
+    shape = tuple(int(n) for n in shape)
+    if ndims is not None and len(shape) not in ndims:
+        raise ValueError(f"specula: {name} must have shape {expected} (got {len(shape)} "
+                         f"dimension{'' if len(shape) == 1 else 's'}: {shape})")
+    return shape
+
+
+def _require_integer(x, name):
+    """TypeError naming the argument unless the array `x` has an integer dtype."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return
+    if _is_torch(x):
+        ok = not (dtype.is_floating_point or dtype.is_complex) and dtype != sys.modules["torch"].bool
+    else:
+        ok = _np is not None and _np.issubdtype(dtype, _np.integer)
+    if not ok:
+        raise TypeError(f"specula: {name} must have dtype int32 or int64 (got "
+                        f"{_dtype_name(dtype)})")
+
+
 def _max_drafts(cu, batch):
     """Largest draft count of a flattened batch from cu_num_draft_tokens (B or B + 1 entries)."""
+    _require_integer(cu, "cu_num_draft_tokens")
     if batch == 0:
         return 0
     if _is_torch(cu):
@@ -104,12 +139,15 @@ def _max_drafts(cu, batch):
 
 
 def _flat_outputs(target, draft_token_ids, cu, bonus, max_spec_len, output_token_ids,
-                  num_accepted):
+                  num_accepted, greedy=False):
     """Outputs of a flattened-layout call: (B, max_spec_len + 1) tokens and (B,) counts."""
+    target_name = "target_logits" if greedy else "target_probs"
+    n = _shape(draft_token_ids, "draft_token_ids", (1,), "(num_draft_tokens,)")[0]
+    rows = _shape(target, target_name, (2,), "(num_draft_tokens + B, V)")[0]
     if bonus is not None:
-        b = bonus.shape[0]
+        b = _shape(bonus, "bonus_token_ids", (1, 2), "(B,) or (B, 1)")[0]
     else:
-        b = max(target.shape[0] - draft_token_ids.shape[0], 0)
+        b = max(rows - n, 0)
     if output_token_ids is None:
         if max_spec_len is None:
             max_spec_len = _max_drafts(cu, b)
@@ -126,7 +164,8 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
                                request_ids=0, draft_lengths=None, rule=None,
                                output_token_ids=None, accepted=None, flags=None,
                                sum_tolerance=_DEFAULT_SUM_TOLERANCE,
-                               residual_floor=_DEFAULT_RESIDUAL_FLOOR, check="reads", threads=1):
+                               residual_floor=_DEFAULT_RESIDUAL_FLOOR, check="reads",
+                               placeholders="refuse", threads=1):
     """Chain verification in FlashInfer's padded layout and argument order.
 
     draft_probs: (B, L, V) float32/float64, or None for one-hot drafts (greedy / n-gram
@@ -142,18 +181,22 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
     seeds, steps, request_ids: integers, or (B,) integer arrays, forming request b's random
     stream ``(seeds[b], request_ids[b], steps[b])``; change ``steps`` at every decoding
     iteration. ``deterministic`` is accepted for compatibility (specula always is);
-    ``generator`` must be None.
+    ``generator`` must be None. ``placeholders``: what a -1 inside a request's counted drafts
+    (with ``draft_lengths``) does: ``"refuse"`` (ValueError) or ``"reject"`` (vLLM's rule: the
+    draft is rejected at that position and a token is sampled there).
     """
     if generator is not None:
         raise TypeError("specula: generator is not used: randomness comes from seeds, "
                         "request_ids and steps (per request)")
-    b, width = draft_token_ids.shape[0], draft_token_ids.shape[1] + 1
+    b, width = _shape(draft_token_ids, "draft_token_ids", (2,), "(B, L)")
+    width += 1
     if output_token_ids is None:
         output_token_ids = _new(target_probs, (b, width), "int32")
     n = _new(target_probs, (b,), "int32")
     _ext._chain_padded(draft_probs, draft_token_ids, target_probs, draft_lengths, seeds,
                        request_ids, steps, output_token_ids, n, accepted, flags, rule,
-                       sum_tolerance, residual_floor, check, threads, _stream(target_probs))
+                       sum_tolerance, residual_floor, check, placeholders, threads,
+                       _stream(target_probs))
     if maybe_output_accepted_token_num is not None:
         maybe_output_accepted_token_num += n
         accepted_num = maybe_output_accepted_token_num
@@ -168,10 +211,11 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs,
 
 
 def rejection_sample(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs,
-                     bonus_token_ids=None, *, seeds, steps, request_ids=0, max_spec_len=None, rule=None,
-                     output_token_ids=None, num_accepted=None, accepted=None, flags=None,
-                     sum_tolerance=_DEFAULT_SUM_TOLERANCE,
-                     residual_floor=_DEFAULT_RESIDUAL_FLOOR, check="reads", threads=1):
+                     bonus_token_ids=None, *, seeds, steps, request_ids=0, max_spec_len=None,
+                     rule=None, is_greedy=None, output_token_ids=None, num_accepted=None,
+                     accepted=None, flags=None, sum_tolerance=_DEFAULT_SUM_TOLERANCE,
+                     residual_floor=_DEFAULT_RESIDUAL_FLOOR, check="reads",
+                     placeholders="refuse", threads=1):
     """Chain verification in vLLM's flattened layout.
 
     draft_token_ids: (num_draft_tokens,) int32 (int64 copied); cu_num_draft_tokens: vLLM's
@@ -188,46 +232,54 @@ def rejection_sample(draft_token_ids, cu_num_draft_tokens, draft_probs, target_p
     rejection_sample; pass an array of shape (num_draft_tokens + B,) as ``output_token_ids``
     to receive specula's flattened layout instead (written in place, no scatter).
     ``num_accepted`` (B,) int32 receives the accepted draft counts when given.
+
+    ``is_greedy``: None, or a (B,) bool mask (vLLM's per-request greedy flags): those requests
+    are verified by the greedy rule (argmax of their target rows, as :func:`greedy_chain`), the
+    others by sampling; each request's result is that of a call of its own kind.
+    ``placeholders``: a -1 inside a request's counted drafts is refused (``"refuse"``,
+    ValueError) or, with ``"reject"``, rejected at that position with a token sampled there
+    (vLLM's rule for its placeholder draft id).
     """
     output_token_ids, num_accepted = _flat_outputs(
         target_probs, draft_token_ids, cu_num_draft_tokens, bonus_token_ids, max_spec_len,
         output_token_ids, num_accepted)
     _ext._chain_flat(draft_probs, draft_token_ids, cu_num_draft_tokens, target_probs,
                      bonus_token_ids, seeds, request_ids, steps, output_token_ids, num_accepted,
-                     accepted, flags, rule, sum_tolerance, residual_floor, check, threads, False,
-                     _stream(target_probs))
+                     accepted, flags, rule, sum_tolerance, residual_floor, check, placeholders,
+                     threads, False, is_greedy, _stream(target_probs))
     return output_token_ids
 
 
 def greedy_chain(draft_token_ids, cu_num_draft_tokens, target_logits, bonus_token_ids=None, *,
                  max_spec_len=None, output_token_ids=None, num_accepted=None, accepted=None,
-                 flags=None, threads=1):
+                 flags=None, placeholders="refuse", threads=1):
     """Greedy chain verification (argmax of each target row, lowest index on ties) in vLLM's
     flattened layout: arguments and output as :func:`rejection_sample` (``target_logits`` may be
     logits or probabilities, float32/float64; NaN is rejected)."""
     output_token_ids, num_accepted = _flat_outputs(
         target_logits, draft_token_ids, cu_num_draft_tokens, bonus_token_ids, max_spec_len,
-        output_token_ids, num_accepted)
+        output_token_ids, num_accepted, greedy=True)
     _ext._chain_flat(None, draft_token_ids, cu_num_draft_tokens, target_logits, bonus_token_ids,
                      0, 0, 0, output_token_ids, num_accepted, accepted, flags, None,
-                     _DEFAULT_SUM_TOLERANCE, _DEFAULT_RESIDUAL_FLOOR, "reads", threads, True,
-                     _stream(target_logits))
+                     _DEFAULT_SUM_TOLERANCE, _DEFAULT_RESIDUAL_FLOOR, "reads", placeholders,
+                     threads, True, None, _stream(target_logits))
     return output_token_ids
 
 
 def _tree_outputs(parents, like, node_offsets, output_tokens, num_accepted, accepted_nodes):
-    if len(parents.shape) == 2:
-        b = parents.shape[0]
+    shape = _shape(parents, "parents", (1, 2), "(B, n) or (N,)")
+    if len(shape) == 2:
+        b = shape[0]
     elif node_offsets is not None:
-        b = node_offsets.shape[0] - 1
+        b = _shape(node_offsets, "node_offsets", (1,), "(B + 1,)")[0] - 1
     else:
         b = 1
     if output_tokens is None:
-        output_tokens = _new(like, tuple(parents.shape), "int32")
+        output_tokens = _new(like, shape, "int32")
     if num_accepted is None:
         num_accepted = _new(like, (b,), "int32")
     if accepted_nodes is None:
-        accepted_nodes = _new(like, tuple(parents.shape), "int64")
+        accepted_nodes = _new(like, shape, "int64")
     return output_tokens, num_accepted, accepted_nodes
 
 
@@ -284,7 +336,7 @@ def verify_candidates(target_probs, candidates, draft_probs=None, *, seeds, step
     Returns ``(accepted_index, tokens)``: (B,) int64 index of the accepted candidate or -1, and
     (B,) int32 emitted token (the accepted candidate or the residual sample).
     """
-    b = candidates.shape[0]
+    b = _shape(candidates, "candidates", (2,), "(B, K)")[0]
     if accepted_index is None:
         accepted_index = _new(target_probs, (b,), "int64")
     if tokens is None:
@@ -303,7 +355,7 @@ def logits_to_probs(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, u
     float32 probabilities of the logits' shape (written into ``out`` when given; it must not
     overlap the logits)."""
     if out is None:
-        out = _new(logits, tuple(logits.shape), "float32")
+        out = _new(logits, _shape(logits, "logits"), "float32")
     _ext._logits_to_probs(logits, uncond, temperature, top_k, top_p, min_p, cfg_scale, out,
                           threads)
     return out
