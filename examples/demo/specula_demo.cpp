@@ -137,6 +137,7 @@ struct demo_options {
   index_t draft_length = 4;
   index_t draft_tree_width = 0;  // --draft-tree WxD: full W-ary draft tree of D levels (0: chain)
   index_t draft_tree_depth = 0;
+  bool draft_tree_lantern = false;  // --draft-tree lantern: LANTERN's static naive_extend_57
   std::string cool_schedule = "uniform";
   double delta = 2.0;
   double nu = 0.7;
@@ -159,6 +160,7 @@ struct demo_options {
   index_t blocks = 2;
   double spawn_ratio = 0.85;
   bool no_recycling = false;
+  bool ra_only = false;  // multiblock --ra-only: verify within the RA block (released extent)
   index_t pool_size = 4;
   index_t ngram = 16;
   std::string pool = "fifo";
@@ -505,7 +507,9 @@ std::vector<token_t> speculative(const run_input& in, decode_stats& st, sd_rule 
   so.target = sampling_of(o);
   so.draft = sampling_of(o);
   so.mode = o.greedy || o.draft_greedy ? specula::draft_mode::greedy : specula::draft_mode::sample;
-  if (o.draft_tree_width > 0)
+  if (o.draft_tree_lantern)
+    so.draft_tree = specula::trees::lantern_static();
+  else if (o.draft_tree_width > 0)
     so.draft_tree = specula::trees::full(o.draft_tree_width, o.draft_tree_depth);
   demo_session target(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label);
   // The draft sees the same vocabulary limit and, with --cfg, the same guidance.
@@ -546,9 +550,10 @@ std::vector<token_t> run_lantern(const run_input& in, decode_stats& st) {
 json params_sd(const demo_options& o) {
   json p = {{"draft_model", o.task == task_kind::image ? "image-draft" : "text-draft"},
             {"draft_length", o.draft_length},
-            {"draft_tree", o.draft_tree_width > 0 ? json(std::to_string(o.draft_tree_width) + "x" +
-                                                         std::to_string(o.draft_tree_depth))
-                                                  : json("chain")},
+            {"draft_tree", o.draft_tree_lantern     ? json("lantern")
+                           : o.draft_tree_width > 0 ? json(std::to_string(o.draft_tree_width) +
+                                                           "x" + std::to_string(o.draft_tree_depth))
+                                                    : json("chain")},
             {"greedy", o.greedy},
             {"draft", o.greedy || o.draft_greedy ? "greedy" : "sampled"}};
   if (!o.greedy) p.update(sampling_json(o));
@@ -640,12 +645,19 @@ json params_sjd_pac(const demo_options& o) {
   return p;
 }
 
+/// --init of jacobi and multiblock: repeat | random | context (the released Jacobi Forcing
+/// inference code's `random.choice` over the sequence so far).
+specula::jacobi_init jacobi_init_of(const std::string& init) {
+  return init == "random"    ? specula::jacobi_init::random
+         : init == "context" ? specula::jacobi_init::sample_context
+                             : specula::jacobi_init::repeat_last;
+}
+
 std::vector<token_t> run_jacobi(const run_input& in, decode_stats& st) {
   specula::jacobi_options jo;
   jo.window = in.opt.window;
   jo.max_new_tokens = in.opt.max_new_tokens;
-  jo.init =
-      in.opt.init == "random" ? specula::jacobi_init::random : specula::jacobi_init::repeat_last;
+  jo.init = jacobi_init_of(in.opt.init);
   demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label);
   return specula::jacobi_decode(m, in.prompt, jo, in.rng, &st);
 }
@@ -659,6 +671,7 @@ std::vector<token_t> run_multiblock(const run_input& in, decode_stats& st) {
   mo.max_blocks = in.opt.blocks;
   mo.spawn_ratio = in.opt.spawn_ratio;
   mo.recycling = !in.opt.no_recycling;
+  mo.verify_past_ra = !in.opt.ra_only;
   mo.pool_size = in.opt.pool_size;
   mo.pool =
       in.opt.pool == "per-key" ? specula::multiblock_pool::per_key : specula::multiblock_pool::fifo;
@@ -666,8 +679,7 @@ std::vector<token_t> run_multiblock(const run_input& in, decode_stats& st) {
                                    : specula::multiblock_spawn::newest_block;
   mo.ngram_length = in.opt.ngram;
   mo.max_new_tokens = in.opt.max_new_tokens;
-  mo.init =
-      in.opt.init == "random" ? specula::jacobi_init::random : specula::jacobi_init::repeat_last;
+  mo.init = jacobi_init_of(in.opt.init);
   demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label);
   return specula::multiblock_decode(m, in.prompt, mo, in.rng, &st);
 }
@@ -675,6 +687,7 @@ json params_multiblock(const demo_options& o) {
   json p = {{"block_size", o.block_size},   {"blocks", o.blocks}, {"spawn_ratio", o.spawn_ratio},
             {"recycling", !o.no_recycling}, {"init", o.init},     {"greedy", true}};
   p["spawn"] = o.spawn;
+  p["verify_past_ra"] = !o.ra_only;
   if (!o.no_recycling) {
     p["pool"] = o.pool;
     p["pool_size"] = o.pool_size;
@@ -760,7 +773,7 @@ const std::vector<method_entry>& methods() {
        text_bit | image_bit,
        0,
        {"--block-size", "--blocks", "--spawn-ratio", "--no-recycling", "--pool-size", "--ngram",
-        "--init", "--pool", "--spawn"},
+        "--init", "--pool", "--spawn", "--ra-only"},
        run_multiblock,
        params_multiblock,
        "multi-block Jacobi decoding with rejection recycling (greedy)"},
@@ -827,7 +840,8 @@ void print_help() {
       "                       draft model is text-draft (text) or image-draft (image, with\n"
       "                       image-ar-256 only; --cfg guides it with the same scale)\n"
       "  --draft-tree WxD     sd, cool-sd, lantern: draft a full W-ary tree of D levels per step\n"
-      "                       instead of a chain (siblings without replacement; greedy: top W)\n"
+      "                       instead of a chain (siblings without replacement; greedy: top W);\n"
+      "                       --draft-tree lantern: LANTERN's static 57-node tree\n"
       "  --window N           sjd (default 16), sjd-pac (64), jacobi (16): draft window; sjd,\n"
       "                       sjd-pac: a fixed budget of drafted nodes, PD tree included\n"
       "  --count-root         sjd, sjd-pac: --window and --pd-depth count the root, as the\n"
@@ -837,7 +851,8 @@ void print_help() {
       "                       horizontal-sample | horizontal-argmax | vertical-repeat |\n"
       "                       vertical-sample | vertical-argmax (spatial priors on the image\n"
       "                       grid; random tokens are image tokens); jacobi, multiblock:\n"
-      "                       repeat (default) | random\n"
+      "                       context (default: tokens drawn uniformly from the sequence so\n"
+      "                       far, as the released Jacobi Forcing code) | repeat | random\n"
       "  --pd-width K         sjd-pac: Proactive Drafting candidates per node (default 4)\n"
       "  --pd-depth D         sjd-pac: Proactive Drafting depth (default 3; candidate levels\n"
       "                       below the emitted token, one fewer under --count-root)\n"
@@ -870,6 +885,8 @@ void print_help() {
       "  --ngram N            multiblock --pool per-key: tokens per n-gram (default 16)\n"
       "  --spawn S            multiblock: newest (default: only the newest block spawns, as the\n"
       "                       released code) | any (any block that reaches the ratio)\n"
+      "  --ra-only            multiblock: accept within the real-active block only, as the\n"
+      "                       released code (default: verification may run past it)\n"
       "  --mix-order          ssd: the mix-order verification tree (2N nodes)\n"
       "  --cache none|dual    ssd, diffusion ar: evaluate through the dual (prefix and suffix)\n"
       "                       KV cache (default none: whole sequences every pass)\n"
@@ -915,9 +932,9 @@ demo_options parse_args(int argc, char** argv) {
   bool have_task = false, have_method = false;
   std::string task;
   const std::vector<std::string_view> switches = {
-      "--greedy",   "--draft-greedy", "--no-ac",         "--no-pd",
-      "--json",     "--quiet",        "--no-recycling",  "--mix-order",
-      "--fallback", "--count-root",   "--no-count-root", "--pd-first-path"};
+      "--greedy",        "--draft-greedy",  "--no-ac",     "--no-pd",    "--json",
+      "--quiet",         "--no-recycling",  "--mix-order", "--fallback", "--count-root",
+      "--no-count-root", "--pd-first-path", "--ra-only"};
   const std::vector<std::string_view> valued = {
       "--task",          "--method",         "--temperature", "--top-k",     "--top-p",
       "--seed",          "--max-new-tokens", "--prompt",      "--label",     "--num-samples",
@@ -992,6 +1009,8 @@ demo_options parse_args(int argc, char** argv) {
       o.scale = parse_int(flag, value);
     } else if (flag == "--draft-length") {
       o.draft_length = parse_int(flag, value);
+    } else if (flag == "--draft-tree" && value == "lantern") {
+      o.draft_tree_lantern = true;
     } else if (flag == "--draft-tree") {
       const auto x = value.find('x');
       if (x == std::string::npos)
@@ -1036,6 +1055,8 @@ demo_options parse_args(int argc, char** argv) {
       o.spawn = value;
     } else if (flag == "--no-recycling") {
       o.no_recycling = true;
+    } else if (flag == "--ra-only") {
+      o.ra_only = true;
     } else if (flag == "--mix-order") {
       o.mix_order = true;
     } else if (flag == "--cache") {
@@ -1108,7 +1129,7 @@ void resolve(demo_options& o, const method_entry& m) {
       "--block-size",    "--blocks",       "--spawn-ratio",  "--no-recycling",  "--pool-size",
       "--ngram",         "--pool",         "--spawn",        "--mix-order",     "--cache",
       "--refresh",       "--fallback",     "--count-root",   "--no-count-root", "--pd-first-path",
-      "--lambda",        "--lantern-k"};
+      "--lambda",        "--lantern-k",    "--ra-only"};
   for (const auto& f : o.given)
     if (std::find(method_flags.begin(), method_flags.end(), f) != method_flags.end() &&
         std::find(m.flags.begin(), m.flags.end(), f) == m.flags.end())
@@ -1134,7 +1155,7 @@ void resolve(demo_options& o, const method_entry& m) {
   require(o.threads >= 0 && o.threads <= 256, "--threads", "must be in [0, 256]");
   require(o.scale >= 1 && o.scale <= 64, "--scale", "must be in [1, 64]");
   require(o.draft_length >= 0 && o.draft_length <= 64, "--draft-length", "must be in [0, 64]");
-  if (o.has("--draft-tree")) {
+  if (o.has("--draft-tree") && !o.draft_tree_lantern) {
     require(o.draft_tree_width >= 1 && o.draft_tree_width <= 8, "--draft-tree",
             "width W must be in [1, 8]");
     require(o.draft_tree_depth >= 1 && o.draft_tree_depth <= 16, "--draft-tree",
@@ -1161,14 +1182,14 @@ void resolve(demo_options& o, const method_entry& m) {
             "vertical-repeat, vertical-sample or vertical-argmax for method " +
                 o.method + ", got '" + o.init + "'");
   } else if (o.method == "jacobi") {
-    if (o.init.empty()) o.init = "repeat";
-    require(o.init == "repeat" || o.init == "random", "--init",
-            "must be repeat or random for method jacobi, got '" + o.init + "'");
+    if (o.init.empty()) o.init = "context";
+    require(o.init == "repeat" || o.init == "random" || o.init == "context", "--init",
+            "must be context, repeat or random for method jacobi, got '" + o.init + "'");
   }
   if (o.method == "multiblock") {
-    if (o.init.empty()) o.init = "repeat";
-    require(o.init == "repeat" || o.init == "random", "--init",
-            "must be repeat or random for method multiblock, got '" + o.init + "'");
+    if (o.init.empty()) o.init = "context";
+    require(o.init == "repeat" || o.init == "random" || o.init == "context", "--init",
+            "must be context, repeat or random for method multiblock, got '" + o.init + "'");
   }
   if (o.block_size < 0) o.block_size = o.method == "multiblock" ? 64 : 32;
   require(o.block_size >= 1 && o.block_size <= 256, "--block-size", "must be in [1, 256]");

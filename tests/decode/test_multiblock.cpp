@@ -41,23 +41,27 @@ TEST_CASE("Multi-block decoding equals greedy decoding on toy models", "[decode]
     for (const index_t block : {1, 2, 4, 8})
       for (const index_t blocks : {1, 2, 3})
         for (const bool recycle : {false, true})
-          for (const auto init : {jacobi_init::repeat_last, jacobi_init::random})
+          for (const auto init :
+               {jacobi_init::repeat_last, jacobi_init::random, jacobi_init::sample_context})
             for (const auto pool : {multiblock_pool::per_key, multiblock_pool::fifo})
-              for (const auto spawn :
-                   {multiblock_spawn::any_block, multiblock_spawn::newest_block}) {
-                auto opt = mb(block, blocks, 0.5, recycle, 9);
-                opt.init = init;
-                opt.pool = pool;
-                opt.spawn = spawn;
-                decode_stats st;
-                const auto out = multiblock_decode(s, prompt, opt, request_rng{seed, 0, 0}, &st);
-                INFO("seed " << seed << " block " << block << " blocks " << blocks << " recycle "
-                             << recycle << " fifo " << (pool == multiblock_pool::fifo) << " newest "
-                             << (spawn == multiblock_spawn::newest_block));
-                CHECK(out == ref);
-                CHECK(st.tokens == 9);
-                CHECK(st.steps == st.target_forwards);
-              }
+              for (const auto spawn : {multiblock_spawn::any_block, multiblock_spawn::newest_block})
+                for (const bool past_ra : {true, false}) {
+                  auto opt = mb(block, blocks, 0.5, recycle, 9);
+                  opt.init = init;
+                  opt.pool = pool;
+                  opt.spawn = spawn;
+                  opt.verify_past_ra = past_ra;
+                  decode_stats st;
+                  const auto out = multiblock_decode(s, prompt, opt, request_rng{seed, 0, 0}, &st);
+                  INFO("seed " << seed << " block " << block << " blocks " << blocks << " recycle "
+                               << recycle << " init " << static_cast<int>(init) << " fifo "
+                               << (pool == multiblock_pool::fifo) << " newest "
+                               << (spawn == multiblock_spawn::newest_block) << " past RA "
+                               << past_ra);
+                  CHECK(out == ref);
+                  CHECK(st.tokens == 9);
+                  CHECK(st.steps == st.target_forwards);
+                }
   }
 }
 
@@ -124,8 +128,9 @@ TEST_CASE("Stochastic multi-block decoding samples the target's sequence law (G-
   };
   for (const auto& v :
        {variant{"block 2, K = 2, random fill", stochastic_mb(2, 2, 0.5, jacobi_init::random)},
-        variant{"block 3, K = 3, repeat fill",
-                stochastic_mb(3, 3, 0.34, jacobi_init::repeat_last)}}) {
+        variant{"block 3, K = 3, repeat fill", stochastic_mb(3, 3, 0.34, jacobi_init::repeat_last)},
+        variant{"block 2, K = 2, context fill",
+                stochastic_mb(2, 2, 0.5, jacobi_init::sample_context)}}) {
     decode_stats st;
     INFO(v.name);
     decode_testing::check_sequence_law(stochastic_counts(model, v.opt, 1'000'000, 41, &st), law, st,
@@ -178,6 +183,13 @@ TEST_CASE("Multi-block decoding rejects bad input", "[decode]") {
         o.target.temperature = -1.0f;
       },
       "temperature");
+  check(
+      [](multiblock_options& o) {
+        o.stochastic = true;
+        o.recycling = false;
+        o.verify_past_ra = false;
+      },
+      "verify_past_ra");
   CHECK_THROWS_WITH(multiblock_decode(s, std::vector<token_t>{}, mb(4, 2, 0.5, true, 4)),
                     Catch::Contains("prompt"));
 }

@@ -54,7 +54,8 @@
 /// q = R — and a position first reached by a stale row is sampled from R. Pseudo-acceptance
 /// is therefore implicit (no frozen tokens; every token is re-tested against its newest row);
 /// spawned blocks copy the RA guesses with one-hot rows (a copy is determined by the earlier
-/// drafts), fills are one-hot (`repeat_last`) or uniform (`random`). Rejection recycling is
+/// drafts), fills are one-hot (`repeat_last`), uniform (`random`) or the token frequencies of
+/// the sequence so far (`sample_context`). Rejection recycling is
 /// greedy only (a recycled n-gram is no draw from a row), so `recycling` must be off. Draws:
 /// step s verifies with `{seed, request_id, s}`, updates with `{fold_in(seed, 1), request_id,
 /// s}`, fills from `{fold_in(seed, 2), request_id, 0}`.
@@ -111,6 +112,12 @@ struct multiblock_options {
   sampling_params target{};       ///< target logits -> p (stochastic variant)
   multiblock_pool pool = multiblock_pool::fifo;             ///< the released code's pool
   multiblock_spawn spawn = multiblock_spawn::newest_block;  ///< the released code's rule
+  /// Greedy verification may accept past the RA block into pseudo-active blocks (true, the
+  /// default: those tokens are verified for real), or stops at the RA block's last position
+  /// (false, as the released code, which verifies a promoted block in the next pass). The
+  /// output is the same either way; only the tokens per forward differ. Greedy only: must be
+  /// true with stochastic = true.
+  bool verify_past_ra = true;
 };
 
 namespace detail {
@@ -205,6 +212,9 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
   require_parameter(!(options.stochastic && options.recycling), "recycling", 1.0,
                     "must be false with stochastic = true (recycled n-grams are verified "
                     "greedily only)");
+  require_parameter(!(options.stochastic && !options.verify_past_ra), "verify_past_ra", 0.0,
+                    "must be true with stochastic = true (a cut after an exact acceptance "
+                    "would emit an accepted draft as the bonus token)");
   if (options.stochastic) validate_sampling_params(options.target);
   const bool stochastic = options.stochastic;
   const index_t V = m.vocab_size();
@@ -231,20 +241,40 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
   std::vector<index_t> frozen;
   std::uint32_t draws = 0;
   const request_rng fill_rng{fold_in(rng.seed, 2), rng.request_id, 0};
+  // sample_context in the stochastic variant: the law of a fill is the token frequencies of
+  // `seq` (recounted when seq has grown).
+  std::vector<float> context_law;
+  std::size_t context_law_of = 0;
   // Appends a filled position after `previous` to (tokens, q rows).
   const auto fill = [&](std::vector<token_t>& w, std::vector<float>& qw, token_t previous) {
     token_t t = previous;
-    if (options.init == jacobi_init::random) {
+    if (options.init != jacobi_init::repeat_last) {
       const double u = uniform_at(stochastic ? fill_rng : rng, draw_id{draws++, 1});
-      t = static_cast<token_t>(
-          std::min<index_t>(V - 1, static_cast<index_t>(u * static_cast<double>(V))));
+      const index_t range =
+          options.init == jacobi_init::random ? V : static_cast<index_t>(seq.size());
+      const auto pick =
+          std::min<index_t>(range - 1, static_cast<index_t>(u * static_cast<double>(range)));
+      t = options.init == jacobi_init::random ? static_cast<token_t>(pick) : seq[sz(pick)];
     }
     w.push_back(t);
     if (!stochastic) return;
-    if (options.init == jacobi_init::random)
+    if (options.init == jacobi_init::random) {
       qw.insert(qw.end(), sz(V), 1.0f / static_cast<float>(V));
-    else
+    } else if (options.init == jacobi_init::sample_context) {
+      if (context_law_of != seq.size()) {
+        std::vector<index_t> count(sz(V), 0);
+        for (const token_t c : seq)
+          if (c >= 0 && c < V) ++count[sz(c)];
+        context_law.assign(sz(V), 0.0f);
+        for (index_t y = 0; y < V; ++y)
+          context_law[sz(y)] = static_cast<float>(static_cast<double>(count[sz(y)]) /
+                                                  static_cast<double>(seq.size()));
+        context_law_of = seq.size();
+      }
+      qw.insert(qw.end(), context_law.begin(), context_law.end());
+    } else {
       detail::append_one_hot(qw, t, V);
+    }
   };
 
   std::vector<float> logits, probs, q_rows, scratch(stochastic ? sz(V) : 0);
@@ -308,6 +338,9 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
           argmax[sz(u)] = argmax_lowest(row_view<const float>(logits.data() + u * V, V));
         k = detail::verify_one(greedy_tree_verifier<>{}, tree, V, logits, {}, request_rng{},
                                out_tokens, out_nodes);
+        // Released extent: accept within the RA block only. Greedy, so the token after the
+        // cut (out_tokens[ra_left]: the argmax of the last kept node's row) is the bonus.
+        if (!options.verify_past_ra) k = std::min(k, ra_left);
       }
     }
     m.commit(std::span<const index_t>(out_nodes.data(), sz(k + 1)));

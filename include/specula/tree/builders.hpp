@@ -7,6 +7,8 @@
 /// Conventions: the root (node 0) is the last committed token; "depth" counts candidate levels
 /// below the root; node counts include the root.
 
+#include <algorithm>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
@@ -107,6 +109,65 @@ inline token_tree ssd_mix_order(index_t n) {
   for (index_t i = 0; i <= n; ++i) parents[static_cast<std::size_t>(i)] = i - 1;
   for (index_t k = 0; k + 2 <= n; ++k) parents.push_back(k);
   return token_tree(std::move(parents));
+}
+
+/// From EAGLE / Medusa "tree choices", the form in which EAGLE's and LANTERN's code take a static
+/// tree: each choice is a path of candidate ranks from the root, {r1, ..., rd} being the rd-th
+/// candidate below the node {r1, ..., r(d-1)}. Every proper prefix of a choice must be a choice,
+/// and the ranks below each node must be 0, 1, ..., c - 1 (tree drafts fill a node's children
+/// with its first candidates, in order). Nodes are numbered as that code sorts the choices: by
+/// depth, then lexicographically; node 0 is the root. Throws invalid_input naming
+/// "choices[i]" for an empty, negative, repeated, orphaned or out-of-order path.
+inline token_tree from_choices(std::span<const std::vector<index_t>> choices) {
+  std::vector<std::size_t> order(choices.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    if (choices[a].size() != choices[b].size()) return choices[a].size() < choices[b].size();
+    return choices[a] < choices[b];
+  });
+  std::map<std::vector<index_t>, index_t> node_of{{{}, 0}};
+  std::vector<index_t> parents{-1}, children{0};
+  for (const std::size_t i : order) {
+    const auto& path = choices[i];
+    const auto fail = [&](const char* why) {
+      throw_if_failed({status::invalid_parameter, static_cast<index_t>(i), -1,
+                       static_cast<double>(path.size())},
+                      ("choices[" + std::to_string(i) + "]").c_str(), why);
+    };
+    if (path.empty()) fail("empty path (the root is implicit)");
+    if (std::any_of(path.begin(), path.end(), [](index_t r) { return r < 0; }))
+      fail("negative candidate rank");
+    if (node_of.count(path) != 0) fail("repeated path");
+    const auto parent = node_of.find(std::vector<index_t>(path.begin(), path.end() - 1));
+    if (parent == node_of.end()) fail("its prefix is not a choice");
+    if (path.back() != children[static_cast<std::size_t>(parent->second)])
+      fail("ranks below a node must be 0, 1, ..., c - 1 (a gap)");
+    ++children[static_cast<std::size_t>(parent->second)];
+    node_of.emplace(path, static_cast<index_t>(parents.size()));
+    parents.push_back(parent->second);
+    children.push_back(0);
+  }
+  return token_tree(std::move(parents));
+}
+
+/// LANTERN's default static draft tree (`naive_extend_57` of jadohu/LANTERN's
+/// models/drafters/choices.py, the `tree_choices` default of its generate()): 57 candidate nodes
+/// over 5 levels (5, 13, 16, 14, 9 per level), 58 with the root.
+inline token_tree lantern_static() {
+  // clang-format off
+  static const std::vector<std::vector<index_t>> choices = {
+      {0}, {1}, {2}, {3}, {4},
+      {0, 0}, {0, 1}, {0, 2}, {0, 3}, {1, 0}, {1, 1}, {1, 2}, {2, 0}, {2, 1}, {2, 2}, {3, 0},
+      {3, 1}, {4, 0},
+      {0, 0, 0}, {0, 0, 1}, {0, 0, 2}, {0, 0, 3}, {0, 1, 0}, {0, 1, 1}, {0, 1, 2}, {0, 2, 0},
+      {0, 2, 1}, {0, 2, 2}, {0, 3, 0}, {0, 3, 1}, {1, 0, 0}, {1, 0, 1}, {1, 1, 0}, {2, 0, 0},
+      {0, 0, 0, 0}, {0, 0, 0, 1}, {0, 0, 0, 2}, {0, 0, 0, 3}, {0, 0, 1, 0}, {0, 0, 1, 1},
+      {0, 0, 1, 2}, {0, 0, 2, 0}, {0, 0, 2, 1}, {0, 0, 3, 0}, {0, 1, 0, 0}, {0, 1, 0, 1},
+      {0, 1, 1, 0}, {0, 2, 0, 0},
+      {0, 0, 0, 0, 0}, {0, 0, 0, 0, 1}, {0, 0, 0, 0, 2}, {0, 0, 0, 1, 0}, {0, 0, 0, 1, 1},
+      {0, 0, 1, 0, 0}, {0, 0, 1, 0, 1}, {0, 0, 1, 1, 0}, {0, 0, 2, 0, 0}};
+  // clang-format on
+  return from_choices(choices);
 }
 
 /// From a parent list (validated; see token_tree).
