@@ -225,6 +225,30 @@ def main():
             j = text_runs(demo, m, extra + ["--model", "text-target-jf"], text_tokens)
             print(f"| {name} | {b.forwards} | {b.tokens / b.forwards:.3f} | {b.wall * 1e3:.0f} | "
                   f"{j.forwards} | {j.tokens / j.forwards:.3f} | {j.wall * 1e3:.0f} |")
+        # Window initialisation (the demo's default is the released code's `context`) and the
+        # verification extent (--ra-only: within the real-active block, as the released code).
+        print(f"\nInitialisation and verification extent, the same {len(TEXT_PROMPTS)} prompts x "
+              f"{text_tokens} tokens (step compression; base / JF):\n")
+        print("| configuration | context | repeat | random | context, --ra-only |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for name, m, extra in [
+                ("Jacobi, running window 16", "jacobi", ["--window", "16"]),
+                ("multi-block K = 2, r = 0.85, block 16", "multiblock",
+                 ["--no-recycling", "--block-size", "16"]),
+                ("multi-block K = 2, r = 0.85 + recycling, block 16", "multiblock",
+                 ["--block-size", "16"]),
+                ("multi-block K = 2, r = 0.85 + recycling, block 64", "multiblock", [])]:
+            cells = []
+            for init, ra in [("context", []), ("repeat", []), ("random", []),
+                             ("context", ["--ra-only"])]:
+                if ra and m != "multiblock":
+                    cells.append("—")
+                    continue
+                b = text_runs(demo, m, extra + ["--init", init] + ra, text_tokens)
+                j = text_runs(demo, m, extra + ["--init", init] + ra
+                              + ["--model", "text-target-jf"], text_tokens)
+                cells.append(f"{b.tokens / b.forwards:.3f} / {j.tokens / j.forwards:.3f}")
+            print(f"| {name} | " + " | ".join(cells) + " |")
         print(f"\nimage-ar, 8 labels x 1 sample x 64 tokens (greedy):\n")
         print(HEADER)
         for name, m, extra in rows:
