@@ -167,7 +167,7 @@ MODELS = {
                     d_ff=1536, max_seq_len=256, rope_theta=10000.0, norm_eps=1e-5, causal=True,
                     mask_token=-1),
         freeze_base=True,
-        train=dict(steps=90, batch=16, seq_len=256, lr=1e-3, warmup=10, min_lr_frac=0.1,
+        train=dict(steps=32, batch=16, seq_len=256, lr=1e-3, warmup=4, min_lr_frac=0.1,
                    weight_decay=0.0),
         heldout=dict(rows=48, seq_len=256),
         heldout_of="text-target",
@@ -668,16 +668,21 @@ def train_loop(model, tr, steps, loss_fn, name, checkpoint=None, state=None, eva
     checkpoint: optional dict(path=, every=): every `every` steps (and after the last) the
     model, optimizer, the RNG states in `state` (name -> torch.Generator) and the step count are
     written to `path`; a run that finds the file continues from it, so a training run may be
-    stopped and resumed (the batches and updates are those of an uninterrupted run).
+    stopped and resumed (the batches and updates are those of an uninterrupted run). A run with
+    more steps than the checkpoint's continues it under the longer run's schedule (the learning
+    rate jumps to that schedule's value at the checkpoint's step).
     evaluate: optional callable() -> float logged (held-out NLL) at each checkpoint."""
     opt = make_optimizer(model, tr)
     start, wall_before, history = 0, 0.0, []
     ckpt = Path(checkpoint["path"]) if checkpoint else None
     if ckpt is not None and ckpt.exists():
         saved = torch.load(ckpt)
-        if saved["config"] != model.cfg or saved["steps"] != steps:
-            raise SystemExit(f"{ckpt}: checkpoint of another configuration or step count "
-                             f"({saved['steps']} steps); delete it to start over")
+        if saved["config"] != model.cfg or saved["step"] > steps:
+            raise SystemExit(f"{ckpt}: checkpoint of another configuration or past {steps} "
+                             f"steps (step {saved['step']}); delete it to start over")
+        if saved["steps"] != steps:  # a longer run continues a shorter one's checkpoint
+            log(f"{name}: continuing a {saved['steps']}-step run's checkpoint under a "
+                f"{steps}-step schedule")
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
         for k, g in (state or {}).items():
@@ -1343,7 +1348,7 @@ def main():
                          "specula_example_jacobi_trajectories)")
     ap.add_argument("--checkpoint-every", type=int, default=None,
                     help="text models: write <out>/<name>.ckpt.pt (model, optimizer, RNG state) "
-                         "every this many steps and resume from it when present (default: 10 for "
+                         "every this many steps and resume from it when present (default: 8 for "
                          "text-target-xl, none otherwise; 0 disables)")
     ap.add_argument("--reference-only", action="store_true",
                     help="only write <name>.reference.safetensors of the shipped --only models")
@@ -1403,7 +1408,7 @@ def main():
         if spec["kind"] == "text":
             every = args.checkpoint_every
             if every is None:
-                every = 15 if "grow_from" in spec else 0
+                every = 8 if "grow_from" in spec else 0
             trainer = functools.partial(trainer, checkpoint_every=every)
         model, inputs, targets, wall, last, extra, tok = trainer(
             name, spec, out, steps, seed, corpus)
