@@ -48,6 +48,31 @@ double best_rate(double units, Call&& call) {
   return best;
 }
 
+/// `units` over the fastest single call of `call` among `calls` calls (after one warm-up call):
+/// on a machine shared with other jobs, the rate of a call that no other job interrupted, the
+/// counterpart of a benchmark's fastest iteration.
+template <class Call>
+double fastest_rate(double units, int calls, Call&& call) {
+  call();
+  double best = 1e30;
+  for (int i = 0; i < calls; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return units / best;
+}
+
+/// Bytes per second of the fastest of `calls` single stream_sum passes over a buffer of
+/// `bytes` bytes.
+inline double stream_fastest_bytes_per_second(std::size_t bytes, int calls = 50) {
+  const std::size_t n = std::max<std::size_t>(1, bytes / sizeof(float));
+  std::vector<float> buf(n, 1.0f);
+  return fastest_rate(static_cast<double>(n * sizeof(float)), calls,
+                      [&] { benchmark::DoNotOptimize(stream_sum(buf.data(), n)); });
+}
+
 /// Bytes per second of stream_sum over a buffer of `bytes` bytes (best of five timed runs of at
 /// least 20 ms each).
 inline double stream_bytes_per_second(std::size_t bytes) {
