@@ -116,9 +116,11 @@ _python_skip() {
   printf '%s\n' "$1" >"$2/skipped"
 }
 
-# The progress lines of a CMake build ("[ 40%] Building CXX object ...") on stderr.
+# The progress lines of the package's CMake build ("[3/17] Building CXX object ..." from Ninja,
+# "[ 40%] Building ..." from Make) on stderr.
 _python_progress() {
-  { grep --line-buffered -E '^ *\[ *[0-9]+%\]' | sed -u 's/^ */[specula]   python package: /' >&2; } || true
+  { grep --line-buffered -E '^ *\[ *[0-9]+(%|/[0-9]+)\]' |
+      sed -u 's/^ */[specula]   python package: /' >&2; } || true
 }
 
 ensure_python_package() {

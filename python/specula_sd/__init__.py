@@ -243,6 +243,8 @@ def rejection_sample(draft_token_ids, cu_num_draft_tokens, draft_probs, target_p
     output_token_ids, num_accepted = _flat_outputs(
         target_probs, draft_token_ids, cu_num_draft_tokens, bonus_token_ids, max_spec_len,
         output_token_ids, num_accepted)
+    if _is_torch(is_greedy) and is_greedy.dtype == sys.modules["torch"].bool:
+        is_greedy = is_greedy.to(sys.modules["torch"].uint8)  # torch < 2 exports no bool
     _ext._chain_flat(draft_probs, draft_token_ids, cu_num_draft_tokens, target_probs,
                      bonus_token_ids, seeds, request_ids, steps, output_token_ids, num_accepted,
                      accepted, flags, rule, sum_tolerance, residual_floor, check, placeholders,

@@ -224,7 +224,10 @@ std::string python_error_of(F&& f) {
   try {
     f();
   } catch (nb::python_error& e) {
-    return e.what();
+    // The exception's type and text, without the traceback that what() carries.
+    const nb::handle value = e.value();
+    return std::string(nb::type_name(value.type()).c_str()) + ": " +
+           nb::cast<std::string>(nb::str(value));
   }
   return {};
 }

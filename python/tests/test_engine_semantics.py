@@ -308,3 +308,16 @@ def test_bfloat16_rows_are_widened_exactly():
     out16 = specula.rejection_sample(drafts, cu, None, target, **kw)
     out32 = specula.rejection_sample(drafts, cu, None, target.float(), **kw)
     assert torch.equal(out16, out32)
+
+
+def test_is_greedy_forms():
+    """A torch bool tensor, a list and a NumPy bool array are the same mask."""
+    torch = pytest.importorskip("torch")
+    target = torch.full((4, 4), 0.25)
+    drafts = torch.tensor([1, 2], dtype=torch.int32)
+    cu = torch.tensor([1, 2], dtype=torch.int32)
+    outs = [specula.rejection_sample(drafts, cu, None, target, seeds=torch.tensor([1, 2]), steps=0,
+                                     is_greedy=mask)
+            for mask in (torch.tensor([True, False]), [1, 0], np.array([True, False]))]
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    assert outs[0][0].tolist() == [0, -1]  # greedy: the argmax of a uniform row is token 0
