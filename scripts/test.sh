@@ -10,7 +10,11 @@
 #              when it is not on PATH; package.conan_create is then skipped),
 #              SPECULA_NO_PYTHON=1 (do not build the Python package into
 #              $BUILD_DIR/python-package/venv; python.pytest is then skipped),
-#              SPECULA_PYTHON (the interpreter of that environment).
+#              SPECULA_PYTHON (the interpreter of that environment),
+#              SPECULA_NO_LLAMA_CPP=1 (do not fetch and build llama.cpp for the `llama` tests;
+#              they are then not configured). llama.cpp is fetched from PyPI and built once into
+#              ~/.cache/specula (scripts/llama_cpp.sh), in the background while the rest builds;
+#              without PyPI access the `llama` tests report skipped.
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -24,9 +28,20 @@ read -r -a extra_cmake_args <<<"${CMAKE_ARGS:-}"
 
 t_total=$(now_s)
 
+# llama.cpp (libllama + ggml) and the gguf package for the `llama` tests, in the background:
+# nothing to do when the cache already holds them.
+mkdir -p "$BUILD_DIR"
+llama_pid=""
+if [[ "${SPECULA_NO_LLAMA_CPP:-0}" != 1 ]]; then
+  log "llama.cpp: scripts/llama_cpp.sh in the background (log: $BUILD_DIR/llama_cpp.log)"
+  { scripts/llama_cpp.sh && scripts/llama_cpp.sh --python; } >/dev/null 2>"$BUILD_DIR/llama_cpp.log" &
+  llama_pid=$!
+fi
+
 t=$(now_s)
 log "configure ($BUILD_DIR, $BUILD_TYPE)"
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" "${extra_cmake_args[@]}"
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DSPECULA_WITH_LLAMA_CPP=OFF \
+  "${extra_cmake_args[@]}"
 t_configure=$(elapsed "$t")
 
 t=$(now_s)
@@ -42,13 +57,26 @@ t=$(now_s)
 ensure_python_package "$(cd "$BUILD_DIR" && pwd)/python-package"
 t_python=$(elapsed "$t")
 
+# The llama.cpp integration: wait for the background build, then configure and build the
+# `llama` targets (the script's exit status 2, no PyPI access, makes the tests report skipped).
+t=$(now_s)
+if [[ -n "$llama_pid" ]]; then
+  log "llama.cpp: waiting for scripts/llama_cpp.sh"
+  wait "$llama_pid" || log "llama.cpp: scripts/llama_cpp.sh failed (see $BUILD_DIR/llama_cpp.log)"
+  cat "$BUILD_DIR/llama_cpp.log" >&2
+  cmake -S . -B "$BUILD_DIR" -DSPECULA_WITH_LLAMA_CPP=ON >/dev/null
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+fi
+t_llama=$(elapsed "$t")
+
 t=$(now_s)
 log "test"
 rc=0
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" "$@" || rc=$?
 t_test=$(elapsed "$t")
 
-log "timing: configure $t_configure, build $t_build, python package $t_python, test $t_test," \
+log "timing: configure $t_configure, build $t_build, python package $t_python," \
+    "llama.cpp wait + build $t_llama, test $t_test," \
     "total $(elapsed "$t_total")"
 if ((rc != 0)); then
   log "tests FAILED (ctest exit $rc)"

@@ -34,6 +34,8 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -58,6 +60,10 @@
 
 #include "heatmap.hpp"
 #include "png_writer.hpp"
+
+#if defined(SPECULA_DEMO_LLAMA_CPP)
+#include <llama_model.hpp>
+#endif
 
 namespace {
 
@@ -129,6 +135,12 @@ struct demo_options {
   index_t num_samples = 1;
   index_t threads = 1;  // backend threads of every model (0: one per hardware thread)
   std::filesystem::path models_dir = SPECULA_MODELS_DIR;
+  std::string backend = "specula";  // --backend: specula (the example backend) or llama.cpp
+#if defined(SPECULA_DEMO_LLAMA_CPP)
+  std::filesystem::path gguf_dir = SPECULA_GGUF_DIR;  // --gguf-dir: tools/to_gguf.py's output
+#else
+  std::filesystem::path gguf_dir;
+#endif
   std::filesystem::path out_dir = "specula_demo_out";
   index_t scale = 8;
   bool json_output = false;
@@ -235,6 +247,22 @@ class progress_line {
 };
 
 /// What one decoding run needs.
+#if defined(SPECULA_DEMO_LLAMA_CPP)
+using llama_session = ex::llama_model;
+#else
+/// Stands in for ex::llama_model in a build without llama.cpp (never constructed: --backend
+/// llama.cpp is refused there).
+struct llama_session {
+  [[noreturn]] static void absent() { throw std::logic_error("built without llama.cpp"); }
+  [[nodiscard]] index_t vocab_size() const { absent(); }
+  [[nodiscard]] index_t context_size() const { absent(); }
+  void prefill(std::span<const token_t>) { absent(); }
+  void rollback(index_t) { absent(); }
+  void evaluate(const specula::token_tree&, specula::batch_view<float>) { absent(); }
+  void commit(std::span<const index_t>) { absent(); }
+};
+#endif
+
 struct run_input {
   const demo_options& opt;
   const ex::transformer& model;  // the task's (target) model
@@ -246,6 +274,8 @@ struct run_input {
   token_t null_label;        // image task: the null label token (-1: not an image)
   specula::request_rng rng;  // {seed, sample index, 0}
   progress_line* progress;
+  llama_session* llama_target = nullptr;  // --backend llama.cpp: the target over llama.cpp
+  llama_session* llama_draft = nullptr;   // and the draft (sd, cool-sd)
 };
 
 using run_fn = std::vector<token_t> (*)(const run_input&, decode_stats&);
@@ -277,17 +307,21 @@ class demo_session {
   /// f(the model in use): the plain session or the guided pair.
   template <class F>
   decltype(auto) with(F&& f) {
+    if (llama_ != nullptr) return f(*llama_);
     return session_ ? f(*session_) : f(*guided_);
   }
   template <class F>
   decltype(auto) with(F&& f) const {
+    if (llama_ != nullptr) return f(std::as_const(*llama_));
     return session_ ? f(*session_) : f(*guided_);
   }
 
  public:
+  /// With `llama` (--backend llama.cpp), the loops run over that llama.cpp model instead.
   demo_session(const ex::transformer& model, index_t vocab_limit, progress_line* progress,
-               double cfg_scale = 1.0, token_t null_label = -1)
-      : vocab_limit_(vocab_limit), progress_(progress) {
+               double cfg_scale = 1.0, token_t null_label = -1, llama_session* llama = nullptr)
+      : vocab_limit_(vocab_limit), progress_(progress), llama_(llama) {
+    if (llama != nullptr) return;
     if (cfg_scale == 1.0) {
       session_.emplace(model);
       return;
@@ -336,6 +370,7 @@ class demo_session {
   std::optional<specula::cfg_model<ex::transformer_batch>> guided_;
   index_t vocab_limit_;
   progress_line* progress_;
+  llama_session* llama_ = nullptr;
 };
 
 static_assert(specula::session_model<demo_session>);
@@ -428,7 +463,7 @@ std::vector<token_t> run_diffusion_stepwise(const run_input& in, decode_stats& s
 
 std::vector<token_t> run_ar(const run_input& in, decode_stats& st) {
   if (in.opt.task == task_kind::diffusion) return run_diffusion_stepwise(in, st);
-  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label);
+  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label, in.llama_target);
   return ar_decode(m, in.prompt, in.opt.max_new_tokens, sampling_of(in.opt), in.opt.greedy, in.rng,
                    st);
 }
@@ -511,9 +546,10 @@ std::vector<token_t> speculative(const run_input& in, decode_stats& st, sd_rule 
     so.draft_tree = specula::trees::lantern_static();
   else if (o.draft_tree_width > 0)
     so.draft_tree = specula::trees::full(o.draft_tree_width, o.draft_tree_depth);
-  demo_session target(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label);
+  demo_session target(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
+                      in.llama_target);
   // The draft sees the same vocabulary limit and, with --cfg, the same guidance.
-  demo_session draft(*in.draft, in.vocab_limit, nullptr, in.opt.cfg, in.null_label);
+  demo_session draft(*in.draft, in.vocab_limit, nullptr, in.opt.cfg, in.null_label, in.llama_draft);
   if (o.greedy)
     return specula::speculative_decode(target, draft, in.prompt, so, in.rng,
                                        specula::greedy_tree_verifier<>{}, &st);
@@ -620,11 +656,11 @@ specula::sjd_options sjd_options_of(const run_input& in, bool pac) {
 }
 
 std::vector<token_t> run_sjd(const run_input& in, decode_stats& st) {
-  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label);
+  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label, in.llama_target);
   return specula::sjd_decode(m, in.prompt, sjd_options_of(in, false), in.rng, &st);
 }
 std::vector<token_t> run_sjd_pac(const run_input& in, decode_stats& st) {
-  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label);
+  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label, in.llama_target);
   return specula::sjd_decode(m, in.prompt, sjd_options_of(in, true), in.rng, &st);
 }
 
@@ -658,7 +694,7 @@ std::vector<token_t> run_jacobi(const run_input& in, decode_stats& st) {
   jo.window = in.opt.window;
   jo.max_new_tokens = in.opt.max_new_tokens;
   jo.init = jacobi_init_of(in.opt.init);
-  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label);
+  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label, in.llama_target);
   return specula::jacobi_decode(m, in.prompt, jo, in.rng, &st);
 }
 json params_jacobi(const demo_options& o) {
@@ -680,7 +716,7 @@ std::vector<token_t> run_multiblock(const run_input& in, decode_stats& st) {
   mo.ngram_length = in.opt.ngram;
   mo.max_new_tokens = in.opt.max_new_tokens;
   mo.init = jacobi_init_of(in.opt.init);
-  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label);
+  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label, in.llama_target);
   return specula::multiblock_decode(m, in.prompt, mo, in.rng, &st);
 }
 json params_multiblock(const demo_options& o) {
@@ -828,6 +864,10 @@ void print_help() {
       "                       temperature / top-k / top-p apply to the guided logits\n"
       "  --models-dir DIR     the shipped models (default " SPECULA_MODELS_DIR
       ")\n"
+      "  --backend B          specula (the example backend, default) or llama.cpp (text task:\n"
+      "                       the same models as GGUF in llama.cpp; -DSPECULA_WITH_LLAMA_CPP=ON)\n"
+      "  --gguf-dir DIR       --backend llama.cpp: the GGUF files (tools/to_gguf.py --all DIR;\n"
+      "                       default: the build's gguf/)\n"
       "  --out-dir DIR        image output (default specula_demo_out)\n"
       "  --scale F            image upscaling factor, nearest neighbour (default 8)\n"
       "  --json               print one JSON object with the statistics and outputs\n"
@@ -943,7 +983,8 @@ demo_options parse_args(int argc, char** argv) {
       "--cool-schedule", "--delta",          "--nu",          "--ell",       "--resampling",
       "--block-size",    "--blocks",         "--spawn-ratio", "--pool-size", "--ngram",
       "--pool",          "--spawn",          "--cache",       "--refresh",   "--image-model",
-      "--cfg",           "--lambda",         "--lantern-k",   "--model"};
+      "--cfg",           "--lambda",         "--lantern-k",   "--model",     "--backend",
+      "--gguf-dir"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -1003,6 +1044,10 @@ demo_options parse_args(int argc, char** argv) {
       o.threads = parse_int(flag, value);
     } else if (flag == "--models-dir") {
       o.models_dir = value;
+    } else if (flag == "--backend") {
+      o.backend = value;
+    } else if (flag == "--gguf-dir") {
+      o.gguf_dir = value;
     } else if (flag == "--out-dir") {
       o.out_dir = value;
     } else if (flag == "--scale") {
@@ -1245,6 +1290,17 @@ void resolve(demo_options& o, const method_entry& m) {
   require(o.lambda >= 0.0, "--lambda", "must be >= 0 (the cap is lambda * p(x))");
   require(o.lantern_k >= 1, "--lantern-k", "must be >= 1");
 
+  require(o.backend == "specula" || o.backend == "llama.cpp", "--backend",
+          "must be specula or llama.cpp, got '" + o.backend + "'");
+  if (o.backend == "llama.cpp") {
+#if !defined(SPECULA_DEMO_LLAMA_CPP)
+    throw usage_error(
+        "--backend: this specula_demo was built without llama.cpp (configure with "
+        "-DSPECULA_WITH_LLAMA_CPP=ON)");
+#endif
+    require(o.task == task_kind::text, "--backend", "llama.cpp runs the text task only");
+    require(o.cfg == 1.0, "--backend", "llama.cpp: no --cfg");
+  }
   if (o.has("--model") && o.task != task_kind::text)
     throw usage_error("--model: only used by task text (image: --image-model)");
   if (o.task == task_kind::text) {
@@ -1399,6 +1455,26 @@ int run(int argc, char** argv) {
                 " positions");
     vocab_limit = model->vocab_size();
   }
+  // --backend llama.cpp: the same models as GGUF (tools/to_gguf.py) in llama.cpp contexts with
+  // the settings exactness needs (F32 cache, flash attention off) and the same threads.
+  std::optional<llama_session> llama_target, llama_draft;
+#if defined(SPECULA_DEMO_LLAMA_CPP)
+  if (o.backend == "llama.cpp") {
+    ex::llama_model_options lo;
+    lo.threads = o.threads > 0
+                     ? static_cast<int>(o.threads)
+                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const auto gguf = [&](const std::string& name) {
+      const auto path = o.gguf_dir / (name + ".gguf");
+      if (!std::filesystem::exists(path))
+        throw std::runtime_error(path.string() +
+                                 " not found (--gguf-dir: tools/to_gguf.py --all DIR)");
+      return path;
+    };
+    llama_target.emplace(gguf(o.text_model), lo);
+    if (draft) llama_draft.emplace(gguf("text-draft"), lo);
+  }
+#endif
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
 
@@ -1419,7 +1495,9 @@ int run(int argc, char** argv) {
                        image_width,
                        null_label,
                        specula::request_rng{o.seed, static_cast<std::uint32_t>(i), 0},
-                       &progress};
+                       &progress,
+                       llama_target ? &*llama_target : nullptr,
+                       llama_draft ? &*llama_draft : nullptr};
     const auto t0 = std::chrono::steady_clock::now();
     r.tokens = method.run(in, r.stats);
     r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -1464,6 +1542,7 @@ int run(int argc, char** argv) {
   params["num_samples"] = o.num_samples;
   params["threads"] = model->options().threads;
   params["kernel"] = model->kernel() == ex::matmul_kernel::builtin ? "builtin" : "blas";
+  params["backend"] = o.backend;
   if (o.task == task_kind::image) {
     params["model"] = o.image_model;
     params["label"] = label;

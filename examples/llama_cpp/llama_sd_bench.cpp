@@ -1,0 +1,145 @@
+// specula's speculative decoding over llama.cpp against plain llama.cpp decoding, in one process,
+// same context settings (llama_model_options: F32 cache, flash attention off) and threads:
+//
+//   specula_llama_sd_bench [--target GGUF] [--draft GGUF] [--prompt TEXT] [--n N]
+//                          [--draft-length K] [--tree WxD] [--threads T] [--repeat R]
+//
+// Greedy decoding both ways (greedy drafts, greedy verification: lossless, so the outputs must
+// be equal). Prints tokens/s of each (best of R runs, prefill included: one llama_decode of the
+// prompt), the SD loop's acceptance, llama_decode calls and whether the outputs agree.
+// scripts/llama_cpp_bench.sh runs it next to llama.cpp's own llama-speculative.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <llama_model.hpp>
+#include <specula/decode/speculative.hpp>
+#include <specula/tree/builders.hpp>
+
+namespace {
+
+using namespace specula;
+namespace ex = specula::example;
+
+std::vector<token_t> plain_greedy(ex::llama_model& m, std::span<const token_t> prompt, index_t n) {
+  m.prefill(prompt);
+  const index_t V = m.vocab_size();
+  std::vector<float> row(static_cast<std::size_t>(V));
+  std::vector<token_t> out;
+  token_t last = prompt.back();
+  const std::vector<index_t> root{0};
+  for (index_t i = 0; i < n; ++i) {
+    const token_tree one(std::vector<index_t>{-1}, std::vector<token_t>{last});
+    m.evaluate(one, batch_view<float>(row.data(), 1, V));
+    m.commit(root);
+    last = static_cast<token_t>(std::max_element(row.begin(), row.end()) - row.begin());
+    out.push_back(last);
+  }
+  return out;
+}
+
+template <class F>
+double best_seconds(int repeat, F&& f) {
+  double best = 1e300;
+  for (int r = 0; r < repeat; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+std::string printable(const std::vector<token_t>& t) {
+  std::string s;
+  for (const token_t c : t) s += (c >= 32 && c < 127) || c == '\n' ? static_cast<char>(c) : '?';
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string target_path = SPECULA_GGUF_DIR "/text-target.gguf";
+  std::string draft_path = SPECULA_GGUF_DIR "/text-draft.gguf";
+  std::string prompt_text = "class Parser:\n    def __init__(self";
+  index_t n = 128, k = 4, tree_w = 0, tree_d = 0;
+  int threads = 1, repeat = 3;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s: needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--target")
+      target_path = next();
+    else if (a == "--draft")
+      draft_path = next();
+    else if (a == "--prompt")
+      prompt_text = next();
+    else if (a == "--n")
+      n = std::stoi(next());
+    else if (a == "--draft-length")
+      k = std::stoi(next());
+    else if (a == "--threads")
+      threads = std::stoi(next());
+    else if (a == "--repeat")
+      repeat = std::stoi(next());
+    else if (a == "--tree") {
+      const std::string v = next();
+      const auto x = v.find('x');
+      if (x == std::string::npos) {
+        std::fprintf(stderr, "--tree: expected WxD\n");
+        return 2;
+      }
+      tree_w = std::stoi(v.substr(0, x));
+      tree_d = std::stoi(v.substr(x + 1));
+    } else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  example::llama_model_options opt;
+  opt.threads = threads;
+  ex::llama_model target(target_path, opt), draft(draft_path, opt), plain(target_path, opt);
+  const std::vector<token_t> prompt(prompt_text.begin(), prompt_text.end());
+
+  std::vector<token_t> ref;
+  const double t_plain = best_seconds(repeat, [&] { ref = plain_greedy(plain, prompt, n); });
+
+  speculative_options sd;
+  sd.max_new_tokens = n;
+  sd.mode = draft_mode::greedy;
+  sd.draft_length = k;
+  if (tree_w > 0) sd.draft_tree = trees::full(tree_w, tree_d);
+  std::vector<token_t> out;
+  decode_stats st;
+  const auto c0 = target.decode_calls(), d0 = draft.decode_calls();
+  const double t_sd = best_seconds(repeat, [&] {
+    st = {};
+    out = speculative_decode(target, draft, prompt, sd, request_rng{1, 0, 0},
+                             greedy_tree_verifier<>{}, &st);
+  });
+  const double runs = repeat;
+  std::printf("target %s, draft %s, %d thread(s), %d new tokens, prompt %zu tokens\n",
+              target_path.c_str(), draft_path.c_str(), threads, static_cast<int>(n), prompt.size());
+  std::printf("plain llama.cpp greedy:   %8.1f tokens/s  (%d llama_decode calls)\n", n / t_plain,
+              static_cast<int>(n + 1));
+  std::printf(
+      "specula SD over llama.cpp:%8.1f tokens/s  (%s; %.2f tokens/step, target %.0f + "
+      "draft %.0f llama_decode calls)  speed-up %.2fx\n",
+      n / t_sd,
+      tree_w > 0 ? ("tree " + std::to_string(tree_w) + "x" + std::to_string(tree_d)).c_str()
+                 : ("chain k=" + std::to_string(k)).c_str(),
+      st.step_compression(), static_cast<double>(target.decode_calls() - c0) / runs,
+      static_cast<double>(draft.decode_calls() - d0) / runs, t_plain / t_sd);
+  std::printf("outputs equal: %s\n", out == ref ? "yes" : "NO");
+  std::printf("text: %s\n", printable(out).c_str());
+  return out == ref ? 0 : 1;
+}
