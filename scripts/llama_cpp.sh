@@ -5,6 +5,8 @@
 #
 #   scripts/llama_cpp.sh                    fetch + build + install once; print the install prefix
 #   scripts/llama_cpp.sh --prefix           print the install prefix (builds nothing)
+#   scripts/llama_cpp.sh --ready            exit 0 when the cache already holds llama.cpp and the
+#                                           gguf environment (builds nothing)
 #   scripts/llama_cpp.sh --with-speculative also build llama.cpp's own speculative example
 #                                           (llama-speculative, for scripts/llama_cpp_bench.sh)
 #   scripts/llama_cpp.sh --python           make a virtual environment with the pinned `gguf`
@@ -40,6 +42,7 @@ mode=build
 case "${1:-}" in
   "") ;;
   --prefix) mode=prefix ;;
+  --ready) mode=ready ;;
   --with-speculative) mode=speculative ;;
   --python) mode=python ;;
   *) log "unknown argument '$1' (expected --prefix, --with-speculative or --python)"; exit 1 ;;
@@ -65,6 +68,11 @@ config="$prefix/lib/cmake/llama/llama-config.cmake"
 if [[ "$mode" == prefix ]]; then
   printf '%s\n' "$prefix"
   exit 0
+fi
+if [[ "$mode" == ready ]]; then
+  [[ -f "$config" && -f "$dir/installed.stamp" ]] &&
+    "$root/gguf-$SPECULA_GGUF_VERSION-venv/bin/python" -c 'import gguf, numpy' >/dev/null 2>&1
+  exit
 fi
 
 if [[ "$mode" == python ]]; then

@@ -32,15 +32,20 @@ t_total=$(now_s)
 # nothing to do when the cache already holds them.
 mkdir -p "$BUILD_DIR"
 llama_pid=""
+with_llama=OFF
 if [[ "${SPECULA_NO_LLAMA_CPP:-0}" != 1 ]]; then
-  log "llama.cpp: scripts/llama_cpp.sh in the background (log: $BUILD_DIR/llama_cpp.log)"
-  { scripts/llama_cpp.sh && scripts/llama_cpp.sh --python; } >/dev/null 2>"$BUILD_DIR/llama_cpp.log" &
-  llama_pid=$!
+  if scripts/llama_cpp.sh --ready; then
+    with_llama=ON  # cached: configure it from the start
+  else
+    log "llama.cpp: scripts/llama_cpp.sh in the background (log: $BUILD_DIR/llama_cpp.log)"
+    { scripts/llama_cpp.sh && scripts/llama_cpp.sh --python; } >/dev/null 2>"$BUILD_DIR/llama_cpp.log" &
+    llama_pid=$!
+  fi
 fi
 
 t=$(now_s)
 log "configure ($BUILD_DIR, $BUILD_TYPE)"
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DSPECULA_WITH_LLAMA_CPP=OFF \
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DSPECULA_WITH_LLAMA_CPP="$with_llama" \
   "${extra_cmake_args[@]}"
 t_configure=$(elapsed "$t")
 
@@ -57,8 +62,9 @@ t=$(now_s)
 ensure_python_package "$(cd "$BUILD_DIR" && pwd)/python-package"
 t_python=$(elapsed "$t")
 
-# The llama.cpp integration: wait for the background build, then configure and build the
-# `llama` targets (the script's exit status 2, no PyPI access, makes the tests report skipped).
+# The llama.cpp integration (a cold cache): wait for the background build, then configure and
+# build the `llama` targets (the script's exit status 2, no PyPI access, makes the tests report
+# skipped).
 t=$(now_s)
 if [[ -n "$llama_pid" ]]; then
   log "llama.cpp: waiting for scripts/llama_cpp.sh"
