@@ -96,17 +96,16 @@ def _dtype_name(dtype):
 
 
 def _shape(x, name, ndims=None, expected=None):
-    """The shape of an array argument as a tuple: TypeError naming the argument for an object
-    that is not an array (a list, a number), ValueError for a number of dimensions not in
-    `ndims` (`expected`: the shape the message shows)."""
+    """The shape of an array argument: TypeError naming the argument for an object that is not
+    an array (a list, a number), ValueError for a number of dimensions not in `ndims`
+    (`expected`: the shape the message shows)."""
     shape = getattr(x, "shape", None)
-    if shape is None or isinstance(x, (list, tuple)):
+    if shape is None or type(x) in (list, tuple):
         raise TypeError(f"specula: {name} must be a NumPy array or a PyTorch tensor (any object "
                         f"with __dlpack__ or the buffer protocol), not {type(x).__name__}")
-    shape = tuple(int(n) for n in shape)
     if ndims is not None and len(shape) not in ndims:
         raise ValueError(f"specula: {name} must have shape {expected} (got {len(shape)} "
-                         f"dimension{'' if len(shape) == 1 else 's'}: {shape})")
+                         f"dimension{'' if len(shape) == 1 else 's'}: {tuple(shape)})")
     return shape
 
 
@@ -118,7 +117,7 @@ def _require_integer(x, name):
     if _is_torch(x):
         ok = not (dtype.is_floating_point or dtype.is_complex) and dtype != sys.modules["torch"].bool
     else:
-        ok = _np is not None and _np.issubdtype(dtype, _np.integer)
+        ok = getattr(dtype, "kind", "i") in "iu"
     if not ok:
         raise TypeError(f"specula: {name} must have dtype int32 or int64 (got "
                         f"{_dtype_name(dtype)})")
@@ -277,11 +276,11 @@ def _tree_outputs(parents, like, node_offsets, output_tokens, num_accepted, acce
     else:
         b = 1
     if output_tokens is None:
-        output_tokens = _new(like, shape, "int32")
+        output_tokens = _new(like, tuple(shape), "int32")
     if num_accepted is None:
         num_accepted = _new(like, (b,), "int32")
     if accepted_nodes is None:
-        accepted_nodes = _new(like, shape, "int64")
+        accepted_nodes = _new(like, tuple(shape), "int64")
     return output_tokens, num_accepted, accepted_nodes
 
 
@@ -357,7 +356,7 @@ def logits_to_probs(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, u
     float32 probabilities of the logits' shape (written into ``out`` when given; it must not
     overlap the logits)."""
     if out is None:
-        out = _new(logits, _shape(logits, "logits"), "float32")
+        out = _new(logits, tuple(_shape(logits, "logits")), "float32")
     _ext._logits_to_probs(logits, uncond, temperature, top_k, top_p, min_p, cfg_scale, out,
                           threads)
     return out
