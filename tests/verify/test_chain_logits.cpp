@@ -239,6 +239,13 @@ TEST_CASE("chain verification from logits rejects bad input", "[verify][bad_inpu
   };
   REQUIRE_NOTHROW(run());
   const index_t v = pb.vocab;
+  if (pb.batch() > 1) {  // requests sharing a random stream: named, both of them
+    const request_rng saved = pb.rng[1];
+    pb.rng[1] = pb.rng[0];
+    CHECK_THROWS_WITH(run(), Catch::Contains("rng[row 1]: random stream shared") &&
+                                 Catch::Contains("requests 0 and 1"));
+    pb.rng[1] = saved;
+  }
   {
     auto saved = pb.target[static_cast<std::size_t>(4 * v + 7)];
     pb.target[static_cast<std::size_t>(4 * v + 7)] = std::numeric_limits<float>::quiet_NaN();

@@ -320,6 +320,18 @@ TEST_CASE("tree verification: outputs, batch invariance and policies", "[verify]
   CHECK(std::equal(out3.begin(), out3.end(), out.begin() + off));
 }
 
+TEST_CASE("tree verification refuses requests sharing a random stream",
+          "[verify][tree][bad_input]") {
+  random_tree_batch bt(8, {trees::full(2, 1), trees::full(2, 1)}, 3);
+  std::vector<token_t> out(6);
+  std::vector<std::int32_t> n(2);
+  auto run = [&] { verify_tree(host::seq, bt.input(), tree_batch_output{out, n, {}, {}}); };
+  REQUIRE_NOTHROW(run());
+  bt.rng[1] = {bt.rng[0].seed, bt.rng[0].request_id, bt.rng[0].step + 1};
+  CHECK_THROWS_WITH(run(), Catch::Contains("rng[row 1]: random stream shared") &&
+                               Catch::Contains("requests 0 and 1"));
+}
+
 TEST_CASE("tree verification rejects bad input", "[verify][tree][bad_input]") {
   random_tree_batch bt(8, {trees::full(2, 1)}, 3);
   std::vector<token_t> out(3);
