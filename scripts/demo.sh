@@ -17,7 +17,9 @@
 #              1; 0: one per hardware thread), DEMO_TEXT_TOKENS (new tokens per text sample,
 #              default 128), DEMO_SAMPLES (samples per method, default 2), DEMO_SEED (default 1),
 #              DEMO_OUT_DIR (images and heat maps, default $BUILD_DIR/demo), DEMO_IMAGE_MODEL
-#              (image-ar-256, the default: 256 tokens; image-ar: 64 tokens).
+#              (image-ar-256, the default: 256 tokens; image-ar: 64 tokens), DEMO_BACKEND (the
+#              text task's backend: specula, the default, or llama.cpp — the same models as GGUF
+#              in llama.cpp, built with -DSPECULA_WITH_LLAMA_CPP=ON; see docs/llama_cpp.md).
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -33,6 +35,7 @@ REPEATS="${DEMO_REPEATS:-3}"
 THREADS="${DEMO_THREADS:-1}"
 OUT_DIR="${DEMO_OUT_DIR:-$BUILD_DIR/demo}"
 IMAGE_MODEL="${DEMO_IMAGE_MODEL:-image-ar-256}"
+BACKEND="${DEMO_BACKEND:-specula}"
 TARGET=specula_demo
 
 [[ "$REPEATS" =~ ^[1-9][0-9]*$ ]] || die "DEMO_REPEATS must be a positive integer, got '$REPEATS'"
@@ -95,6 +98,7 @@ run_row() {
   local task="$1" index="$2" round="$3" spec="$4"
   local method args rc=0 base="$tmp/$task.$index.$round"
   IFS='|' read -r _ _ method args <<<"$spec"
+  [[ $task == text ]] && args="--backend $BACKEND $args"
   # shellcheck disable=SC2086  # args are word lists without spaces inside words
   "$exe" --task "$task" --method "$method" --json --quiet --seed "$SEED" \
     --num-samples "$SAMPLES" --threads "$THREADS" $args >"$base.json" 2>"$base.err" || rc=$?
@@ -106,7 +110,7 @@ titles=()
 for task in "${tasks[@]}"; do
   declare -n rows="rows_$task"
   case "$task" in
-    text) titles+=("text: text-target (draft text-draft), $SAMPLES x $TEXT_TOKENS tokens") ;;
+    text) titles+=("text: text-target (draft text-draft), $SAMPLES x $TEXT_TOKENS tokens, backend $BACKEND") ;;
     image)
       [[ $IMAGE_MODEL == image-ar ]] && image_tokens=64 || image_tokens=256
       titles+=("image: $IMAGE_MODEL, $SAMPLES x $image_tokens tokens (label 0), images in $OUT_DIR")

@@ -1461,6 +1461,7 @@ int run(int argc, char** argv) {
 #if defined(SPECULA_DEMO_LLAMA_CPP)
   if (o.backend == "llama.cpp") {
     ex::llama_model_options lo;
+    lo.max_leaves = 256;  // SJD-PAC's windows with proactive drafts have many leaves
     lo.threads = o.threads > 0
                      ? static_cast<int>(o.threads)
                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
