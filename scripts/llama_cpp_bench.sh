@@ -5,6 +5,8 @@
 #      sdist by scripts/llama_cpp.sh --with-speculative), chain drafts of K tokens;
 #   2. specula's speculative_decode over llama.cpp (examples/llama_cpp/llama_model.hpp), chain
 #      drafts of K tokens, and plain llama.cpp greedy decoding (specula_llama_sd_bench).
+# Speeds are tokens per CPU second (one thread; best of REPEAT): on a shared machine wall time
+# measures the other jobs more than the decoding.
 #
 #   scripts/llama_cpp_bench.sh [BUILD_DIR]      (default: build; configured with
 #                                               -DSPECULA_WITH_LLAMA_CPP=ON and built)
@@ -46,23 +48,38 @@ for m in "$TARGET" "$DRAFT"; do
 done
 
 log "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg)"
-for k in $KS; do
-  log "llama.cpp's llama-speculative, K = $k"
-  best=""
+# run_spec <k> <n>: one llama-speculative run; prints "<cpu seconds> <n_predict> <n_drafted>
+# <n_accept>" (process CPU time: user + sys; robust to other jobs on a shared machine).
+run_spec() {
+  local txt
+  txt="$( { /usr/bin/time -f 'CPU %U %S' "$spec" -m "$out/$TARGET.gguf" -md "$out/$DRAFT.gguf" \
+             -p "$PROMPT" -n "$2" --temp 0 --spec-draft-n-max "$1" --spec-draft-n-min 0 -np 1 \
+             -t "$THREADS" -tb "$THREADS" -td "$THREADS" -tbd "$THREADS" -c 1024 -b 512 -ub 512 \
+             -fa off -ctk f32 -ctv f32 -ctkd f32 -ctvd f32 --seed 1; } 2>&1)"
+  awk '/^CPU / { cpu = $2 + $3 } /n_predict *=/ { np = $NF } /n_drafted *=/ { nd = $NF }
+       /n_accept *=/ { na = $NF } END { print cpu, np, nd, na }' <<<"$txt"
+}
+
+# best <k> <n>: the run with the least CPU time of REPEAT.
+best() {
+  local r line bestline=""
   for ((r = 0; r < REPEAT; ++r)); do
-    txt="$("$spec" -m "$out/$TARGET.gguf" -md "$out/$DRAFT.gguf" -p "$PROMPT" -n "$N" --temp 0 \
-             --draft-max "$k" --draft-min 0 -np 1 -t "$THREADS" -tb "$THREADS" -td "$THREADS" \
-             -tbd "$THREADS" -c 1024 -cd 1024 -b 512 -ub 512 -fa off -ctk f32 -ctv f32 \
-             -ctkd f32 -ctvd f32 --seed 1 2>&1)"
-    speed="$(sed -n 's/.*decoded *\([0-9]*\) tokens in *\([0-9.]*\) seconds, speed: *\([0-9.]*\) t\/s.*/\3/p' <<<"$txt" | tail -1)"
-    if [[ -z "$best" ]] || awk -v a="$speed" -v b="$best" 'BEGIN { exit !(a > b) }'; then
-      best="$speed"
-      last="$txt"
+    line="$(run_spec "$1" "$2")"
+    if [[ -z "$bestline" ]] || awk -v a="${line%% *}" -v b="${bestline%% *}" 'BEGIN { exit !(a < b) }'; then
+      bestline="$line"
     fi
   done
-  grep -E 'decoded|n_draft|n_predict|n_drafted|n_accept|accept ' <<<"$last" | sed 's/^/  /'
-  printf '  llama-speculative best of %s: %s tokens/s\n' "$REPEAT" "$best"
-  log "specula over llama.cpp, K = $k"
+  printf '%s\n' "$bestline"
+}
+
+for k in $KS; do
+  # Generation only: the CPU time of a run of N tokens minus that of a run of 1 token (model
+  # loading, the prompt and the first step cancel).
+  read -r c_n p_n d_n a_n <<<"$(best "$k" "$N")"
+  read -r c_1 p_1 _ _ <<<"$(best "$k" 1)"
+  awk -v k="$k" -v cn="$c_n" -v c1="$c_1" -v pn="$p_n" -v p1="$p_1" -v d="$d_n" -v a="$a_n" 'BEGIN {
+    printf "llama.cpp llama-speculative K=%s: %.1f tokens per CPU second (%d tokens, %d drafted, %d accepted: %.1f %%)\n",
+           k, (pn - p1) / (cn - c1), pn, d, a, 100 * a / d }'
   "$bench" --target "$BUILD_DIR/gguf/$TARGET.gguf" --draft "$BUILD_DIR/gguf/$DRAFT.gguf" \
            --prompt "$PROMPT" --n "$N" --draft-length "$k" --threads "$THREADS" \
            --repeat "$REPEAT" | sed 's/^/  /'

@@ -26,7 +26,7 @@ What it writes (llama.cpp architecture `llama`):
   tokenizer must never be called on such a file.
 
 `--tokenizer bytes` writes a byte-level BPE vocabulary instead (the 256 bytes in GPT-2's
-byte-to-unicode spelling, token id = byte value, no merges, no BOS): llama.cpp's own tools (its
+byte-to-unicode spelling, token id = byte value, no merges that apply to text, no BOS): llama.cpp's own tools (its
 speculative example, which tokenizes a text prompt) then see the same byte ids. The logits do not
 depend on the tokenizer.
 
@@ -155,7 +155,8 @@ def convert(src: pathlib.Path, dst: pathlib.Path, tokenizer: str = "none") -> di
         w.add_tokenizer_pre("default")
         w.add_token_list(byte_tokens())
         w.add_token_types([gguf.TokenType.NORMAL] * 256)
-        w.add_token_merges([])
+        # llama.cpp requires a merge list; one between bytes 0x00 and 0x01 never applies to text.
+        w.add_token_merges([byte_tokens()[0] + " " + byte_tokens()[1]])
         w.add_add_bos_token(False)
         w.add_add_eos_token(False)
         w.add_bos_token_id(0)
