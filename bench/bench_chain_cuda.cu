@@ -4,7 +4,8 @@
 // (bench/bench_chain.cpp): accept_all (p = q, bonus row sampled) and reject_mid (rejection at
 // n/2, residual sampled). Counters: bytes (must touch: 8 bytes per accepted draft plus 4V for
 // a bonus row or 8V for a residual, per request), copy_GBps (cudaMemcpyAsync device to device
-// of the same number of bytes, timed with CUDA events in the same process), frac_of_copy.
+// of bytes/2 bytes, counting its reads and writes, timed with CUDA events in the same process,
+// L2 flushed before every timed launch), frac_of_copy (1: the copy's bandwidth).
 // cuda_chain_split/reject_mid/V:128256/n:8/B:<B>/S:<1|auto>: one CTA per request against the
 // automatic row split (several CTAs sum the stopping row; the crossover measurement).
 // cuda_chain_<fused|unfused>/<bf16|f32>/V/n/B: verification from logits (top-k 50, top-p 0.9,
@@ -91,17 +92,15 @@ void chain_case(benchmark::State& state, index_t vocab, index_t n, index_t batch
   const auto pol = sc::par_on(nullptr)
                        .with_workspace(ws.ptr, sc::chain_workspace_bytes(batch, vocab))
                        .with_row_split(split);
-  sc::verify_chain(pol, in, out);
-  sc::throw_on_error(cudaDeviceSynchronize(), "warm-up");
+  auto launch = [&] { return sc::verify_chain_async(pol, in, out); };
+  if (!specula::bench::warm_up(state, launch)) return;
   std::vector<std::int32_t> accepted(static_cast<std::size_t>(batch));
   cudaMemcpy(accepted.data(), d_n.ptr, accepted.size() * sizeof(std::int32_t),
              cudaMemcpyDeviceToHost);
   double bytes = 0;
   for (auto a : accepted) bytes += 8.0 * a + (a == n ? 4.0 : 8.0) * static_cast<double>(vocab);
 
-  // Copy baseline of the same bytes (counting the bytes the copy reads).
-  specula::bench::time_against_copy(state, bytes, static_cast<std::size_t>(bytes), 1.0,
-                                    [&] { return sc::verify_chain_async(pol, in, out); });
+  specula::bench::time_against_copy(state, bytes, launch);
 }
 
 template <class T>
@@ -191,26 +190,22 @@ void fused_case(benchmark::State& state, index_t vocab, index_t n, index_t batch
       return e;
     return sc::verify_chain_async(pol, uin, out);
   };
-  sc::throw_on_error(launch(), "warm-up launch");
-  sc::throw_on_error(cudaDeviceSynchronize(), "warm-up");
+  if (!specula::bench::warm_up(state, launch)) return;
   // Floor: every logit row read once (its normalisers need all of it) plus the q row at the
   // rejected position.
   const double bytes = static_cast<double>(batch) *
                        (static_cast<double>(n / 2 + 1) * static_cast<double>(vocab) * sizeof(T) +
                         4.0 * static_cast<double>(vocab));
-  specula::bench::time_against_copy(state, bytes, static_cast<std::size_t>(bytes), 1.0, launch);
+  specula::bench::time_against_copy(state, bytes, launch);
 }
 
 int register_all() {
+  using specula::bench::add_case;
   for (index_t b : {1, 2, 4, 8, 16, 32, 64})
     for (int split : {1, 0})
-      benchmark::RegisterBenchmark(
-          ("cuda_chain_split/reject_mid/V:128256/n:8/B:" + std::to_string(b) +
-           "/S:" + (split == 1 ? std::string("1") : std::string("auto")))
-              .c_str(),
-          [=](benchmark::State& s) { chain_case(s, 128256, 8, b, true, split); })
-          ->UseManualTime()
-          ->Unit(benchmark::kMicrosecond);
+      add_case("cuda_chain_split/reject_mid/V:128256/n:8/B:" + std::to_string(b) +
+                   "/S:" + (split == 1 ? std::string("1") : std::string("auto")),
+               [=](benchmark::State& s) { chain_case(s, 128256, 8, b, true, split); });
   for (index_t v : {32000, 128256})
     for (index_t n : {1, 5, 8})
       for (index_t b : {1, 8, 32, 64})
@@ -218,28 +213,18 @@ int register_all() {
           const std::string tail =
               "/V:" + std::to_string(v) + "/n:" + std::to_string(n) + "/B:" + std::to_string(b);
           const std::string kind = fused ? "cuda_chain_fused/" : "cuda_chain_unfused/";
-          benchmark::RegisterBenchmark(
-              (kind + "bf16" + tail).c_str(),
-              [=](benchmark::State& s) { fused_case<__nv_bfloat16>(s, v, n, b, fused); })
-              ->UseManualTime()
-              ->Unit(benchmark::kMicrosecond);
-          benchmark::RegisterBenchmark(
-              (kind + "f32" + tail).c_str(),
-              [=](benchmark::State& s) { fused_case<float>(s, v, n, b, fused); })
-              ->UseManualTime()
-              ->Unit(benchmark::kMicrosecond);
+          add_case(kind + "bf16" + tail,
+                   [=](benchmark::State& s) { fused_case<__nv_bfloat16>(s, v, n, b, fused); });
+          add_case(kind + "f32" + tail,
+                   [=](benchmark::State& s) { fused_case<float>(s, v, n, b, fused); });
         }
   for (index_t v : {32000, 128256})
     for (index_t n : {1, 5, 8})
       for (index_t b : {1, 8, 32, 64})
         for (bool reject : {false, true})
-          benchmark::RegisterBenchmark(
-              ("cuda_chain/" + std::string(reject ? "reject_mid" : "accept_all") +
-               "/V:" + std::to_string(v) + "/n:" + std::to_string(n) + "/B:" + std::to_string(b))
-                  .c_str(),
-              [=](benchmark::State& s) { chain_case(s, v, n, b, reject); })
-              ->UseManualTime()
-              ->Unit(benchmark::kMicrosecond);
+          add_case("cuda_chain/" + std::string(reject ? "reject_mid" : "accept_all") + "/V:" +
+                       std::to_string(v) + "/n:" + std::to_string(n) + "/B:" + std::to_string(b),
+                   [=](benchmark::State& s) { chain_case(s, v, n, b, reject); });
   return 0;
 }
 

@@ -76,29 +76,22 @@ void transforms_case(benchmark::State& state, index_t vocab, index_t batch) {
     return specula::cuda::logits_to_probs_async<T>(pol, in, {}, params, out,
                                                    d_status.as<std::uint32_t>());
   };
-  specula::cuda::throw_on_error(specula::cuda::logits_to_probs_async<T>(
-                                    pol, in, {}, params, out, d_status.as<std::uint32_t>()),
-                                "logits_to_probs_async");
-  specula::cuda::throw_on_error(cudaDeviceSynchronize(), "warm-up");
+  if (!specula::bench::warm_up(state, launch)) return;
 
   // Bytes the call must touch, and a copy moving as many (bytes/2 read + bytes/2 written).
   const double bytes = static_cast<double>(n) * static_cast<double>(sizeof(T) + sizeof(float));
-  specula::bench::time_against_copy(state, bytes, static_cast<std::size_t>(bytes / 2), 2.0, launch);
+  specula::bench::time_against_copy(state, bytes, launch);
 }
 
 int register_all() {
   for (index_t v : {32000, 128256})
     for (index_t b : {1, 32, 264, 1024}) {
       const std::string suffix = "/V:" + std::to_string(v) + "/B:" + std::to_string(b);
-      benchmark::RegisterBenchmark(("cuda_transforms/f32" + suffix).c_str(),
-                                   [=](benchmark::State& s) { transforms_case<float>(s, v, b); })
-          ->UseManualTime()
-          ->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark(
-          ("cuda_transforms/bf16" + suffix).c_str(),
-          [=](benchmark::State& s) { transforms_case<__nv_bfloat16>(s, v, b); })
-          ->UseManualTime()
-          ->Unit(benchmark::kMicrosecond);
+      specula::bench::add_case("cuda_transforms/f32" + suffix,
+                               [=](benchmark::State& s) { transforms_case<float>(s, v, b); });
+      specula::bench::add_case("cuda_transforms/bf16" + suffix, [=](benchmark::State& s) {
+        transforms_case<__nv_bfloat16>(s, v, b);
+      });
     }
   return 0;
 }

@@ -12,8 +12,11 @@
 //   cuda_sample_wor/k:<k>/V:<V>/B:<B>/S:<1|auto>  sampling k categories without replacement, one
 //                                           CTA per row (S:1) or the automatic row split
 // Counters as bench/cuda_bench_util.cuh: bytes is the floor each launch must touch — for trees
-// and candidates, the p and q rows of every node the walk visits (8V bytes each; 4V for greedy);
-// for sampling, each row once (4V). Without a GPU every case is skipped with "no CUDA device".
+// and candidates, read off the warm-up's outcome: 8 bytes per child tested, plus both rows of a
+// node (8V) only where a child was rejected there, or the residual is sampled, and the p row
+// (4V) of a leaf's bonus token (tree_floor_bytes); greedy trees read the p row of every visited
+// node (4V); for sampling, each row once (4V). Without a GPU every case is skipped with "no CUDA
+// device".
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
@@ -79,6 +82,34 @@ void skip_without_gpu(benchmark::State& state, bool& skip) {
   if (skip) state.SkipWithError("no CUDA device");
 }
 
+/// Bytes a sampled tree walk must touch at least, given its accepted path (`path`: local node
+/// ids, root first, `accepted` + 1 of them): at each node of the path, a child accepted at once
+/// costs its p(x) and q(x) (8 bytes); rejections before the accepted child need the node's p and
+/// q rows (8V: the normalisers Z_k sum them); at the last node, a rejected set of children reads
+/// both rows for the residual (8V) and a leaf reads p's row for the bonus token (4V). 8 bytes per
+/// child tested come on top.
+double tree_floor_bytes(const token_tree& tree, const index_t* path, index_t accepted,
+                        index_t vocab) {
+  const auto v = static_cast<double>(vocab);
+  double bytes = 0;
+  for (index_t i = 0; i <= accepted; ++i) {
+    const index_t u = path[i];
+    index_t tested = 0;
+    bool found = false;
+    for (index_t c = tree.first_child(u); c >= 0 && !found; c = tree.next_sibling(c)) {
+      ++tested;
+      found = i < accepted && c == path[i + 1];
+    }
+    bytes += 8.0 * static_cast<double>(tested);
+    if (i < accepted) {
+      if (tested > 1) bytes += 8.0 * v;  // rejections before the accepted child
+    } else {
+      bytes += tested > 0 ? 8.0 * v : 4.0 * v;  // residual, or bonus at a leaf
+    }
+  }
+  return bytes;
+}
+
 void tree_case(benchmark::State& state, const token_tree& shape, index_t vocab, index_t batch,
                bool greedy) {
   bool skip = false;
@@ -134,19 +165,36 @@ void tree_case(benchmark::State& state, const token_tree& shape, index_t vocab, 
     return greedy ? sc::verify_tree_greedy_async(pol, in, out)
                   : sc::verify_tree_async(pol, in, out);
   };
-  sc::throw_on_error(launch(), "warm-up launch");
-  sc::throw_on_error(cudaDeviceSynchronize(), "warm-up");
+  // Warm-up with the accepted nodes recorded (the timed launches write no node ids), for the
+  // floor below.
+  device_buffer d_nodes(static_cast<std::size_t>(total) * sizeof(index_t));
+  tree_batch_output traced = out;
+  traced.accepted_nodes = {d_nodes.as<index_t>(), total};
+  if (!specula::bench::warm_up(state, [&] {
+        return greedy ? sc::verify_tree_greedy_async(pol, in, traced)
+                      : sc::verify_tree_async(pol, in, traced);
+      }))
+    return;
   std::vector<std::int32_t> accepted(static_cast<std::size_t>(batch));
-  cudaMemcpy(accepted.data(), d_n.ptr, accepted.size() * sizeof(std::int32_t),
-             cudaMemcpyDeviceToHost);
+  std::vector<index_t> path(static_cast<std::size_t>(total));
+  sc::throw_on_error(cudaMemcpy(accepted.data(), d_n.ptr, accepted.size() * sizeof(std::int32_t),
+                                cudaMemcpyDeviceToHost),
+                     "download");
+  sc::throw_on_error(
+      cudaMemcpy(path.data(), d_nodes.ptr, path.size() * sizeof(index_t), cudaMemcpyDeviceToHost),
+      "download");
   double bytes = 0;
-  for (auto a : accepted) bytes += (a + 1.0) * (greedy ? 4.0 : 8.0) * static_cast<double>(vocab);
+  for (index_t b = 0; b < batch; ++b) {
+    const index_t a = accepted[static_cast<std::size_t>(b)];
+    bytes += greedy ? (a + 1.0) * 4.0 * static_cast<double>(vocab)
+                    : tree_floor_bytes(tree, path.data() + b * nodes, a, vocab);
+  }
   state.counters["mean_accepted"] = [&] {
     double s = 0;
     for (auto a : accepted) s += a;
     return s / static_cast<double>(batch);
   }();
-  specula::bench::time_against_copy(state, bytes, static_cast<std::size_t>(bytes), 1.0, launch);
+  specula::bench::time_against_copy(state, bytes, launch);
 }
 
 void candidates_case(benchmark::State& state, index_t k, index_t vocab, index_t batch) {
@@ -182,10 +230,24 @@ void candidates_case(benchmark::State& state, index_t k, index_t vocab, index_t 
       {d_tok.as<token_t>(), batch}, {d_acc.as<std::int32_t>(), batch}, {}};
   const auto pol = sc::par_on(nullptr);
   auto launch = [&] { return sc::verify_candidates_async(pol, in, out); };
-  sc::throw_on_error(launch(), "warm-up launch");
-  sc::throw_on_error(cudaDeviceSynchronize(), "warm-up");
-  const double bytes = 8.0 * static_cast<double>(vocab) * static_cast<double>(batch);
-  specula::bench::time_against_copy(state, bytes, static_cast<std::size_t>(bytes), 1.0, launch);
+  if (!specula::bench::warm_up(state, launch)) return;
+  // Floor: the first candidate accepted reads its p(x) and q(x) only; a rejection needs both
+  // rows (Z_k), and so does the residual after K rejections (8V); 8 bytes per candidate tested.
+  std::vector<std::int32_t> accepted(static_cast<std::size_t>(batch));
+  sc::throw_on_error(cudaMemcpy(accepted.data(), d_acc.ptr, accepted.size() * sizeof(std::int32_t),
+                                cudaMemcpyDeviceToHost),
+                     "download");
+  double bytes = 0;
+  for (const std::int32_t j : accepted)
+    bytes += j == 0
+                 ? 8.0
+                 : 8.0 * static_cast<double>(j < 0 ? k : j + 1) + 8.0 * static_cast<double>(vocab);
+  state.counters["mean_accepted_index"] = [&] {
+    double s = 0;
+    for (auto j : accepted) s += j;
+    return s / static_cast<double>(batch);
+  }();
+  specula::bench::time_against_copy(state, bytes, launch);
 }
 
 void wor_case(benchmark::State& state, index_t k, index_t vocab, index_t batch, bool split) {
@@ -211,15 +273,9 @@ void wor_case(benchmark::State& state, index_t k, index_t vocab, index_t batch, 
         {d_rng.as<request_rng>(), batch}, 0, {d_tok.as<token_t>(), batch * k},
         {d_cnt.as<std::int32_t>(), batch});
   };
-  sc::throw_on_error(launch(), "warm-up launch");
-  sc::throw_on_error(cudaDeviceSynchronize(), "warm-up");
+  if (!specula::bench::warm_up(state, launch)) return;
   const double bytes = 4.0 * static_cast<double>(vocab) * static_cast<double>(batch);
-  specula::bench::time_against_copy(state, bytes, static_cast<std::size_t>(bytes), 1.0, launch);
-}
-
-template <class F>
-void add(const std::string& name, F f) {
-  benchmark::RegisterBenchmark(name.c_str(), f)->UseManualTime()->Unit(benchmark::kMicrosecond);
+  specula::bench::time_against_copy(state, bytes, launch);
 }
 
 int register_all() {
@@ -228,19 +284,22 @@ int register_all() {
   for (bool greedy : {false, true}) {
     const std::string kind = greedy ? "cuda_tree_greedy/" : "cuda_tree/";
     for (index_t b : {1, 16}) {
-      add(kind + "sjd_pac/V:16384/B:" + std::to_string(b),
-          [=](benchmark::State& s) { tree_case(s, sjd, 16384, b, greedy); });
-      add(kind + "eagle/V:128256/B:" + std::to_string(b),
+      specula::bench::add_case(kind + "sjd_pac/V:16384/B:" + std::to_string(b),
+                               [=](benchmark::State& s) { tree_case(s, sjd, 16384, b, greedy); });
+      specula::bench::add_case(
+          kind + "eagle/V:128256/B:" + std::to_string(b),
           [=](benchmark::State& s) { tree_case(s, eagle, 128256, b, greedy); });
     }
   }
   for (index_t k : {1, 2, 3, 4})
     for (index_t b : {1, 16, 64})
-      add("cuda_candidates/K:" + std::to_string(k) + "/V:128256/B:" + std::to_string(b),
+      specula::bench::add_case(
+          "cuda_candidates/K:" + std::to_string(k) + "/V:128256/B:" + std::to_string(b),
           [=](benchmark::State& s) { candidates_case(s, k, 128256, b); });
   for (index_t b : {1, 4, 16, 64})
     for (bool split : {false, true})
-      add("cuda_sample_wor/k:4/V:128256/B:" + std::to_string(b) + "/S:" + (split ? "auto" : "1"),
+      specula::bench::add_case(
+          "cuda_sample_wor/k:4/V:128256/B:" + std::to_string(b) + "/S:" + (split ? "auto" : "1"),
           [=](benchmark::State& s) { wor_case(s, 4, 128256, b, split); });
   return 0;
 }

@@ -1,12 +1,16 @@
 #pragma once
-// Helpers shared by the device benchmarks: an owning device buffer and CUDA-event timing.
+// Helpers shared by the device benchmarks: an owning device buffer, CUDA-event timing with L2
+// flushed, a copy baseline counting reads and writes, and warm-ups that fail one case only.
 
+#include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "specula/core/rng.hpp"
@@ -73,23 +77,78 @@ float time_ms(Launch&& launch, cudaError_t& status) {
   return ms;
 }
 
-/// Times `launch` in the benchmark loop (CUDA events, manual time) and reports it against a
-/// device-to-device copy timed in the same process (best of 20). `bytes` is what one launch
-/// must touch; the copy moves `copy_bytes` bytes and each copied byte counts `copy_traffic`
-/// times towards the copy's rate (1: count its reads; 2: count reads and writes). Counters:
-/// bytes, copy_GBps, copy_us, frac_of_copy (launch rate over copy rate). `launch` returns the
-/// cudaError_t of what it enqueued; a failure stops the case with SkipWithError (the error's
-/// name), so that it reports no time.
-template <class State, class Launch>
-void time_against_copy(State& state, double bytes, std::size_t copy_bytes, double copy_traffic,
-                       Launch&& launch) {
+/// A device buffer of twice the L2 cache (at least 1 MiB) that flush() overwrites on the legacy
+/// default stream, so that the next timed launch finds none of its inputs in L2.
+class l2_flusher {
+ public:
+  l2_flusher() : buf_(bytes_of_l2()), bytes_(bytes_of_l2()) {}
+  /// Enqueues a memset of the whole buffer (outside the timed region: before its start event).
+  cudaError_t flush() { return cudaMemsetAsync(buf_.ptr, ++value_ & 0xff, bytes_, nullptr); }
+
+ private:
+  static std::size_t bytes_of_l2() {
+    int device = 0, l2 = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      l2 = 0;
+    }
+    const std::size_t twice = 2 * static_cast<std::size_t>(l2 > 0 ? l2 : 0);
+    return twice < (std::size_t{1} << 20) ? (std::size_t{1} << 20) : twice;
+  }
+  device_buffer buf_;
+  std::size_t bytes_;
+  int value_ = 0;
+};
+
+/// Runs `launch` once and waits for it (module load, first-touch allocations). On failure the
+/// case stops with SkipWithError naming the error and this returns false: a failed warm-up
+/// ends one case, never the whole benchmark binary.
+template <class Launch>
+bool warm_up(benchmark::State& state, Launch&& launch) {
+  cudaError_t e = launch();
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) {
+    state.SkipWithError((std::string("warm-up: ") + cudaGetErrorName(e)).c_str());
+    return false;
+  }
+  return true;
+}
+
+/// Wraps a benchmark case so that an exception (a failed allocation or upload, which
+/// throw_on_error throws) stops that case with SkipWithError instead of terminating the binary.
+template <class Case>
+auto guarded(Case c) {
+  return [c](benchmark::State& state) {
+    try {
+      c(state);
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+    }
+  };
+}
+
+/// Times `launch` in the benchmark loop (CUDA events, manual time, L2 flushed before every
+/// timed launch) and reports it against a device-to-device copy timed the same way in the same
+/// process (best of 20). `bytes` is what one launch must touch (its floor: reads plus writes);
+/// the copy moves bytes/2 bytes, i.e. reads bytes/2 and writes bytes/2, so a kernel at the copy's
+/// bandwidth scores 1. Counters: bytes, copy_GBps (reads + writes), copy_us, frac_of_copy
+/// (launch rate over copy rate = copy time / launch time). `launch` returns the cudaError_t of
+/// what it enqueued; a failure stops the case with SkipWithError (the error's name), so that it
+/// reports no time.
+template <class Launch>
+void time_against_copy(benchmark::State& state, double bytes, Launch&& launch) {
+  const auto copy_bytes = static_cast<std::size_t>(bytes / 2 > 1 ? bytes / 2 : 1);
   device_buffer src(copy_bytes), dst(copy_bytes);
+  l2_flusher l2;
   auto copy = [&] {
     return cudaMemcpyAsync(dst.ptr, src.ptr, copy_bytes, cudaMemcpyDeviceToDevice, nullptr);
   };
   cudaError_t status = copy();
   float best_copy = 1e30f;
   for (int r = 0; r < 20 && status == cudaSuccess; ++r) {
+    status = l2.flush();
+    if (status != cudaSuccess) break;
     const float ms = time_ms(copy, status);
     best_copy = ms < best_copy ? ms : best_copy;
   }
@@ -99,7 +158,8 @@ void time_against_copy(State& state, double bytes, std::size_t copy_bytes, doubl
   }
   double total_ms = 0;
   for (auto _ : state) {
-    const float ms = time_ms(launch, status);
+    status = l2.flush();
+    const float ms = status == cudaSuccess ? time_ms(launch, status) : 0.0f;
     if (status != cudaSuccess) {
       state.SkipWithError((std::string("launch failed: ") + cudaGetErrorName(status)).c_str());
       return;
@@ -108,12 +168,19 @@ void time_against_copy(State& state, double bytes, std::size_t copy_bytes, doubl
     state.SetIterationTime(ms / 1e3);
   }
   const double per_call_ms = total_ms / static_cast<double>(state.iterations());
-  const double copy_gbps =
-      copy_traffic * static_cast<double>(copy_bytes) / (best_copy * 1e-3) / 1e9;
+  const double copy_gbps = 2.0 * static_cast<double>(copy_bytes) / (best_copy * 1e-3) / 1e9;
   state.counters["bytes"] = bytes;
   state.counters["copy_GBps"] = copy_gbps;
   state.counters["frac_of_copy"] = (bytes / (per_call_ms * 1e-3) / 1e9) / copy_gbps;
   state.counters["copy_us"] = best_copy * 1e3;
+}
+
+/// Registers a device benchmark case `name` (manual time, microseconds), guarded().
+template <class Case>
+void add_case(const std::string& name, Case c) {
+  benchmark::RegisterBenchmark(name.c_str(), guarded(std::move(c)))
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
 }
 
 }  // namespace specula::bench

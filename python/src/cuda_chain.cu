@@ -4,6 +4,10 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
+#include <cstddef>
+#include <cstring>
+
 #include <specula/cuda/chain.cuh>
 
 #include "cuda_chain.hpp"
@@ -48,23 +52,96 @@ struct scratch {
   scratch& operator=(const scratch&) = delete;
 };
 
-/// B host streams copied into `s` (pageable source: the copy has read it when this returns).
-cudaError_t copy_rng(row_view<const request_rng> host, const scratch& s) {
+/// Pinned staging for the host → device copies of the random streams. A copy from pageable
+/// memory would make cudaMemcpyAsync wait for the caller's stream (and the host with it); from
+/// pinned memory it is a true asynchronous copy. A ring of slots, each with an event recorded
+/// after its copy: a slot is rewritten only once its previous copy is done, which waits only
+/// when `slots` calls of this thread are still in flight on their streams.
+class pinned_staging {
+ public:
+  pinned_staging() = default;
+  pinned_staging(const pinned_staging&) = delete;
+  pinned_staging& operator=(const pinned_staging&) = delete;
+  ~pinned_staging() {
+    for (slot& s : slots_) release(s);
+  }
+
+  /// Enqueues a copy of `bytes` bytes of host memory `src` to device memory `dst` on `stream`
+  /// (of the current device `device`); `src` has been read when this returns.
+  cudaError_t copy(void* dst, const void* src, std::size_t bytes, cudaStream_t stream, int device) {
+    if (bytes == 0) return cudaSuccess;
+    slot& s = slots_[next_++ % slots];
+    if (s.done != nullptr) {
+      if (const cudaError_t e = cudaEventSynchronize(s.done); e != cudaSuccess) return e;
+      if (s.device != device) release(s);
+    }
+    if (s.done == nullptr) {
+      if (const cudaError_t e = cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming);
+          e != cudaSuccess) {
+        s.done = nullptr;
+        return e;
+      }
+      s.device = device;
+    }
+    if (s.bytes < bytes) {
+      if (s.host != nullptr) (void)cudaFreeHost(s.host);
+      s.host = nullptr;
+      s.bytes = 0;
+      if (const cudaError_t e = cudaMallocHost(&s.host, bytes); e != cudaSuccess) {
+        s.host = nullptr;
+        return e;
+      }
+      s.bytes = bytes;
+    }
+    std::memcpy(s.host, src, bytes);
+    if (const cudaError_t e = cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, stream);
+        e != cudaSuccess)
+      return e;
+    return cudaEventRecord(s.done, stream);
+  }
+
+ private:
+  struct slot {
+    void* host = nullptr;
+    std::size_t bytes = 0;
+    cudaEvent_t done = nullptr;
+    int device = -1;
+  };
+  static constexpr std::size_t slots = 8;
+  static void release(slot& s) {
+    if (s.done != nullptr) {
+      (void)cudaEventSynchronize(s.done);
+      (void)cudaEventDestroy(s.done);
+    }
+    if (s.host != nullptr) (void)cudaFreeHost(s.host);
+    s = slot{};
+  }
+  std::array<slot, slots> slots_{};
+  std::size_t next_ = 0;
+};
+
+/// B host streams copied into `s` through this thread's pinned staging (see pinned_staging):
+/// the copy is ordered on the stream and does not wait for it.
+cudaError_t copy_rng(row_view<const request_rng> host, const scratch& s, int device) {
   if (s.status != cudaSuccess) return s.status;
-  return cudaMemcpyAsync(s.data, host.data,
-                         sizeof(request_rng) * static_cast<std::size_t>(host.size),
-                         cudaMemcpyHostToDevice, s.stream);
+  thread_local pinned_staging staging;
+  return staging.copy(s.data, host.data, sizeof(request_rng) * static_cast<std::size_t>(host.size),
+                      s.stream, device);
 }
 
-/// Request b's L_b + 1 tokens from the flattened layout into row b of the padded output, -1 after.
+/// Request b's L_b + 1 tokens from the flattened layout (`flat`, `flat_size` tokens) into row b
+/// of the padded output, -1 after. Offsets that would read outside `flat` (corrupt
+/// cu_num_draft_tokens; the verifier flagged the request) give a row of -1.
 template <class Offset>
 __global__ void scatter_padded(const Offset* offsets, index_t batch, const token_t* flat,
-                               token_t* padded, index_t width) {
+                               index_t flat_size, token_t* padded, index_t width) {
   const index_t b = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= batch) return;
   const index_t start = static_cast<index_t>(offsets[b]) + b;
   const index_t n = static_cast<index_t>(offsets[b + 1] - offsets[b]) + 1;
-  for (index_t i = 0; i < width; ++i) padded[b * width + i] = i < n ? flat[start + i] : no_token;
+  const bool in_bounds = start >= 0 && n >= 1 && start <= flat_size - n;
+  for (index_t i = 0; i < width; ++i)
+    padded[b * width + i] = in_bounds && i < n ? flat[start + i] : no_token;
 }
 
 template <class Input, class Output>
@@ -84,7 +161,7 @@ std::string verify_padded(const launch& where, const padded_chain_input<T>& in,
   if (scope.status != cudaSuccess) return error_of(scope.status, "selecting the device");
   const auto stream = reinterpret_cast<cudaStream_t>(where.stream);
   const scratch rng(stream, sizeof(request_rng) * static_cast<std::size_t>(in.batch_size));
-  if (const cudaError_t e = copy_rng(in.rng, rng); e != cudaSuccess)
+  if (const cudaError_t e = copy_rng(in.rng, rng, where.device); e != cudaSuccess)
     return error_of(e, "copying the random streams");
   padded_chain_input<T> dev = in;
   dev.rng = {static_cast<const request_rng*>(rng.data), in.batch_size};
@@ -122,14 +199,22 @@ std::string verify_flat(const launch& where, chain_batch_input<T> in, index_view
   }
   const scratch rng(stream, greedy ? 0 : sizeof(request_rng) * static_cast<std::size_t>(batch));
   if (!greedy) {
-    if (const cudaError_t e = copy_rng(in.rng, rng); e != cudaSuccess)
+    if (const cudaError_t e = copy_rng(in.rng, rng, where.device); e != cudaSuccess)
       return error_of(e, "copying the random streams");
     in.rng = {static_cast<const request_rng*>(rng.data), batch};
   }
   const scratch flat(
       stream, padded_width > 0 ? sizeof(token_t) * static_cast<std::size_t>(num_draft + batch) : 0);
   if (flat.status != cudaSuccess) return error_of(flat.status, "allocating the flattened tokens");
-  if (padded_width > 0) out.output_tokens = {static_cast<token_t*>(flat.data), num_draft + batch};
+  if (padded_width > 0) {
+    // -1 everywhere first: a flagged request writes only some of its slots, and the scatter
+    // must copy -1, not uninitialised scratch, for the rest.
+    if (const cudaError_t e = cudaMemsetAsync(
+            flat.data, 0xff, sizeof(token_t) * static_cast<std::size_t>(num_draft + batch), stream);
+        e != cudaSuccess)
+      return error_of(e, "initialising the flattened tokens");
+    out.output_tokens = {static_cast<token_t*>(flat.data), num_draft + batch};
+  }
   const cudaError_t e = greedy ? cuda::verify_chain_greedy_async(cuda::par_on(stream), in, out)
                                : launch_rule(cuda::par_on(stream), in, out, options, rule);
   if (e != cudaSuccess)
@@ -138,11 +223,13 @@ std::string verify_flat(const launch& where, chain_batch_input<T> in, index_view
     constexpr int threads = 128;
     const auto blocks = static_cast<unsigned>((batch + threads - 1) / threads);
     if (wide)
-      scatter_padded<<<blocks, threads, 0, stream>>>(
-          in.draft_offsets.data64, batch, out.output_tokens.data, padded_tokens, padded_width);
+      scatter_padded<<<blocks, threads, 0, stream>>>(in.draft_offsets.data64, batch,
+                                                     out.output_tokens.data, out.output_tokens.size,
+                                                     padded_tokens, padded_width);
     else
-      scatter_padded<<<blocks, threads, 0, stream>>>(
-          in.draft_offsets.data32, batch, out.output_tokens.data, padded_tokens, padded_width);
+      scatter_padded<<<blocks, threads, 0, stream>>>(in.draft_offsets.data32, batch,
+                                                     out.output_tokens.data, out.output_tokens.size,
+                                                     padded_tokens, padded_width);
     if (const cudaError_t s = cudaGetLastError(); s != cudaSuccess)
       return error_of(s, "writing output_token_ids");
   }

@@ -90,3 +90,34 @@ def test_cuda_errors():
                                  steps=0)
     with pytest.raises(ValueError, match="runs on the CPU only"):
         specula.verify_candidates(cuda(p[:, 0]), cuda(drafts[:, :1]), seeds=seeds, steps=0)
+
+
+def test_cuda_call_does_not_wait_for_its_stream():
+    # The random streams are staged in pinned memory: with the stream busy (a long sleep kernel
+    # queued before the call), the call returns while the stream is still running. A copy from
+    # pageable memory would wait for the stream, and the stream would then be idle here.
+    p, q, drafts, _, seeds, steps = random_batch(14, batch=8, vocab=100)
+    p, q, drafts = cuda(p), cuda(q), cuda(drafts)
+    torch.cuda.synchronize()
+    for _ in range(3):  # several calls: every slot of the staging ring, reused
+        torch.cuda._sleep(2_000_000_000)  # about a second of GPU clock cycles
+        specula.chain_speculative_sampling(q, drafts, p, seeds=seeds, steps=steps)
+        assert not torch.cuda.current_stream().query()
+        torch.cuda.synchronize()
+
+
+def test_corrupt_cu_num_draft_tokens_give_rows_of_minus_one():
+    # Request 1's cumulative count points past the drafts: the verifier flags it, and its padded
+    # row is -1 throughout (no read outside the flattened tokens, no uninitialised scratch).
+    p, q, drafts, lengths, seeds, steps = random_batch(15, batch=3, vocab=50)
+    tokens = np.concatenate([drafts[b, :lengths[b]] for b in range(3)]).astype(np.int32)
+    target = np.concatenate([p[b, :lengths[b] + 1] for b in range(3)])
+    draft = np.concatenate([q[b, :lengths[b]] for b in range(3)])
+    cu = np.cumsum(lengths).astype(np.int32)
+    cu[1] = 1000
+    flags = torch.zeros(3, dtype=torch.int32, device="cuda")
+    out = specula.rejection_sample(cuda(tokens), cuda(cu), cuda(draft), cuda(target),
+                                   seeds=seeds, steps=steps, max_spec_len=4, flags=flags)
+    torch.cuda.synchronize()
+    assert flags.cpu()[1].item() & 8  # chain_invalid_input (specula/verify/chain_core.hpp)
+    assert out.cpu()[1].tolist() == [-1] * 5

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstddef>
+#include <stdexcept>
 #include <vector>
 
 #include "specula/core/row.hpp"
@@ -20,25 +21,30 @@ inline bool have_gpu(const char* what) {
   return false;
 }
 
-/// A device copy of a host vector, freed on destruction.
+/// Copies host memory to the device and waits until the copy has landed: cudaMemcpy from
+/// pageable memory may return before its DMA completes, and a kernel on a non-blocking stream
+/// (which does not wait for the legacy stream) could otherwise read the old contents.
+inline void upload_bytes(void* dst, const void* src, std::size_t bytes) {
+  specula::cuda::throw_on_error(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  specula::cuda::throw_on_error(cudaDeviceSynchronize(), "cudaMemcpy (landed)");
+}
+
+/// A device copy of a host vector, freed on destruction. Uploads have landed when the
+/// constructor or assign() returns (upload_bytes), whatever stream the next kernel runs on.
 template <class T>
 struct device_vector {
   T* ptr = nullptr;
   std::size_t n = 0;
   explicit device_vector(const std::vector<T>& v) : n(v.size()) {
     specula::cuda::throw_on_error(cudaMalloc(&ptr, (n == 0 ? 1 : n) * sizeof(T)), "cudaMalloc");
-    if (n > 0)
-      specula::cuda::throw_on_error(
-          cudaMemcpy(ptr, v.data(), n * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+    if (n > 0) upload_bytes(ptr, v.data(), n * sizeof(T));
   }
   device_vector(const device_vector&) = delete;
   device_vector& operator=(const device_vector&) = delete;
   ~device_vector() { cudaFree(ptr); }
   void assign(const std::vector<T>& v) {
     if (v.size() != n) throw std::logic_error("device_vector::assign: size mismatch");
-    if (n > 0)
-      specula::cuda::throw_on_error(
-          cudaMemcpy(ptr, v.data(), n * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+    if (n > 0) upload_bytes(ptr, v.data(), n * sizeof(T));
   }
   [[nodiscard]] std::vector<T> to_host() const {
     std::vector<T> v(n);

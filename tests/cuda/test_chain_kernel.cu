@@ -241,6 +241,21 @@ TEST_CASE("device chain verification with row-aware rules (LANTERN++, typical) e
     // and the device take log from different libraries).
     require_equal(run_device(bt, false, typical), run_host(bt, false, typical));
   }
+  // Cool-SD's schedule composed with LANTERN++, with a custom schedule: the table and the ω
+  // values copied by to_device, alone and per request.
+  const std::vector<double> omegas{2.0, 1.5, 1.25};
+  const scheduled_lantern_rule scheduled{host_rule,
+                                         relaxation_schedule::make_custom(omegas.data(), 3)};
+  const auto device_scheduled = cuda::to_device(scheduled);
+  const std::vector<scheduled_lantern_rule> each(4, scheduled);
+  const per_request<scheduled_lantern_rule> host_each{{each.data(), 4}};
+  const auto device_each = cuda::to_device(host_each);
+  for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+    const batch bt(V, {5, 3, 0, 7}, seed);
+    INFO("scheduled, seed " << seed);
+    require_equal(run_device(bt, false, device_scheduled.rule()), run_host(bt, false, scheduled));
+    require_equal(run_device(bt, false, device_each.rule()), run_host(bt, false, host_each));
+  }
 }
 
 TEST_CASE("device greedy chain verification equals the host", "[cuda][device]") {

@@ -111,8 +111,12 @@ results run(const logit_batch& bt, const std::vector<sampling_params>& params, b
   const chain_batch_output o{out.view(), n.view(), acc.view(), fl.view()};
   if (fused) {
     device_vector<std::byte> ws(std::vector<std::byte>(sc::fused_chain_workspace_bytes(bt.rows())));
-    const sc::fused_chain_input<T> in{bt.vocab, off.cview(), tok.cview(),   q,
-                                      logits,   uncond,      d_par.cview(), rng.cview()};
+    // int32 offsets for the one-hot runs, int64 for the others (both layouts of index_view).
+    device_vector<std::int32_t> off32(
+        std::vector<std::int32_t>(bt.offsets.begin(), bt.offsets.end()));
+    const index_view offsets = one_hot ? index_view(off32.cview()) : index_view(off.cview());
+    const sc::fused_chain_input<T> in{bt.vocab, offsets, tok.cview(),   q,
+                                      logits,   uncond,  d_par.cview(), rng.cview()};
     sc::throw_on_error(
         sc::verify_chain_from_logits_async(sc::par_on(nullptr).with_workspace(ws.ptr, ws.n), in, o,
                                            chain_options{}, rule, st.ptr),

@@ -185,6 +185,26 @@ TEST_CASE("rules whose data the kernels read are checked before launching",
   custom.schedule.kind = schedule_kind::custom;
   custom.schedule.count = 3;
   CHECK(sc::verify_chain_async(pol, c.in, c.out, {}, custom) == invalid);
+  // Cool-SD's schedule with LANTERN++: both its table and its custom schedule are checked
+  // (a table for another vocabulary, none, or a custom schedule without values is refused
+  // without a CUDA call).
+  std::vector<token_t> own_ids;  // this vocabulary: the neighbours of t are t + 1, t + 2 mod V
+  for (index_t t = 0; t < V; ++t)
+    for (index_t j = 0; j < 2; ++j) own_ids.push_back(static_cast<token_t>((t + j + 1) % V));
+  const neighbour_table own(own_ids, V, 2);
+  const auto uniform = relaxation_schedule::make_uniform(1.5);
+  const scheduled_lantern_rule foreign{lantern_rule::make_relative(other, 0.5), uniform};
+  CHECK(sc::detail::check_rule(foreign, V, 2) == invalid);
+  CHECK(sc::verify_chain_async(pol, c.in, c.out, {}, foreign) == invalid);
+  CHECK(sc::detail::check_rule(scheduled_lantern_rule{lantern_rule{}, uniform}, V, 2) == invalid);
+  scheduled_lantern_rule no_values{lantern_rule::make_relative(own, 0.5), custom.schedule};
+  CHECK(sc::detail::check_rule(no_values, V, 2) == invalid);
+  CHECK(sc::verify_chain_async(pol, c.in, c.out, {}, no_values) == invalid);
+  // A well-formed rule whose table is host memory: refused (cudaErrorInvalidValue with a GPU,
+  // the pointer query's error without one), never launched.
+  CHECK(sc::detail::check_rule(
+            scheduled_lantern_rule{lantern_rule::make_relative(own, 0.5), uniform}, V, 2) !=
+        cudaSuccess);
   // Rules without data need no check.
   CHECK(sc::detail::check_rule(relaxed_rule{1.5}, V, 2) == cudaSuccess);
   CHECK(sc::detail::check_rule(scheduled_relaxed_rule{relaxation_schedule::make_uniform(1.2)}, V,
@@ -252,6 +272,14 @@ TEST_CASE("fused launch checks reuse the flattened layout's", "[cuda][fused][bad
   expect_refused(in, c.out, sc::par_on(nullptr));
   expect_refused(in, c.out, sc::par_on(nullptr).with_workspace(c.m.at<void>(), ws - 1));
   expect_refused(in, c.out, sc::par_on(nullptr).with_workspace(c.m.at<void>(4), ws));
+  // int32 offsets (as chain_batch_input takes them) go through the same checks.
+  auto in32 = in;
+  in32.draft_offsets = index_view(c.m.at<const std::int32_t>(), 3);
+  out = c.out;
+  out.output_tokens.size = 4;
+  expect_refused(in32, out, pol);
+  in32.draft_offsets = index_view(nullptr, 3);
+  expect_refused(in32, c.out, pol);
   // A per_request rule array shorter than the batch.
   const std::vector<exact_rule> one(1);
   CHECK(sc::verify_chain_from_logits_async(pol, in, c.out, {},
@@ -357,6 +385,9 @@ TEST_CASE(
   const auto ws = sc::sample_without_replacement_workspace_bytes(rows, k);
   CHECK(sc::sample_without_replacement_async(pol.with_workspace(m.at<void>(4), ws), w, k, rng, 0,
                                              tokens, counts) == invalid);
+  // No rows: a no-op, as every other entry point's empty batch (no launch, so no CUDA error).
+  CHECK(sc::sample_without_replacement_async(pol, batch_view<const float>{nullptr, 0, V}, k, {}, 0,
+                                             {}, {}) == cudaSuccess);
 }
 
 TEST_CASE("rules pointing to host memory are refused on the device and to_device copies them",
@@ -378,13 +409,31 @@ TEST_CASE("rules pointing to host memory are refused on the device and to_device
   CHECK(sc::detail::check_rule(custom, vocab, 1) == invalid);
   CHECK(sc::detail::check_rule(sc::to_device(custom).rule(), vocab, 1) == cudaSuccess);
 
+  // Cool-SD's schedule with LANTERN++: the table and the ω values, both refused as host
+  // memory, both copied by to_device.
+  const scheduled_lantern_rule both{host_rule, relaxation_schedule::make_custom(omegas.data(), 3)};
+  CHECK(sc::detail::check_rule(both, vocab, 1) == invalid);
+  CHECK(sc::detail::check_rule(scheduled_lantern_rule{dev.rule(), both.schedule}, vocab, 1) ==
+        invalid);
+  const auto both_dev = sc::to_device(both);
+  CHECK(sc::detail::check_rule(both_dev.rule(), vocab, 1) == cudaSuccess);
+  CHECK(both_dev.rule().schedule.values != omegas.data());
+  CHECK(sc::detail::check_rule(sc::to_device(both_dev.rule()).rule(), vocab, 1) == cudaSuccess);
+
   const std::vector<relaxed_rule> rules{relaxed_rule{1.0}, relaxed_rule{2.0}};
   const per_request<relaxed_rule> host_rules{{rules.data(), 2}};
   CHECK(sc::detail::check_rule(host_rules, vocab, 2) == invalid);
-  CHECK(sc::detail::check_rule(sc::to_device(host_rules).rule(), vocab, 2) == cudaSuccess);
+  const auto dev_rules = sc::to_device(host_rules);
+  CHECK(sc::detail::check_rule(dev_rules.rule(), vocab, 2) == cudaSuccess);
+  // Re-copying a device_rule's rule: its array is device memory, read by cudaMemcpy.
+  CHECK(sc::detail::check_rule(sc::to_device(dev_rules.rule()).rule(), vocab, 2) == cudaSuccess);
+  const std::vector<scheduled_lantern_rule> boths(2, both);
+  CHECK(sc::detail::check_rule(
+            sc::to_device(per_request<scheduled_lantern_rule>{{boths.data(), 2}}).rule(), vocab,
+            2) == cudaSuccess);
 }
 
-TEST_CASE("requests whose offsets point outside the arrays get -1 in their first output slot",
+TEST_CASE("requests whose offsets point outside the arrays get -1 in their output slots",
           "[cuda][bad_input][device]") {
   if (!cuda_test::have_gpu("stale-output checks")) return;
   const index_t vocab = 16;
@@ -411,6 +460,7 @@ TEST_CASE("requests whose offsets point outside the arrays get -1 in their first
     INFO("greedy " << greedy);
     CHECK(fl.to_host()[1] == chain_invalid_input);
     CHECK(n.to_host()[1] == 0);
-    CHECK(t[2] == no_token);  // request 1's first slot: draft_offsets[1] + 1
+    CHECK(t[2] == no_token);  // request 1's slots in the array: draft_offsets[1] + 1, and on
+    CHECK(t[3] == no_token);
   }
 }

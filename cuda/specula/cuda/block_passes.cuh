@@ -22,10 +22,11 @@
 /// made by one thread and followed by a barrier (the passes do this for their own buffers).
 /// Outputs written redundantly (every thread storing the same value to global memory) are
 /// harmless. Scratch the verifiers write and read back (the tree kernels' recursion state) may
-/// live in shared memory written alike by every thread — one copy per CTA, read by broadcast —
-/// provided every rewrite follows a barrier after the last read of the old contents: the passes
-/// end with one, and verifiers call detail::workspace_barrier (sync() below) where no pass
-/// separates a rewrite from earlier reads.
+/// live in shared memory — one copy per CTA, read by broadcast: every thread computes the value
+/// alike, the leader (detail::workspace_leader, leader() below) alone stores it, and a barrier
+/// (detail::workspace_barrier, sync() below) publishes it; every rewrite also follows a barrier
+/// after the last read of the old contents (the passes end with one). No two threads write the
+/// same shared word, so compute-sanitizer's racecheck has nothing to report.
 
 #include <cstdint>
 
@@ -86,6 +87,8 @@ struct block_passes {
   /// A CTA barrier (detail::workspace_barrier): verifiers call it before rewriting scratch that
   /// every thread writes alike and reads back, such as the tree kernels' shared recursion state.
   __device__ void sync() const { __syncthreads(); }
+  /// The one thread that writes such scratch (detail::workspace_leader); sync() publishes it.
+  __device__ bool leader() const { return threadIdx.x == 0; }
 
   /// Calls visit(t, sum of tile t) for every tile t of [first_tile, last_tile) (default: all
   /// tiles of a row of n) in order, in every thread.

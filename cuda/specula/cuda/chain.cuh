@@ -140,12 +140,15 @@ __device__ inline bool segment_in_bounds(const specula::detail::chain_segment& s
 }
 
 /// Marks a request whose offsets point outside the arrays: chain_invalid_input, nothing
-/// accepted, -1 in its first output slot when that slot is in bounds.
-__device__ inline void write_out_of_bounds(index_t first_slot, token_t* out_tokens,
+/// accepted, -1 in each of its output slots [first_slot, first_slot + length] that lies in the
+/// output array (so no stale token reads as this round's; a negative length: the first slot).
+__device__ inline void write_out_of_bounds(index_t first_slot, index_t length, token_t* out_tokens,
                                            index_t num_out_tokens, std::int32_t* num_accepted,
                                            std::uint32_t* flags) {
   if (threadIdx.x != 0) return;
-  if (first_slot >= 0 && first_slot < num_out_tokens) out_tokens[first_slot] = no_token;
+  const index_t last = first_slot + (length > 0 ? length : 0);
+  for (index_t i = first_slot < 0 ? 0 : first_slot; i <= last && i < num_out_tokens; ++i)
+    out_tokens[i] = no_token;
   *num_accepted = 0;
   if (flags != nullptr) *flags = chain_invalid_input;
 }
@@ -172,10 +175,10 @@ __device__ void block_chain_segment(const Rule& rule, const request_rng& rng,
                                     std::int32_t* num_accepted, std::uint32_t* flags,
                                     const Passes& passes, index_t num_drafts,
                                     index_t num_target_rows, index_t num_out_tokens) {
-  // Offsets that point outside the arrays: flag the request and write -1 to its first output
-  // slot when that is in bounds (so no stale token reads as this round's), nothing else.
+  // Offsets that point outside the arrays: flag the request and write -1 to its output slots
+  // that are in bounds (so no stale token reads as this round's), nothing else.
   if (!segment_in_bounds(s, num_drafts, num_target_rows)) {
-    write_out_of_bounds(s.target_row, out_tokens, num_out_tokens, num_accepted, flags);
+    write_out_of_bounds(s.target_row, s.length, out_tokens, num_out_tokens, num_accepted, flags);
     return;
   }
   if (!drafts_in_range(tokens + s.draft_row, s.length, vocab)) {
@@ -285,7 +288,7 @@ SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
   std::uint32_t* fl = out.flags.empty() ? nullptr : out.flags.data + b;
   const token_t* drafts = in.draft_tokens.data + s.draft_row;
   if (!segment_in_bounds(s, in.draft_tokens.size, in.target_probs.rows)) {
-    write_out_of_bounds(s.target_row, out.output_tokens.data, out.output_tokens.size,
+    write_out_of_bounds(s.target_row, s.length, out.output_tokens.data, out.output_tokens.size,
                         out.num_accepted.data + b, fl);
     return;
   }

@@ -43,7 +43,7 @@ SPECULA_CUDA_NAMESPACE_BEGIN
 template <class T>
 struct fused_chain_input {
   index_t vocab_size = 0;
-  row_view<const index_t> draft_offsets;   ///< B + 1
+  index_view draft_offsets;                ///< B + 1, int64 or int32 (as chain_batch_input)
   row_view<const token_t> draft_tokens;    ///< total drafts
   batch_view<const float> draft_probs;     ///< total drafts x V, or no rows (one-hot drafts)
   batch_view<const T> target_logits;       ///< (total drafts + B) x V

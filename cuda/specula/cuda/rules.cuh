@@ -3,7 +3,8 @@
 /// @file
 /// Device-resident data of rules. The device entry points copy a rule object by value into the
 /// kernel, but rules that point to tables — LANTERN's neighbour table, a custom relaxation
-/// schedule's ω values, the array of a per_request rule — need that data in device memory.
+/// schedule's ω values (scheduled_relaxed_rule, and scheduled_lantern_rule, which has both),
+/// the array of a per_request rule — need that data in device memory.
 /// `to_device(rule)` makes a device_rule: an owning device copy of the data and the rule
 /// pointing to it (`rule()`), for as long as the device_rule lives. Entry points refuse rules
 /// whose data is plain host memory (detail::check_rule in launch_checks.cuh).
@@ -113,38 +114,73 @@ class device_rule<lantern_rule> {
   lantern_rule rule_;
 };
 
+namespace detail {
+
+/// A relaxation schedule whose custom ω values (if any) are copied to the device.
+class device_schedule {
+ public:
+  explicit device_schedule(const relaxation_schedule& s)
+      : values_(s.values, s.kind == schedule_kind::custom && s.values != nullptr ? s.count : 0),
+        schedule_(s) {
+    if (s.kind == schedule_kind::custom) schedule_.values = values_.data();
+  }
+  [[nodiscard]] const relaxation_schedule& schedule() const noexcept { return schedule_; }
+
+ private:
+  device_array<double> values_;
+  relaxation_schedule schedule_;
+};
+
+}  // namespace detail
+
 /// A scheduled relaxed rule: a custom schedule's ω values copied to the device.
 template <>
 class device_rule<scheduled_relaxed_rule> {
  public:
-  explicit device_rule(const scheduled_relaxed_rule& r)
-      : values_(r.schedule.values,
-                r.schedule.kind == schedule_kind::custom && r.schedule.values != nullptr
-                    ? r.schedule.count
-                    : 0),
-        rule_(r) {
-    if (r.schedule.kind == schedule_kind::custom) rule_.schedule.values = values_.data();
+  explicit device_rule(const scheduled_relaxed_rule& r) : schedule_(r.schedule), rule_(r) {
+    rule_.schedule = schedule_.schedule();
   }
   [[nodiscard]] const scheduled_relaxed_rule& rule() const noexcept { return rule_; }
 
  private:
-  detail::device_array<double> values_;
+  detail::device_schedule schedule_;
   scheduled_relaxed_rule rule_;
 };
 
+/// Cool-SD's schedule composed with LANTERN++: the LANTERN rule's neighbour table and a custom
+/// schedule's ω values, both copied to the device.
+template <>
+class device_rule<scheduled_lantern_rule> {
+ public:
+  explicit device_rule(const scheduled_lantern_rule& r)
+      : lantern_(r.rule), schedule_(r.schedule), rule_{lantern_.rule(), schedule_.schedule()} {}
+  [[nodiscard]] const scheduled_lantern_rule& rule() const noexcept { return rule_; }
+
+ private:
+  device_rule<lantern_rule> lantern_;
+  detail::device_schedule schedule_;
+  scheduled_lantern_rule rule_;
+};
+
 /// per_request: every rule's data copied to the device (each an element of device_rule<Rule>),
-/// then the array of the rules pointing to it.
+/// then the array of the rules pointing to it. The array itself may be host or device memory
+/// (re-copying a device_rule's rule): it is read through cudaMemcpyDefault, never dereferenced.
 template <class Rule>
 class device_rule<per_request<Rule>> {
  public:
   explicit device_rule(const per_request<Rule>& r) {
+    std::vector<Rule> sources(static_cast<std::size_t>(r.rules.size > 0 ? r.rules.size : 0));
+    if (!sources.empty())
+      throw_on_error(cudaMemcpy(sources.data(), r.rules.data, sources.size() * sizeof(Rule),
+                                cudaMemcpyDefault),
+                     "cudaMemcpy (per_request rules)");
     std::vector<Rule> copies;
-    owned_.reserve(static_cast<std::size_t>(r.rules.size));
-    for (index_t b = 0; b < r.rules.size; ++b) {
-      owned_.emplace_back(r.rules[b]);
+    owned_.reserve(sources.size());
+    for (const Rule& source : sources) {
+      owned_.emplace_back(source);
       copies.push_back(owned_.back().rule());
     }
-    rules_ = detail::device_array<Rule>(copies.data(), r.rules.size);
+    rules_ = detail::device_array<Rule>(copies.data(), static_cast<index_t>(copies.size()));
     rule_ = per_request<Rule>{{rules_.data(), rules_.size()}};
   }
   [[nodiscard]] const per_request<Rule>& rule() const noexcept { return rule_; }

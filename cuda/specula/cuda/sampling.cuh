@@ -182,7 +182,8 @@ SPECULA_KERNEL void __launch_bounds__(Threads)
 /// - `out_tokens`: rows x k device tokens, in draw order, -1 past the row's count;
 /// - `out_counts`: rows device counts (min(k, positive weights)).
 ///
-/// Returns cudaErrorInvalidValue without launching for k outside [1, sample_max_k],
+/// No rows: a no-op (cudaSuccess, nothing read or written). Otherwise returns
+/// cudaErrorInvalidValue without launching for k outside [1, sample_max_k],
 /// inconsistent extents, null data, a row stride below the row length, or a workspace not
 /// aligned for keyed_index.
 template <class T>
@@ -190,6 +191,7 @@ cudaError_t sample_without_replacement_async(const par_policy& pol, batch_view<c
                                              index_t k, row_view<const request_rng> rng,
                                              std::uint32_t position, row_view<token_t> out_tokens,
                                              row_view<std::int32_t> out_counts) {
+  if (weights.rows == 0) return cudaSuccess;  // an empty batch is a no-op, as everywhere
   detail::launch_check c;
   c.require(k >= 1 && k <= sample_max_k && weights.cols > 0)
       .grid(weights.rows)

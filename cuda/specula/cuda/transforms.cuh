@@ -36,7 +36,10 @@
 /// then cub::BlockReduce on a fixed block size), so the same inputs give the same output bits on
 /// every call, whatever the other rows of the batch are and wherever the row sits in it. The
 /// result is NOT bit-identical to the host's logits_to_probs: the device sums in another order,
-/// uses the device expf (max 2 ulp) and may contract the CFG mix into an FMA. Filter decisions
+/// and uses the device expf (max 2 ulp). The CFG mix and the temperature are the host's bits:
+/// cfg_mix_op and temperature_op round every operation on its own (__fmul_rn / __fadd_rn /
+/// __fsub_rn), so nothing is contracted into an FMA (checked on the PTX by
+/// cuda.no_fma_contraction). Filter decisions
 /// (top-k) on identical logits are exact; top-p/min-p decisions can differ from the host only
 /// when a cumulative mass lies within rounding of its target.
 ///

@@ -149,8 +149,9 @@ cudaError_t allow_dynamic_smem(Kernel* kernel, std::size_t bytes) {
 }
 
 /// The recursion state of verify_tree_request / verify_candidates (the candidate lists, the
-/// normalisers 1/Z_k and the renormalisers), kept once per CTA in shared memory: every thread
-/// writes the same values and reads them by broadcast (block_passes.cuh). In per-thread arrays
+/// normalisers 1/Z_k and the renormalisers), kept once per CTA in shared memory: one thread
+/// writes them, a barrier publishes them, every thread reads them by broadcast
+/// (block_passes.cuh). In per-thread arrays
 /// it lived in local memory (dynamically indexed in every weight evaluation).
 struct tree_recursion_state {
   double z[candidates_workspace_size(tree_max_children)];

@@ -196,6 +196,20 @@ SPECULA_HOST_DEVICE constexpr void workspace_barrier(const Passes& passes) noexc
   if constexpr (requires { passes.sync(); }) passes.sync();
 }
 
+/// Whether this thread writes scratch that every thread reads back (the candidate lists, the
+/// normalisers 1/Z_k): one thread of a CTA for passes whose threads share that scratch
+/// (block_passes provides leader()), every caller otherwise. A verifier writes such scratch as
+///   if (workspace_leader(passes)) slot = value;  workspace_barrier(passes);
+/// with every thread computing `value` alike, so that one thread writes it and the barrier
+/// publishes it (no two threads write the same shared word; racecheck stays clean).
+template <class Passes>
+SPECULA_HOST_DEVICE constexpr bool workspace_leader(const Passes& passes) noexcept {
+  if constexpr (requires { passes.leader(); })
+    return passes.leader();
+  else
+    return true;
+}
+
 }  // namespace detail
 
 }  // namespace specula

@@ -440,8 +440,11 @@ verify_candidates(const Rule& rule, Source& src, row_view<const T> p, const Prop
     detail::proposal_mass_left<Proposal, Passes> left{proposal, passes, n};
     typename Passes::summary_type summary;  // reused by every step: the normaliser pass records
                                             // tile sums
+    const bool writer = detail::workspace_leader(passes);  // see row_passes.hpp
     for (index_t j = 1; j <= k; ++j) {
-      renorm[j - 1] = left.renorm(cand, j);
+      const double renorm_j = left.renorm(cand, j);
+      if (writer) renorm[j - 1] = renorm_j;
+      detail::workspace_barrier(passes);
       const index_t c = cand[j - 1];
       const index_t first = rec.first_index(c, j - 1);
       const double pk = rec.p_at(j, c, first);
@@ -473,7 +476,8 @@ verify_candidates(const Rule& rule, Source& src, row_view<const T> p, const Prop
           }
           return true;
         }
-        inv_z[j - 1] = 1.0 / mass;
+        if (writer) inv_z[j - 1] = 1.0 / mass;
+        detail::workspace_barrier(passes);
         if (j < k) return false;
         // All rejected: sample from p^(k+1) = r_k / Z_k, reusing the normaliser just computed.
         result.token = static_cast<token_t>(src.categorical(n, r, summary, draw_id{position, 1}));

@@ -103,13 +103,17 @@ SPECULA_HOST_DEVICE tree_request_result verify_tree_request(
     detail::workspace_barrier(passes);  // ws is rewritten below (see row_passes.hpp)
     const auto p = target_row(u);
     const auto d = static_cast<std::uint32_t>(tree.depth[u]);
+    const bool writer = detail::workspace_leader(passes);
     index_t k = 0;
     for (index_t c = tree.first_child[u]; c >= 0 && k < tree.max_children;
          c = tree.next_sibling[c]) {
-      ws.children[k] = c;
-      ws.candidates[k] = tree.token[c];
+      if (writer) {
+        ws.children[k] = c;
+        ws.candidates[k] = tree.token[c];
+      }
       ++k;
     }
+    detail::workspace_barrier(passes);  // the lists written above are read by every thread
     const auto rule_d = rule_at(rule, tree.depth[u]);
     if (k == 0) {
       // Leaf: bonus token from p_u.
