@@ -1,0 +1,341 @@
+#!/usr/bin/env bash
+# One prepared device run: everything the CUDA half needs checked on a GPU, in one command that
+# fits a lent GPU session (docs/cuda.md, "Running the device checks").
+#
+#   scripts/gpu_check.sh build      here (nvcc, no GPU needed): build the bundle for sm_90 into
+#                                   $BUNDLE (default build-gpu/bundle, git-ignored) and print
+#                                   its size (at most 64 MiB, what the device tool carries)
+#   scripts/gpu_check.sh run        on the GPU machine: run every step of the bundle within the
+#                                   wall budget, then write $OUT/summary.md (pass/fail per step,
+#                                   the targets, the benchmark tables), $OUT/*.json (benchmark
+#                                   results) and $OUT/logs.tar.gz (every step's log)
+#   scripts/gpu_check.sh --dry-run  here: the bundle (built, or copied from --from-build), its
+#                                   size, every step's command line, and the summary from
+#                                   stand-in results (benchmark names listed by the real
+#                                   binaries, numbers made up and marked STAND-IN); the ctest
+#                                   entry gpu.check_dry_run runs it in CI
+#
+# Options:
+#   --bundle DIR      the bundle folder (default: build-gpu/bundle)
+#   --out DIR         results (default: $OUT, else build-gpu/out)
+#   --from-build DIR  bundle the binaries of an existing build tree instead of building (the
+#                     dry run in CI reuses the tree scripts/test.sh built)
+#   --budget SEC      run: wall-clock budget of the whole run (default 450: 7.5 minutes, so
+#                     that the run, a machine start and a rerun fit a 15-minute device session);
+#                     no step starts after the budget minus its minimum time, and each step's
+#                     timeout is cut to what is left
+# Environment (run): GPU_CHECK_STEPS="device_tests bench_peers ..." runs only those steps (a
+#   rerun of what failed); GPU_CHECK_SANITIZE_SPEC, the Catch2 test spec of the sanitizer steps
+#   (default "[device]~[stats]~[exact]").
+#
+# Adding a step (another area's device tests or demo): in register_steps below, one line
+#   step NAME MIN_SECONDS MAX_SECONDS COMMAND [ARGS...]
+# runs COMMAND from the repository root with the bundle's binaries in $BIN (bin/ of the bundle)
+# and its shared libraries on LD_LIBRARY_PATH, its output in logs/NAME.log; exit 0 passes,
+# 77 reads as skipped, anything else fails. Steps run in the order registered; one whose
+# MIN_SECONDS no longer fit the budget is reported as "not started". A binary it needs goes
+# into the bundle with one line in register_targets:
+#   target CMAKE_TARGET RELATIVE_PATH_IN_BUILD_TREE
+# (missing optional targets are left out with a message; the step should then skip, exit 77).
+# A step that writes Google Benchmark JSON to "$RESULTS/NAME.json" gets its table in the summary.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+mode=""
+BUNDLE="build-gpu/bundle"
+OUT_DIR="${OUT:-build-gpu/out}"
+FROM_BUILD=""
+BUDGET=450
+while (($#)); do
+  case "$1" in
+    build | run) mode="$1" ;;
+    --dry-run) mode="dry-run" ;;
+    --python-step) mode="python-step" ;;
+    --bundle) BUNDLE="$2"; shift ;;
+    --out) OUT_DIR="$2"; shift ;;
+    --from-build) FROM_BUILD="$2"; shift ;;
+    --budget) BUDGET="$2"; shift ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+    *) echo "gpu_check: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ -n "$mode" ]] || { echo "gpu_check: say build, run or --dry-run (see --help)" >&2; exit 2; }
+BUNDLE="$(realpath -m "$BUNDLE")"
+OUT_DIR="$(realpath -m "$OUT_DIR")"
+[[ -z "$FROM_BUILD" ]] || FROM_BUILD="$(realpath -m "$FROM_BUILD")"
+
+log() { printf '[gpu_check] %s\n' "$*"; }
+T0=$(date +%s)
+now() { echo $(($(date +%s) - T0)); }
+
+# ---------------------------------------------------------------------------------------------
+# What goes into the bundle: target NAME PATH (relative to the build tree).
+# ---------------------------------------------------------------------------------------------
+TARGETS=()
+TARGET_PATHS=()
+target() { TARGETS+=("$1"); TARGET_PATHS+=("$2"); }
+register_targets() {
+  target specula_test_cuda tests/specula_test_cuda
+  target specula_bench_cuda bench/specula_bench_cuda
+  target specula_bench_peers bench/peers/specula_bench_peers  # needs PyPI at configure time
+}
+
+# ---------------------------------------------------------------------------------------------
+# The steps of a run: step NAME MIN_SECONDS MAX_SECONDS COMMAND...  (see the file comment).
+# Order: what answers the most first (the tests, the targets' benchmarks), the sanitizers, then
+# the Python package, which is built on the device in the background from the start.
+# ---------------------------------------------------------------------------------------------
+STEPS=()
+declare -A STEP_MIN STEP_MAX STEP_CMD
+step() {
+  local name="$1" min="$2" max="$3"
+  shift 3
+  STEPS+=("$name")
+  STEP_MIN[$name]="$min"
+  STEP_MAX[$name]="$max"
+  local arg cmd=""
+  for arg in "$@"; do
+    # Arguments naming $BIN or $RESULTS expand when the step runs; the others stay literal.
+    if [[ "$arg" == *'$BIN'* || "$arg" == *'$RESULTS'* ]]; then
+      cmd+="\"$arg\" "
+    else
+      cmd+="$(printf '%q' "$arg") "
+    fi
+  done
+  STEP_CMD[$name]="$cmd"
+}
+# Device tests without the large statistical and enumeration ones, under each sanitizer tool.
+SANITIZED="${GPU_CHECK_SANITIZE_SPEC:-[device]~[stats]~[exact]}"
+register_steps() {
+  step nvidia_smi 5 20 nvidia-smi
+  step device_tests 30 150 '$BIN/specula_test_cuda' --durations yes
+  step bench_peers 20 100 '$BIN/specula_bench_peers' --benchmark_min_time=0.01 \
+    '--benchmark_out=$RESULTS/bench_peers.json' --benchmark_out_format=json
+  step bench_cuda 20 100 '$BIN/specula_bench_cuda' --benchmark_min_time=0.01 \
+    '--benchmark_out=$RESULTS/bench_cuda.json' --benchmark_out_format=json
+  step memcheck 20 75 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 \
+    '$BIN/specula_test_cuda' "$SANITIZED"
+  step racecheck 20 75 compute-sanitizer --tool racecheck \
+    --error-exitcode 1 '$BIN/specula_test_cuda' "$SANITIZED"
+  step synccheck 15 60 compute-sanitizer --tool synccheck --error-exitcode 1 \
+    '$BIN/specula_test_cuda' "$SANITIZED"
+  step initcheck 15 60 compute-sanitizer --tool initcheck --error-exitcode 1 \
+    '$BIN/specula_test_cuda' "$SANITIZED"
+  step python_cuda 20 120 bash scripts/gpu_check.sh --python-step
+}
+# ('$BIN' and '$RESULTS' in single quotes: they expand when the step runs.)
+
+# ---------------------------------------------------------------------------------------------
+# Bundle: binaries, the shared libraries they need beyond the C/C++ runtime, a manifest.
+# ---------------------------------------------------------------------------------------------
+system_lib() {  # libraries every Linux machine has (and the driver, which must be the machine's)
+  case "$(basename "$1")" in
+    linux-vdso* | ld-linux* | libc.so* | libm.so* | libpthread* | libdl.so* | librt.so* | \
+      libgcc_s* | libstdc++* | libcuda.so* | libnvidia*) return 0 ;;
+  esac
+  return 1
+}
+
+assemble_bundle() {  # assemble_bundle BUILD_TREE
+  local tree="$1" i name path lib
+  rm -rf "$BUNDLE"
+  mkdir -p "$BUNDLE/bin" "$BUNDLE/lib"
+  for i in "${!TARGETS[@]}"; do
+    name="${TARGETS[$i]}"
+    path="$tree/${TARGET_PATHS[$i]}"
+    if [[ -x "$path" ]]; then
+      cp "$path" "$BUNDLE/bin/"
+      strip --strip-debug "$BUNDLE/bin/$name" 2>/dev/null || true
+      while read -r lib; do
+        [[ -n "$lib" && -f "$lib" ]] || continue
+        system_lib "$lib" || cp -L -n "$lib" "$BUNDLE/lib/" 2>/dev/null || true
+      done < <(ldd "$path" 2>/dev/null | awk '/=> \//{print $3}')
+    else
+      log "not in the bundle: $name ($path not built; its step will skip)"
+    fi
+  done
+  {
+    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
+    echo "built: $(date -u +%Y-%m-%dT%H:%MZ) on $(uname -m)"
+    echo "nvcc: $(/usr/local/cuda/bin/nvcc --version 2>/dev/null | tail -1 || echo unknown)"
+    echo "binaries: $(ls "$BUNDLE/bin" | tr '\n' ' ')"
+    echo "libraries: $(ls "$BUNDLE/lib" | tr '\n' ' ')"
+  } >"$BUNDLE/MANIFEST"
+  local bytes
+  bytes=$(du -sb "$BUNDLE" | cut -f1)
+  log "bundle $BUNDLE: $(awk -v b="$bytes" 'BEGIN{printf "%.1f MiB", b/1048576}') ($bytes bytes; the device tool carries at most 64 MiB)"
+  ((bytes <= 64 * 1024 * 1024)) || { log "bundle too large for the device tool"; return 1; }
+}
+
+build_bundle() {
+  if [[ -n "$FROM_BUILD" ]]; then
+    log "bundling the binaries of $FROM_BUILD (no build)"
+    assemble_bundle "$FROM_BUILD"
+    return
+  fi
+  local tree="$ROOT/build-gpu/tree" launcher=()
+  if command -v ccache >/dev/null 2>&1; then
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  fi
+  log "configure $tree (Release, sm_90)"
+  cmake -S . -B "$tree" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DSPECULA_BUILD_EXAMPLES=OFF "${launcher[@]}" >"$ROOT/build-gpu/configure.log" 2>&1 ||
+    { tail -20 "$ROOT/build-gpu/configure.log"; return 1; }
+  grep -q 'CUDA enabled' "$ROOT/build-gpu/configure.log" ||
+    { log "no CUDA compiler found: nothing to bundle"; return 1; }
+  local t available=()
+  for t in "${TARGETS[@]}"; do
+    if cmake --build "$tree" --target help 2>/dev/null | grep -q "\b$t\b"; then available+=("$t"); fi
+  done
+  log "build ${available[*]} (-j ${JOBS:-$(nproc)})"
+  cmake --build "$tree" -j "${JOBS:-$(nproc)}" --target "${available[@]}"
+  assemble_bundle "$tree"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Run: every step in order within the budget; statuses in $RESULTS/status.tsv.
+# ---------------------------------------------------------------------------------------------
+run_steps() {  # run_steps DRY(0/1)
+  local dry="$1" name min max left limit cmd rc start status first
+  export PATH="$PATH:/usr/local/cuda/bin"
+  export BIN="$BUNDLE/bin" RESULTS="$RESULTS"
+  export LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  : >"$RESULTS/status.tsv"
+  for name in "${STEPS[@]}"; do
+    min="${STEP_MIN[$name]}"
+    max="${STEP_MAX[$name]}"
+    cmd="${STEP_CMD[$name]}"
+    left=$((BUDGET - $(now)))
+    limit=$((max < left ? max : left))
+    if ((dry)); then
+      printf 'dry run: would run (timeout %ss, from %s):\n  %s\n' "$max" "$ROOT" \
+        "$(eval "echo $cmd")" >"$LOGS/$name.log"
+      printf '%s\t%s\t%s\t%s\n' "$name" "dry-run" 0 "$max" >>"$RESULTS/status.tsv"
+      log "$name: $(eval "echo $cmd")"
+      continue
+    fi
+    if [[ -n "${GPU_CHECK_STEPS:-}" && " $GPU_CHECK_STEPS " != *" $name "* ]]; then
+      printf '%s\t%s\t%s\t%s\n' "$name" "not selected" 0 "$max" >>"$RESULTS/status.tsv"
+      continue
+    fi
+    first="$(eval "echo ${cmd%% *}")"
+    if [[ "$first" == "$BIN"/* && ! -x "$first" ]]; then
+      printf '%s\t%s\t%s\t%s\n' "$name" "skipped (not bundled)" 0 "$max" >>"$RESULTS/status.tsv"
+      log "$name: skipped ($(basename "$first") is not in the bundle)"
+      continue
+    fi
+    if ((left < min)); then
+      printf '%s\t%s\t%s\t%s\n' "$name" "not started (budget)" 0 "$max" >>"$RESULTS/status.tsv"
+      log "$name: not started ($left s left, needs $min s)"
+      continue
+    fi
+    log "$name (timeout ${limit}s): $(eval "echo $cmd")"
+    start=$(now)
+    rc=0
+    (eval "timeout -k 5 $limit $cmd") >"$LOGS/$name.log" 2>&1 || rc=$?
+    case "$rc" in
+      0) status=pass ;;
+      77) status=skipped ;;
+      124 | 137) status="timeout (${limit}s)" ;;
+      *) status="FAIL (exit $rc)" ;;
+    esac
+    printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$(($(now) - start))" "$max" >>"$RESULTS/status.tsv"
+    log "$name: $status in $(($(now) - start)) s"
+  done
+}
+
+# The python_cuda step (runs on the device): wait for the background build of the package with
+# the CUDA path (started by `run` at t = 0), then its CUDA tests.
+python_step() {
+  local dir=/tmp/specula-gpu-python
+  if [[ ! -f "$dir/started" ]]; then echo "python package build not started"; exit 77; fi
+  while [[ ! -f "$dir/done" ]]; do sleep 2; done
+  cat "$dir/build.log" | tail -5
+  if [[ "$(cat "$dir/done")" != 0 ]]; then
+    echo "building the Python package with SPECULA_PYTHON_CUDA=ON failed (see above)"
+    exit 1
+  fi
+  PYTHONPATH="$dir/site" python3 -m pytest -q -p no:cacheprovider python/tests/test_cuda.py
+}
+
+start_python_build() {
+  local dir=/tmp/specula-gpu-python
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  touch "$dir/started"
+  if ! python3 -c 'import scikit_build_core, nanobind, torch, pytest' >/dev/null 2>&1; then
+    echo "scikit-build-core, nanobind, torch or pytest missing" >"$dir/build.log"
+    echo 1 >"$dir/done"
+    return
+  fi
+  (
+    rc=0
+    CMAKE_BUILD_PARALLEL_LEVEL=8 nice -n 5 python3 -m pip install --no-build-isolation --no-deps \
+      --no-index --disable-pip-version-check --target "$dir/site" \
+      --config-settings=cmake.define.SPECULA_PYTHON_CUDA=ON \
+      --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES=90 \
+      --config-settings=build-dir="$dir/build" ./python >"$dir/build.log" 2>&1 || rc=$?
+    echo "$rc" >"$dir/done"
+  ) &
+}
+
+# ---------------------------------------------------------------------------------------------
+# Summary: summary.md from the statuses and the benchmark JSON (scripts/gpu_check_report.py).
+# ---------------------------------------------------------------------------------------------
+finish() {  # finish DRY
+  local dry="$1" stand_in=()
+  ((dry)) && stand_in=(--stand-in "$BUNDLE/bin")
+  python3 scripts/gpu_check_report.py --results "$RESULTS" --bundle "$BUNDLE" \
+    "${stand_in[@]}" >"$OUT_DIR/summary.md"
+  cp "$RESULTS"/*.json "$OUT_DIR/" 2>/dev/null || true
+  tar -czf "$OUT_DIR/logs.tar.gz" -C "$WORK" logs results
+  log "wrote $OUT_DIR/summary.md, $OUT_DIR/logs.tar.gz$(ls "$RESULTS"/*.json >/dev/null 2>&1 && echo ', benchmark JSON')"
+  echo
+  # The steps and targets (the benchmark tables are in summary.md), last: the device tool's
+  # reply shows the end of the output.
+  sed '/^## Benchmark tables/,$d' "$OUT_DIR/summary.md"
+}
+
+if [[ "$mode" == python-step ]]; then python_step; exit; fi
+register_targets
+register_steps
+
+case "$mode" in
+  build)
+    mkdir -p build-gpu
+    build_bundle
+    ;;
+  run | dry-run)
+    dry=0
+    [[ "$mode" == dry-run ]] && dry=1
+    if ((dry)); then
+      mkdir -p build-gpu
+      build_bundle
+    elif [[ ! -d "$BUNDLE/bin" ]]; then
+      log "no bundle at $BUNDLE: run 'scripts/gpu_check.sh build' where nvcc is, and carry it"
+      exit 1
+    fi
+    mkdir -p "$OUT_DIR"
+    WORK="$(mktemp -d)"
+    LOGS="$WORK/logs"
+    RESULTS="$WORK/results"
+    mkdir -p "$LOGS" "$RESULTS"
+    log "mode $mode, budget ${BUDGET}s, bundle $BUNDLE ($(head -1 "$BUNDLE/MANIFEST"))"
+    if ((dry)); then
+      # The bundle is self-contained: its test binary starts here from the bundle's libraries
+      # and lists its cases (no GPU needed).
+      n=$(LD_LIBRARY_PATH="$BUNDLE/lib" "$BUNDLE/bin/specula_test_cuda" --list-test-names-only |
+        grep -c . || true)
+      log "bundle check: specula_test_cuda lists $n test cases"
+      ((n > 0)) || { log "the bundled specula_test_cuda does not start"; exit 1; }
+    else
+      start_python_build
+    fi
+    run_steps "$dry"
+    finish "$dry"
+    rm -rf "$WORK"
+    ;;
+esac
