@@ -12,7 +12,9 @@
 //   unchecked: per accepted draft, p(x) and q(x) (8 bytes); at the stopping position of each
 //              request either the p and q rows (residual, 8V bytes) or the bonus row p_{L+1}
 //              (4V bytes); plus the tokens and outputs (small);
-//   checked:   every target and draft row (validation reads them all), plus the above.
+//   checked:   (check_level::reads, the default) the same rows, which are validated as they
+//              are read, plus p(x) and q(x) of the drafts after the stopping position (the
+//              checks read every drafted token's probabilities: 8 bytes each).
 //
 // Scenarios (fix the outcome so bytes are deterministic):
 //   accept_all  p = q at every drafted position: every draft is accepted, a bonus is sampled;
@@ -218,9 +220,13 @@ struct chain_fixture {
     }
     return bytes;
   }
+  /// Bytes a checked call (check_level::reads) reads: the unchecked call's, plus p(x) and q(x)
+  /// of every draft the verifier did not reach.
   [[nodiscard]] double checked_bytes() const {
-    return unchecked_bytes() +
-           4.0 * static_cast<double>(vocab) * static_cast<double>(batch * (2 * length + 1));
+    double bytes = unchecked_bytes();
+    for (index_t r = 0; r < batch; ++r)
+      bytes += 8.0 * static_cast<double>(length - num_accepted[static_cast<std::size_t>(r)]);
+    return bytes;
   }
 };
 

@@ -9,12 +9,17 @@
 //   validate   check_probability_row (the checked entry points' per-row scan)
 //   argmax     argmax_lowest (greedy verification)
 //   softmax    softmax of a logit row (reads the logits, writes the probabilities: 8V)
+//
+// passes_isa/<pass>/<isa>/V:<V>: the same with the instruction set forced (simd::force_isa:
+// sse2, avx2, avx512; a set the CPU lacks is reported as an error, not run), so that one run
+// gives what each set brings per pass, side by side.
 
 #include <benchmark/benchmark.h>
 
 #include <string>
 #include <vector>
 
+#include "specula/core/simd.hpp"
 #include "specula/core/validate.hpp"
 #include "specula/rules/exact.hpp"
 #include "specula/sample/categorical.hpp"
@@ -44,7 +49,14 @@ const char* name_of(pass p) {
   return "";
 }
 
-void pass_case(benchmark::State& state, pass which, index_t v) {
+void pass_case(benchmark::State& state, pass which, index_t v,
+               simd::isa path = simd::active_isa()) {
+  const simd::isa saved = simd::active_isa();
+  if (simd::force_isa(path) != path) {
+    simd::force_isa(saved);
+    state.SkipWithError("instruction set not supported by this CPU");
+    return;
+  }
   const auto p = bench::skewed_row(v, 5, 1);
   const auto q = bench::skewed_row(v, 5, 2);
   std::vector<float> out(static_cast<std::size_t>(v));
@@ -82,6 +94,7 @@ void pass_case(benchmark::State& state, pass which, index_t v) {
   if (which == pass::residual || which == pass::softmax) bytes *= 2;
   call();
   bench::run_against_stream(state, bytes, call);
+  simd::force_isa(saved);
 }
 
 int register_all() {
@@ -91,6 +104,14 @@ int register_all() {
           (std::string("passes/") + name_of(which) + "/V:" + std::to_string(v)).c_str(),
           [=](benchmark::State& s) { pass_case(s, which, v); })
           ->Unit(benchmark::kMicrosecond);
+  for (pass which : {pass::mass, pass::residual, pass::validate, pass::argmax, pass::softmax})
+    for (simd::isa path : {simd::isa::sse2, simd::isa::avx2, simd::isa::avx512})
+      for (index_t v : {32000, 128256})
+        benchmark::RegisterBenchmark((std::string("passes_isa/") + name_of(which) + "/" +
+                                      simd::name(path) + "/V:" + std::to_string(v))
+                                         .c_str(),
+                                     [=](benchmark::State& s) { pass_case(s, which, v, path); })
+            ->Unit(benchmark::kMicrosecond);
   return 0;
 }
 

@@ -19,12 +19,21 @@
 //                 (logits_to_probs with default parameters), run in turn with them; both in
 //                 CPU time of the thread (the machine the numbers were taken on is shared)
 //   over_softmax  call_us / softmax_us: the cost of the case in units of softmax alone
+//
+// chain_logits/<fused|unfused>/V:<V>/B:<B>: chain verification from logits, B requests of L = 8
+// drafts with dense draft logits (target logits: the draft's plus normal noise of standard
+// deviation 0.5, so that about half the drafts are accepted), top-k 50 and top-p 0.9 on both:
+//   fused      verify_chain_from_logits (each row transformed when the verifier first reads it)
+//   unfused    logits_to_probs on every draft and target row, then verify_chain (checked)
+// Counters: call_us (median CPU time of 7 calls, interleaved with the other variant's),
+// accepted_mean.
 
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,6 +41,7 @@
 #include "specula/core/rng.hpp"
 #include "specula/sample/transforms.hpp"
 #include "specula/testing/reference_transforms.hpp"
+#include "specula/verify/chain_logits.hpp"
 #include "stream_baseline.hpp"
 
 using namespace specula;
@@ -177,7 +187,89 @@ void transforms_case(benchmark::State& state, filter f, impl which, index_t v, i
   state.counters["over_softmax"] = median(call_us) / median(softmax_us);
 }
 
+void chain_logits_case(benchmark::State& state, bool fused, index_t v, index_t batch) {
+  constexpr index_t length = 8;
+  const index_t drafts = batch * length;
+  const std::vector<float> draft = normal_logits(drafts, v);
+  const std::vector<float> noise = normal_logits(drafts + batch, v);
+  std::vector<float> target(static_cast<std::size_t>((drafts + batch) * v));
+  std::vector<index_t> offsets = {0};
+  std::vector<token_t> tokens;
+  for (index_t b = 0; b < batch; ++b) {
+    offsets.push_back(offsets.back() + length);
+    for (index_t i = 0; i <= length; ++i) {
+      const index_t row = b * (length + 1) + i;
+      for (index_t y = 0; y < v; ++y) {
+        const auto at = static_cast<std::size_t>(row * v + y);
+        const float base = i < length ? draft[static_cast<std::size_t>((b * length + i) * v + y)]
+                                      : noise[at] * 3.0f;
+        target[at] = base + (i < length ? 0.5f / 3.0f * noise[at] : 0.0f);
+      }
+    }
+    for (index_t i = 0; i < length; ++i) {  // the draft's arg max: kept by top-k and top-p
+      const float* row = draft.data() + (b * length + i) * v;
+      tokens.push_back(static_cast<token_t>(std::max_element(row, row + v) - row));
+    }
+  }
+  std::vector<request_rng> rng;
+  for (index_t b = 0; b < batch; ++b)
+    rng.push_back(request_rng{3, static_cast<std::uint32_t>(b), 0});
+  sampling_params sp;
+  sp.top_k = 50;
+  sp.top_p = 0.9f;
+  const std::vector<sampling_params> params = {sp};
+  std::vector<token_t> out(static_cast<std::size_t>(drafts + batch));
+  std::vector<std::int32_t> num(static_cast<std::size_t>(batch));
+  std::vector<float> q_probs(draft.size()), p_probs(target.size());
+  const chain_batch_output o{out, num, {}, {}};
+  const chain_logits_input<float> in{v,
+                                     offsets,
+                                     tokens,
+                                     {draft.data(), drafts, v},
+                                     {},
+                                     params,
+                                     {target.data(), drafts + batch, v},
+                                     {},
+                                     params,
+                                     rng};
+  auto run_fused = [&] { verify_chain_from_logits(host::seq, in, o); };
+  auto run_unfused = [&] {
+    logits_to_probs<float>(host::seq, {draft.data(), drafts, v}, {}, params,
+                           {q_probs.data(), drafts, v});
+    logits_to_probs<float>(host::seq, {target.data(), drafts + batch, v}, {}, params,
+                           {p_probs.data(), drafts + batch, v});
+    verify_chain(host::seq,
+                 chain_batch_input<float>{v,
+                                          offsets,
+                                          tokens,
+                                          {q_probs.data(), drafts, v},
+                                          {p_probs.data(), drafts + batch, v},
+                                          rng},
+                 o);
+  };
+  for (auto _ : state) fused ? run_fused() : run_unfused();
+  std::vector<double> call_us;
+  for (int k = 0; k < 7; ++k) {
+    call_us.push_back(
+        time_us(fused ? std::function<void()>(run_fused) : std::function<void()>(run_unfused)));
+    (void)time_us(fused ? std::function<void()>(run_unfused) : std::function<void()>(run_fused));
+  }
+  state.counters["call_us"] = median(call_us);
+  double acc = 0;
+  for (auto a : num) acc += a;
+  state.counters["accepted_mean"] = acc / static_cast<double>(batch);
+}
+
 int register_all() {
+  for (const index_t v : {32000, 128256})
+    for (const index_t rows : {1, 16})
+      for (const bool fused : {true, false})
+        benchmark::RegisterBenchmark(
+            (std::string("chain_logits/") + (fused ? "fused" : "unfused") +
+             "/V:" + std::to_string(v) + "/B:" + std::to_string(rows))
+                .c_str(),
+            [=](benchmark::State& s) { chain_logits_case(s, fused, v, rows); })
+            ->Unit(benchmark::kMicrosecond);
   for (const index_t v : {32000, 128256, 256000})
     for (const index_t rows : {1, 16})
       for (const filter f :

@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "../isa_cases.hpp"
 #include "specula/core/rng.hpp"
 #include "specula/core/simd.hpp"
 #include "specula/core/validate.hpp"
@@ -23,23 +24,8 @@ using namespace specula;
 
 namespace {
 
-/// The instruction sets to test: every one this build and CPU support.
-std::vector<simd::isa> testable_isas() {
-  std::vector<simd::isa> out = {simd::isa::scalar};
-  for (simd::isa i : {simd::isa::sse2, simd::isa::avx2}) {
-    if (static_cast<int>(i) <= static_cast<int>(simd::supported_isa()))
-      out.push_back(i);
-    else
-      WARN("instruction set " << simd::name(i) << " not supported here: its path is not tested");
-  }
-  return out;
-}
-
-/// Restores the default instruction set at scope exit.
-struct isa_guard {
-  simd::isa saved = simd::active_isa();
-  ~isa_guard() { simd::force_isa(saved); }
-};
+using specula_test::isa_guard;
+using specula_test::on_scalar;
 
 /// A float row of length n: mostly small positive values, with special entries when asked.
 std::vector<float> make_row(index_t n, std::uint32_t id, bool special) {
@@ -79,10 +65,8 @@ void check_passes_match_element_calls(index_t n, const W& w, const char* what = 
   const double expected = positive_mass(n, ref);
   weight_summary s_ref, s;
   summarize_weights(n, ref, s_ref);
-  for (simd::isa path : testable_isas()) {
-    isa_guard guard;
-    simd::force_isa(path);
-    INFO("isa " << simd::name(path) << ", n = " << n);
+  {
+    INFO("n = " << n);
     CHECK(same_bits(positive_mass(n, w), expected));
     summarize_weights(n, w, s);
     CHECK(same_bits(s.total, s_ref.total));
@@ -103,12 +87,13 @@ TEST_CASE("force_isa picks a supported instruction set", "[core][simd]") {
   isa_guard guard;
   CHECK(simd::force_isa(simd::isa::scalar) == simd::isa::scalar);
   CHECK(simd::active_isa() == simd::isa::scalar);
-  const simd::isa best = simd::force_isa(simd::isa::avx2);
+  const simd::isa best = simd::force_isa(simd::isa::avx512);
   CHECK(best == simd::supported_isa());
   CHECK(simd::active_isa() == best);
 }
 
-TEST_CASE("SIMD row and residual tile sums equal the element calls bit for bit", "[core][simd]") {
+SPECULA_ISA_TEST_CASE("SIMD row and residual tile sums equal the element calls bit for bit",
+                      "[core][simd]") {
   for (index_t n : lengths)
     for (bool special : {false, true}) {
       const auto p = make_row(n, 1, special);
@@ -131,7 +116,8 @@ TEST_CASE("SIMD row and residual tile sums equal the element calls bit for bit",
     }
 }
 
-TEST_CASE("SIMD candidate recursion equals the element calls bit for bit", "[core][simd]") {
+SPECULA_ISA_TEST_CASE("SIMD candidate recursion equals the element calls bit for bit",
+                      "[core][simd]") {
   for (index_t n : {9, 257, 1000, 4099}) {
     const auto p = make_row(n, 3, false);
     const auto q = make_row(n, 4, false);
@@ -162,7 +148,7 @@ TEST_CASE("SIMD candidate recursion equals the element calls bit for bit", "[cor
   }
 }
 
-TEST_CASE("SIMD validation pass and argmax equal the scalar loops", "[core][simd]") {
+SPECULA_ISA_TEST_CASE("SIMD validation pass and argmax equal the scalar loops", "[core][simd]") {
   for (index_t n : lengths)
     for (bool special : {false, true}) {
       auto row = make_row(n, 5, special);
@@ -170,16 +156,11 @@ TEST_CASE("SIMD validation pass and argmax equal the scalar loops", "[core][simd
       if (n > 10)
         row[static_cast<std::size_t>(n / 3)] = row[static_cast<std::size_t>(n - 2)] = 7.0f;
       double low_ref = 0.0;
-      const double sum_ref = [&] {
-        isa_guard guard;
-        simd::force_isa(simd::isa::scalar);
-        return detail::row_sum_and_min(row.data(), n, low_ref);
-      }();
+      const double sum_ref =
+          on_scalar([&] { return detail::row_sum_and_min(row.data(), n, low_ref); });
       const index_t arg_ref = detail::argmax_f32_scalar(row.data(), n);
-      for (simd::isa path : testable_isas()) {
-        isa_guard guard;
-        simd::force_isa(path);
-        INFO("isa " << simd::name(path) << ", n = " << n << ", special = " << special);
+      {
+        INFO("n = " << n << ", special = " << special);
         double low = 0.0;
         CHECK(same_bits(detail::row_sum_and_min(row.data(), n, low), sum_ref));
         CHECK(same_bits(low, low_ref));
@@ -204,20 +185,17 @@ TEST_CASE("SIMD validation pass and argmax equal the scalar loops", "[core][simd
       std::vector<float>(33, -inf),
       {-0.0f, 0.0f, 0.0f, -0.0f, -1.0f, -0.0f, 0.0f, 0.0f, 0.0f},
       {}};
-  for (const auto& r : rows)
-    for (simd::isa path : testable_isas()) {
-      isa_guard guard;
-      simd::force_isa(path);
-      CHECK(argmax_lowest(row_view<const float>(r)) ==
-            detail::argmax_f32_scalar(r.data(), static_cast<index_t>(r.size())));
-    }
+  for (const auto& r : rows) {
+    CHECK(argmax_lowest(row_view<const float>(r)) ==
+          detail::argmax_f32_scalar(r.data(), static_cast<index_t>(r.size())));
+  }
   CHECK(detail::argmax_f32_scalar(rows[0].data(), 19) == -1);
   CHECK(detail::argmax_f32_scalar(rows[1].data(), 4) == 1);
   CHECK(detail::argmax_f32_scalar(rows[3].data(), 9) == 0);
 }
 
-TEST_CASE("checked passes sum the weights and validate the rows they read in one pass",
-          "[core][simd]") {
+SPECULA_ISA_TEST_CASE("checked passes sum the weights and validate the rows they read in one pass",
+                      "[core][simd]") {
   // For every form the fused kernels take (a row, the residual max(p - q, 0), the one-hot
   // residual with a skip index): the weight sums are those of the unchecked pass whenever the
   // rows hold no NaN, and the scan holds each row's check_probability_row sum (row_sum_and_min;
@@ -232,9 +210,7 @@ TEST_CASE("checked passes sum the weights and validate the rows they read in one
         detail::summarize_weights_scanning(n, w, s, &scan);
       };
       auto reference = [&](const float* row, double& low) {
-        isa_guard guard;
-        simd::force_isa(simd::isa::scalar);
-        return detail::row_sum_and_min(row, n, low);
+        return on_scalar([&] { return detail::row_sum_and_min(row, n, low); });
       };
       double p_low = 0.0, q_low = 0.0;
       const double p_sum = reference(p.data(), p_low);
@@ -250,10 +226,11 @@ TEST_CASE("checked passes sum the weights and validate the rows they read in one
       const detail::chain_residual<bound, row_view<const float>, one_hot_proposal> skipping{
           rule, pr, one_hot};
       detail::dense_scan ref_scan[3];
-      for (simd::isa path : testable_isas()) {
+      // The scalar path first (the reference scans), then the forced one.
+      for (simd::isa run : {simd::isa::scalar, path}) {
         isa_guard guard;
-        simd::force_isa(path);
-        INFO("isa " << simd::name(path) << ", n = " << n << ", special = " << special);
+        simd::force_isa(run);
+        INFO("run on " << simd::name(run) << ", n = " << n << ", special = " << special);
         int form = 0;
         auto check_form = [&](const auto& w, bool with_q, bool weights_equal) {
           weight_summary s, s_ref;
@@ -269,7 +246,7 @@ TEST_CASE("checked passes sum the weights and validate the rows they read in one
           // With q the kernels add plain entries: the same sums for rows without negatives.
           if (!with_q || !special) CHECK(same_bits(scan.p_sum, p_sum));
           if (with_q && !special) CHECK(same_bits(scan.q_sum, q_sum));
-          if (path == simd::isa::scalar) ref_scan[form] = scan;
+          if (run == simd::isa::scalar) ref_scan[form] = scan;
           auto same = [](double a, double b) {
             return same_bits(a, b) || (std::isnan(a) && std::isnan(b));
           };

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../isa_cases.hpp"
 #include "bad_input_util.hpp"
 #include "specula/core/simd.hpp"
 #include "specula/verify/candidates.hpp"
@@ -22,18 +23,6 @@ using specula::test::expected_error;
 using specula::test::require_error;
 
 namespace {
-
-std::vector<simd::isa> testable_isas() {
-  std::vector<simd::isa> out = {simd::isa::scalar};
-  for (simd::isa i : {simd::isa::sse2, simd::isa::avx2})
-    if (static_cast<int>(i) <= static_cast<int>(simd::supported_isa())) out.push_back(i);
-  return out;
-}
-
-struct isa_guard {
-  simd::isa saved = simd::active_isa();
-  ~isa_guard() { simd::force_isa(saved); }
-};
 
 /// A probability row of length v (float sum within 1e-6 of 1), with -0 and +0 entries.
 std::vector<float> prob_row(index_t v, std::uint32_t id) {
@@ -123,15 +112,13 @@ struct chain_fixture {
 
 }  // namespace
 
-TEST_CASE("checked chain calls at check_level::reads: unchecked results, fused checks",
-          "[verify][bad_input][simd]") {
+SPECULA_ISA_TEST_CASE("checked chain calls at check_level::reads: unchecked results, fused checks",
+                      "[verify][bad_input][simd]") {
   for (index_t v : {7, 1000, 4099})
     for (bool reject : {false, true})
       for (bool one_hot : {false, true}) {
         if (one_hot && !reject) continue;  // one-hot accepted drafts read as the dense ones
-        for (simd::isa path : testable_isas()) {
-          isa_guard guard;
-          simd::force_isa(path);
+        {
           INFO("V = " << v << (reject ? ", reject" : ", accept")
                       << (one_hot ? ", one-hot" : ", dense") << ", isa " << simd::name(path));
           chain_fixture want(v, reject, one_hot);
@@ -166,13 +153,10 @@ TEST_CASE("checked chain calls at check_level::reads: unchecked results, fused c
       }
 }
 
-TEST_CASE("checked candidates and tree calls check the rows their passes read",
-          "[verify][bad_input][simd]") {
+SPECULA_ISA_TEST_CASE("checked candidates and tree calls check the rows their passes read",
+                      "[verify][bad_input][simd]") {
   const index_t v = 4099;
-  for (simd::isa path : testable_isas()) {
-    isa_guard guard;
-    simd::force_isa(path);
-    INFO("isa " << simd::name(path));
+  {
     SECTION("candidates: both candidates rejected, p and q read in full") {
       auto p = prob_row(v, 1);
       const auto q = prob_row(v, 2);

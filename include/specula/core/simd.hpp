@@ -18,15 +18,17 @@
 /// The tests force every instruction set the CPU supports and compare bits.
 ///
 /// Instruction sets: `scalar` (the portable loops, used on every other architecture and in CUDA
-/// translation units), `sse2` (every x86-64 CPU) and `avx2`. The environment variable
-/// `SPECULA_ISA` (`scalar`, `sse2` or `avx2`) caps the choice at start-up; `force_isa` changes
-/// it at run time (for tests and benchmarks). Define `SPECULA_NO_SIMD` to compile the scalar
-/// loops only.
+/// translation units), `sse2` (every x86-64 CPU), `avx2` and `avx512` (AVX-512 F, BW, VL and DQ:
+/// Intel since Skylake-SP, AMD since Zen 4). The environment variable `SPECULA_ISA` (`scalar`,
+/// `sse2`, `avx2` or `avx512`) caps the choice at start-up; `force_isa` changes it at run time
+/// (for tests and benchmarks). Define `SPECULA_NO_SIMD` to compile the scalar loops only.
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
+#include "specula/core/exp.hpp"
 #include "specula/core/types.hpp"
 
 #if !defined(SPECULA_NO_SIMD) && !defined(__CUDACC__) && defined(__x86_64__) && \
@@ -65,12 +67,15 @@ namespace specula::simd {
 enum class isa : int {
   scalar = 0,  ///< portable C++ loops
   sse2 = 1,    ///< x86-64 baseline: two doubles per vector
-  avx2 = 2,    ///< four doubles per vector
+  avx2 = 2,    ///< four doubles per vector (AVX2 and FMA)
+  avx512 = 3,  ///< eight doubles per vector (AVX-512 F, BW, VL, DQ)
 };
 
-/// The name of an instruction set ("scalar", "sse2", "avx2").
+/// The name of an instruction set ("scalar", "sse2", "avx2", "avx512").
 [[nodiscard]] constexpr const char* name(isa i) noexcept {
   switch (i) {
+    case isa::avx512:
+      return "avx512";
     case isa::sse2:
       return "sse2";
     case isa::avx2:
@@ -86,7 +91,12 @@ enum class isa : int {
 #if SPECULA_SIMD_X86
   static const isa best = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") ? isa::avx2 : isa::sse2;
+    // AVX2 comes with FMA on every CPU that has it; the AVX2 kernels use both.
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return isa::sse2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+      return isa::avx512;
+    return isa::avx2;
   }();
   return best;
 #else
@@ -105,11 +115,12 @@ inline std::atomic<int> active_isa_state{-1};
 
 /// The default: supported_isa(), capped by the environment variable SPECULA_ISA.
 [[nodiscard]] inline isa default_isa() noexcept {
-  isa cap = isa::avx2;
+  isa cap = isa::avx512;
   if (const char* env = std::getenv("SPECULA_ISA");
       env != nullptr) {  // NOLINT(concurrency-mt-unsafe)
     if (std::strcmp(env, "scalar") == 0) cap = isa::scalar;
     if (std::strcmp(env, "sse2") == 0) cap = isa::sse2;
+    if (std::strcmp(env, "avx2") == 0) cap = isa::avx2;
   }
   return min_isa(cap, supported_isa());
 }
@@ -312,10 +323,10 @@ template <bool HasQ, bool Check = false>
 /// times the instruction-level and memory-level parallelism of one tile); out[0 .. G) get their
 /// weight sums and, with Check, c->p_sum[0 .. G) and c->q_sum[0 .. G) their entry sums.
 template <bool HasQ, int G, bool Check = false>
-__attribute__((target("avx2"))) inline void tile_group_avx2(const float* p, const float* q,
-                                                            index_t stride, index_t len,
-                                                            double* out,
-                                                            tile_checks* c = nullptr) noexcept {
+__attribute__((target("avx2,fma"))) inline void tile_group_avx2(const float* p, const float* q,
+                                                                index_t stride, index_t len,
+                                                                double* out,
+                                                                tile_checks* c = nullptr) noexcept {
   static_assert(G <= tile_checks::max_tiles);
   const __m256d zero = _mm256_setzero_pd();
   // Accumulators, zeroed here (the lanes of a tile shorter than 8 stay zero).
@@ -333,6 +344,9 @@ __attribute__((target("avx2"))) inline void tile_group_avx2(const float* p, cons
     qhi[g] = zero;
     low[g] = _mm256_setzero_ps();
   }
+  // Sums as fmadd(x, 1, acc): acc + x rounded once, the same bits, issued on the FMA pipes
+  // (the conversions, subtractions and maxima keep the add pipes busy).
+  const __m256d one = _mm256_set1_pd(1.0);
   index_t i = 0;
   for (; i + 8 <= len; i += 8)
     for (int g = 0; g < G; ++g) {
@@ -347,10 +361,10 @@ __attribute__((target("avx2"))) inline void tile_group_avx2(const float* p, cons
         d0 = _mm256_sub_pd(p0, q0);
         d1 = _mm256_sub_pd(p1, q1);
         if constexpr (Check) {
-          plo[g] = _mm256_add_pd(plo[g], p0);
-          phi[g] = _mm256_add_pd(phi[g], p1);
-          qlo[g] = _mm256_add_pd(qlo[g], q0);
-          qhi[g] = _mm256_add_pd(qhi[g], q1);
+          plo[g] = _mm256_fmadd_pd(p0, one, plo[g]);
+          phi[g] = _mm256_fmadd_pd(p1, one, phi[g]);
+          qlo[g] = _mm256_fmadd_pd(q0, one, qlo[g]);
+          qhi[g] = _mm256_fmadd_pd(q1, one, qhi[g]);
           // One minimum for both rows (see tile_lanes::add).
           low[g] = _mm256_min_ps(_mm256_min_ps(pv, qv), low[g]);
         }
@@ -358,11 +372,11 @@ __attribute__((target("avx2"))) inline void tile_group_avx2(const float* p, cons
         low[g] = _mm256_min_ps(pv, low[g]);
       }
       if constexpr (Check && !HasQ) {
-        lo[g] = _mm256_add_pd(lo[g], _mm256_max_pd(zero, d0));
-        hi[g] = _mm256_add_pd(hi[g], _mm256_max_pd(zero, d1));
+        lo[g] = _mm256_fmadd_pd(_mm256_max_pd(zero, d0), one, lo[g]);
+        hi[g] = _mm256_fmadd_pd(_mm256_max_pd(zero, d1), one, hi[g]);
       } else {
-        lo[g] = _mm256_add_pd(lo[g], _mm256_max_pd(d0, zero));
-        hi[g] = _mm256_add_pd(hi[g], _mm256_max_pd(d1, zero));
+        lo[g] = _mm256_fmadd_pd(_mm256_max_pd(d0, zero), one, lo[g]);
+        hi[g] = _mm256_fmadd_pd(_mm256_max_pd(d1, zero), one, hi[g]);
       }
     }
   if constexpr (Check) {
@@ -381,6 +395,96 @@ __attribute__((target("avx2"))) inline void tile_group_avx2(const float* p, cons
       _mm256_storeu_pd(acc.p + 4, phi[g]);
       _mm256_storeu_pd(acc.q, qlo[g]);
       _mm256_storeu_pd(acc.q + 4, qhi[g]);
+    }
+    for (index_t j = i, k = 0; j < len; ++j, ++k)
+      acc.add(static_cast<int>(k), p[g * stride + j], HasQ ? q[g * stride + j] : 0.0f, c);
+    out[g] = acc.finish(c, g);
+  }
+}
+
+/// Adds the entries of one group of eight (as doubles) to a tile's accumulators (AVX-512).
+template <bool HasQ, bool Check>
+__attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline void tile_add_avx512(
+    __m512d& w, __m512d& ps, __m512d& qs, __m512d pd, __m512d qd) noexcept {
+  const __m512d zero = _mm512_setzero_pd();
+  __m512d d = pd;
+  if constexpr (HasQ) {
+    d = _mm512_sub_pd(pd, qd);
+    if constexpr (Check) {
+      // ps + pd * 1 rounded once is ps + pd: the same sums, issued on the FMA pipes, which the
+      // rest of the kernel leaves idle (on Zen 4 the adds, subtractions, conversions and
+      // maxima all queue for the two FP add pipes).
+      const __m512d one = _mm512_set1_pd(1.0);
+      ps = _mm512_fmadd_pd(pd, one, ps);
+      qs = _mm512_fmadd_pd(qd, one, qs);
+    }
+  }
+  // max(d, 0) maps NaN to +0 as the scalar clamp does; a checked pass without q keeps NaN.
+  w = _mm512_fmadd_pd(Check && !HasQ ? _mm512_max_pd(zero, d) : _mm512_max_pd(d, zero),
+                      _mm512_set1_pd(1.0), w);
+}
+
+/// tile_group_avx2 on AVX-512: one vector of eight doubles holds a tile's eight lanes, and each
+/// group of 16 entries adds entries k and then k + 8 of the group to lane k, the lane order of
+/// every other path.
+template <bool HasQ, int G, bool Check = false>
+__attribute__((target(SPECULA_AVX512_TARGET))) inline void tile_group_avx512(
+    const float* p, const float* q, index_t stride, index_t len, double* out,
+    tile_checks* c = nullptr) noexcept {
+  static_assert(G <= tile_checks::max_tiles);
+  const __m512d zero = _mm512_setzero_pd();
+  __m512d w[G], ps[G], qs[G];  // weight lanes; entry sums of p and q (Check with q)
+  __m512 low[G];               // minima (Check)
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    w[g] = ps[g] = qs[g] = zero;
+    low[g] = _mm512_setzero_ps();
+  }
+  index_t i = 0;
+  for (; i + 16 <= len; i += 16)
+    for (int g = 0; g < G; ++g) {
+      const float* pg = p + g * stride + i;
+      const float* qg = HasQ ? q + g * stride + i : nullptr;
+      if constexpr (Check) {
+        // One minimum for both rows (see tile_lanes::add); NaN entries leave it as it is.
+        const __m512 pv = _mm512_loadu_ps(pg);
+        low[g] = HasQ ? _mm512_min_ps(_mm512_min_ps(pv, _mm512_loadu_ps(qg)), low[g])
+                      : _mm512_min_ps(pv, low[g]);
+      }
+      // The conversions read memory again (two 32-byte loads folded into the conversions cost
+      // less than extracting the upper half of a 64-byte register).
+      tile_add_avx512<HasQ, Check>(w[g], ps[g], qs[g], _mm512_cvtps_pd(_mm256_loadu_ps(pg)),
+                                   HasQ ? _mm512_cvtps_pd(_mm256_loadu_ps(qg)) : zero);
+      tile_add_avx512<HasQ, Check>(w[g], ps[g], qs[g], _mm512_cvtps_pd(_mm256_loadu_ps(pg + 8)),
+                                   HasQ ? _mm512_cvtps_pd(_mm256_loadu_ps(qg + 8)) : zero);
+    }
+  if (i + 8 <= len) {  // one group of 8 left (a partial tile only)
+    for (int g = 0; g < G; ++g) {
+      const __m256 pv = _mm256_loadu_ps(p + g * stride + i);
+      __m256 qv = pv;
+      if constexpr (HasQ) qv = _mm256_loadu_ps(q + g * stride + i);
+      if constexpr (Check) {
+        const __m256 m = HasQ ? _mm256_min_ps(pv, qv) : pv;
+        low[g] = _mm512_min_ps(_mm512_zextps256_ps512(m), low[g]);  // upper lanes 0: no change
+      }
+      tile_add_avx512<HasQ, Check>(w[g], ps[g], qs[g], _mm512_cvtps_pd(pv),
+                                   HasQ ? _mm512_cvtps_pd(qv) : zero);
+    }
+    i += 8;
+  }
+  if constexpr (Check) {
+    __m512 m = low[0];
+    for (int g = 1; g < G; ++g) m = _mm512_min_ps(low[g], m);
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, m);
+    for (float v : lanes) c->low = v < c->low ? v : c->low;
+  }
+  for (int g = 0; g < G; ++g) {
+    tile_lanes<HasQ, Check> acc;
+    _mm512_storeu_pd(acc.w, w[g]);
+    if constexpr (Check && HasQ) {
+      _mm512_storeu_pd(acc.p, ps[g]);
+      _mm512_storeu_pd(acc.q, qs[g]);
     }
     for (index_t j = i, k = 0; j < len; ++j, ++k)
       acc.add(static_cast<int>(k), p[g * stride + j], HasQ ? q[g * stride + j] : 0.0f, c);
@@ -506,10 +610,14 @@ template <bool HasQ, bool Check = false>
   const bool simple = Check || (f.steps == 1 && f.scale == nullptr);
 #if SPECULA_SIMD_X86
   const simd::isa path = simd::active_isa();
-  if (path == simd::isa::avx2) {
+  if (path >= simd::isa::avx2) {
+    // The recursion has no AVX-512 kernel: AVX2's serves AVX-512 CPUs (same bits).
     if (!simple) return recursion_tile_avx2<HasQ>(p, q, f.scale, f.inv_z, f.steps, len);
     double sum = 0.0;
-    tile_group_avx2<HasQ, 1, Check>(p, q, len, len, &sum, c);
+    if (path == simd::isa::avx512)
+      tile_group_avx512<HasQ, 1, Check>(p, q, len, len, &sum, c);
+    else
+      tile_group_avx2<HasQ, 1, Check>(p, q, len, len, &sum, c);
     return sum;
   }
   if (path == simd::isa::sse2)
@@ -539,25 +647,30 @@ template <bool Check = false>
 
 #if SPECULA_SIMD_X86
 
-/// The AVX2 part of dense_tile_sums: groups of full tiles without skip indices, from `begin`
-/// while they start before `end`, summed interleaved; `record(g)` takes the entry sums of the g
-/// tiles just summed (Check). Returns the number of tiles summed.
-template <bool HasQ, bool Check, class Record>
-inline index_t avx2_tile_groups(const dense_f32_weights& f, index_t begin, index_t end, index_t n,
+/// The AVX2 and AVX-512 part of dense_tile_sums: groups of full tiles without skip indices,
+/// from `begin` while they start before `end`, summed interleaved; `record(g)` takes the entry
+/// sums of the g tiles just summed (Check). Returns the number of tiles summed.
+template <bool HasQ, bool Check, bool Avx512, class Record>
+inline index_t wide_tile_groups(const dense_f32_weights& f, index_t begin, index_t end, index_t n,
                                 index_t tile, double* out, tile_checks* c,
                                 Record& record) noexcept {
-  // Four tiles of one row at a time; with q one tile at a time: checking keeps three sums per
-  // tile, which leaves registers for one tile only, and unchecked, eight interleaved streams
-  // (p and q of four tiles) ran the residual pass at half the speed of two once the rows come
-  // from memory (B = 16, L = 8, V = 128256, reject_mid: 753-968 against 1510-2246 us,
-  // docs/PERFORMANCE.md). The sums do not depend on the grouping.
-  constexpr int group = HasQ ? 1 : 4;
+  // One tile at a time. Interleaving tiles (independent lane chains, more instruction-level
+  // parallelism) wins while the rows sit in L1/L2, but once they come from L3 or memory the
+  // interleaved streams run at a fraction of the speed of one: on Zen 3, p and q of four tiles
+  // (eight streams) ran the residual pass at half the speed of one tile (B = 16, L = 8,
+  // V = 128256, reject_mid: 753-968 against 1510-2246 us); on Zen 4, four tiles of a bonus row
+  // in L3 took 14.4 us per row of 32000 against 3.8 us for one tile (AVX-512; AVX2 17.0 against
+  // 4.7; docs/PERFORMANCE.md). The sums do not depend on the grouping.
+  constexpr int group = 1;
   index_t t = begin;
   index_t k = 0;
   for (; t + group * tile <= n && t < end; t += group * tile, k += group) {
     if (holds_skip(f, t, t + group * tile)) break;
     double sums[group];
-    tile_group_avx2<HasQ, group, Check>(f.p + t, HasQ ? f.q + t : nullptr, tile, tile, sums, c);
+    if constexpr (Avx512)
+      tile_group_avx512<HasQ, group, Check>(f.p + t, HasQ ? f.q + t : nullptr, tile, tile, sums, c);
+    else
+      tile_group_avx2<HasQ, group, Check>(f.p + t, HasQ ? f.q + t : nullptr, tile, tile, sums, c);
     int g = 0;
     for (; g < group && t + g * tile < end; ++g) out[k + g] = sums[g];
     record(g);
@@ -589,10 +702,16 @@ inline void dense_tile_sums(const dense_f32_weights& f, index_t begin, index_t e
       }
   };
 #if SPECULA_SIMD_X86
-  if (f.steps == 1 && f.scale == nullptr && simd::active_isa() == simd::isa::avx2) {
+  const simd::isa path = simd::active_isa();
+  if (f.steps == 1 && f.scale == nullptr && path >= simd::isa::avx2) {
+    const auto groups = [&](auto avx512) {
+      constexpr bool wide = decltype(avx512)::value;
+      return f.q != nullptr
+                 ? wide_tile_groups<true, Check, wide>(f, begin, end, n, tile, out, &c, record)
+                 : wide_tile_groups<false, Check, wide>(f, begin, end, n, tile, out, &c, record);
+    };
     const index_t done =
-        f.q != nullptr ? avx2_tile_groups<true, Check>(f, begin, end, n, tile, out, &c, record)
-                       : avx2_tile_groups<false, Check>(f, begin, end, n, tile, out, &c, record);
+        path == simd::isa::avx512 ? groups(std::true_type{}) : groups(std::false_type{});
     begin += done * tile;
     out += done;
   }
@@ -677,11 +796,40 @@ inline constexpr index_t tiles_per_chunk = 64;
   return -1;  // every entry is NaN (or the row is empty)
 }
 
+[[nodiscard]] __attribute__((target(SPECULA_AVX512_TARGET))) inline index_t argmax_f32_avx512(
+    const float* row, index_t n) noexcept {
+  const float neg_inf = -__builtin_inff();
+  __m512 m0 = _mm512_set1_ps(neg_inf), m1 = m0, m2 = m0, m3 = m0;
+  index_t i = 0;
+  // max(v, m) returns m when v is NaN, so NaN entries never become the maximum.
+  for (; i + 64 <= n; i += 64) {
+    m0 = _mm512_max_ps(_mm512_loadu_ps(row + i), m0);
+    m1 = _mm512_max_ps(_mm512_loadu_ps(row + i + 16), m1);
+    m2 = _mm512_max_ps(_mm512_loadu_ps(row + i + 32), m2);
+    m3 = _mm512_max_ps(_mm512_loadu_ps(row + i + 48), m3);
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, _mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
+  float best = neg_inf;
+  for (float v : lanes) best = v > best ? v : best;
+  for (; i < n; ++i) best = row[i] > best ? row[i] : best;
+  const __m512 target = _mm512_set1_ps(best);
+  index_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __mmask16 mask = _mm512_cmp_ps_mask(_mm512_loadu_ps(row + j), target, _CMP_EQ_OQ);
+    if (mask != 0) return j + __builtin_ctz(static_cast<unsigned>(mask));
+  }
+  for (; j < n; ++j)
+    if (row[j] == best) return j;
+  return -1;  // every entry is NaN (or the row is empty)
+}
+
 #endif  // SPECULA_SIMD_X86
 
 /// argmax_f32_scalar on the active instruction set.
 [[nodiscard]] inline index_t argmax_f32(const float* row, index_t n) noexcept {
 #if SPECULA_SIMD_X86
+  if (simd::active_isa() == simd::isa::avx512) return argmax_f32_avx512(row, n);
   if (simd::active_isa() == simd::isa::avx2) return argmax_f32_avx2(row, n);
 #endif
   return argmax_f32_scalar(row, n);

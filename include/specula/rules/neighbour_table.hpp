@@ -171,7 +171,7 @@ __attribute__((target("avx2,fma"))) inline void neighbour_dot_block_avx2(
 inline void neighbour_dot_block(const float* a, index_t rows, index_t d, const float* bt,
                                 index_t ld, float* out) noexcept {
 #if SPECULA_SIMD_X86
-  if (simd::active_isa() == simd::isa::avx2)
+  if (simd::active_isa() >= simd::isa::avx2)  // AVX-512 CPUs have AVX2 and FMA
     return neighbour_dot_block_avx2(a, rows, d, bt, ld, out);
 #endif
   neighbour_dot_block_generic(a, rows, d, bt, ld, out);

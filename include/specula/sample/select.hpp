@@ -122,6 +122,55 @@ template <class Value>
   return true;
 }
 
+/// Limits of kth_largest_by_blocks (stack buffers of this many floats).
+inline constexpr index_t block_select_limit = 4096;
+
+/// The k-th largest of x[i] * s over i < n (no NaN among them; s > 0), as kth_largest, for a k
+/// small against n: the rows are cut into blocks whose maxima, m_j * s, are found by
+/// `block_max` (a vector pass); at least k entries are >= the k-th largest block maximum b (one
+/// in each of k blocks), so the k-th largest is >= b and lies among the entries >= b, which only
+/// the blocks with maximum >= b hold; those are gathered and selected. Returns false, without a
+/// result, when k is too large for the block count or too many entries tie at or above b (the
+/// caller then uses kth_largest); the result, when there is one, is kth_largest's.
+template <class BlockMax>
+[[nodiscard]] bool kth_largest_by_blocks(const float* x, float s, index_t n, index_t k,
+                                         const BlockMax& block_max, float& result) {
+  if (k < 1 || k > n / 64) return false;
+  // Blocks of a multiple of 16 entries, at least 4k of them and at most block_select_limit.
+  index_t block = (n / (4 * k)) / 16 * 16;
+  if (block < 16) return false;
+  while ((n + block - 1) / block > block_select_limit) block *= 2;
+  const index_t blocks = (n + block - 1) / block;
+  if (blocks < 2 * k) return false;
+  std::array<float, block_select_limit> maxima;
+  std::array<float, block_select_limit> work;
+  for (index_t j = 0; j < blocks; ++j) {
+    const index_t begin = j * block;
+    const index_t len = begin + block < n ? block : n - begin;
+    maxima[static_cast<std::size_t>(j)] = block_max(x + begin, len) * s;
+  }
+  std::copy_n(maxima.begin(), blocks, work.begin());
+  std::nth_element(work.begin(), work.begin() + (k - 1), work.begin() + blocks,
+                   std::greater<float>());
+  const float b = work[static_cast<std::size_t>(k - 1)];
+  index_t held = 0;
+  for (index_t j = 0; j < blocks; ++j) {
+    if (!(maxima[static_cast<std::size_t>(j)] >= b)) continue;
+    const index_t begin = j * block;
+    const index_t end = begin + block < n ? begin + block : n;
+    for (index_t i = begin; i < end; ++i) {
+      const float v = x[i] * s;
+      if (!(v >= b)) continue;
+      if (held == block_select_limit) return false;  // many ties at the top: the radix path
+      work[static_cast<std::size_t>(held++)] = v;
+    }
+  }
+  std::nth_element(work.begin(), work.begin() + (k - 1), work.begin() + held,
+                   std::greater<float>());
+  result = work[static_cast<std::size_t>(k - 1)];
+  return true;
+}
+
 /// A nucleus threshold: keep the probabilities >= threshold; `kept_mass` is their sum.
 struct nucleus_cut {
   float threshold = 0.0f;

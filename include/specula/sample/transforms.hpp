@@ -53,6 +53,7 @@
 #include "specula/core/row.hpp"
 #include "specula/core/types.hpp"
 #include "specula/sample/select.hpp"
+#include "specula/sample/softmax_passes.hpp"
 
 namespace specula {
 
@@ -196,28 +197,6 @@ void with_logit_source(const T* cond, const T* uncond, const sampling_params& sp
   }
 }
 
-/// The row constants of the pipeline after the passes, which give each probability from
-/// e_i = exp(x_i - max) (0 for logits dropped by top-k), what the exp pass stored: softmax, then
-/// top-p's cut and renormalisation, then min-p's.
-struct row_constants {
-  double inv_sum = 1.0;  ///< 1 / sum of e
-  bool top_p = false;
-  float thr_p = 0.0f;  ///< top-p keeps softmax probabilities >= thr_p
-  double inv_p = 1.0;  ///< 1 / their mass (1 when it is 0: the row stays as it is)
-  bool min_p = false;
-  float thr_m = 0.0f;  ///< min-p keeps probabilities >= thr_m
-  double inv_m = 1.0;
-
-  [[nodiscard]] float softmax(float e) const noexcept {
-    return static_cast<float>(static_cast<double>(e) * inv_sum);
-  }
-  [[nodiscard]] float after_top_p(float e) const noexcept {
-    float p = softmax(e);
-    if (top_p) p = p < thr_p ? 0.0f : static_cast<float>(static_cast<double>(p) * inv_p);
-    return p;
-  }
-};
-
 /// 1 / mass, or 1 when there is no mass (renormalise leaves such a row, all zeros, as it is).
 [[nodiscard]] inline double inverse_mass(double mass) noexcept {
   return mass > 0.0 ? 1.0 / mass : 1.0;
@@ -253,35 +232,64 @@ float scan_logits(const Source& src, index_t n, index_t row, const char* argumen
   return m;
 }
 
-/// The pipeline on one row of n logits given by `src` (see the file comment), writing the
-/// probabilities to out[0 .. n). `scratch`: n floats for the rare sort fallback of top-p, or
-/// null (then `out` is sorted and the exp pass rerun, so `src` must not alias `out`). Errors
-/// name `argument` and `row` (-1: none). The parameters must be valid.
+/// Whether a logit source reads fp32 logits without CFG (the passes then read the row itself and
+/// apply the temperature as a factor).
+template <class Source>
+inline constexpr bool direct_source = false;
+template <bool Scale>
+inline constexpr bool direct_source<logit_source<float, false, Scale>> = true;
+
+/// The pipeline on one row of n logits given by `src`, writing the probabilities to
+/// out[0 .. n). `scratch`: n floats for the rare sort fallback of top-p, or null (then `out` is
+/// sorted and the logits read again, so `src` must not alias `out`). Errors name `argument` and
+/// `row` (-1: none). The parameters must be valid.
+///
+/// The passes (sample/softmax_passes.hpp, each on the widest instruction set): fp32 logits
+/// without CFG are read in place, x_i * s with s the inverse temperature (1 without: exact);
+/// other rows are first written to `out` as floats after conversion, CFG and temperature (s = 1).
+/// Then the max m, the top-k threshold, e_i = exp_f32(x_i * s - m) for the kept logits with
+/// their sum, and the probabilities.
 template <class Source>
 void transform_row(const sampling_params& sp, const Source& src, index_t n, float* out,
                    float* scratch, index_t row, const char* argument) {
+  constexpr bool direct = direct_source<Source>;
+  const float* x = out;
+  float s = 1.0f;
+  const auto materialise = [&] {
+    if constexpr (!direct)
+      for (index_t i = 0; i < n; ++i) out[i] = src(i);
+  };
+  if constexpr (direct) {
+    x = src.cond;
+    s = src.temperature.inv_temperature;
+    if constexpr (!std::is_same_v<Source, logit_source<float, false, true>>) s = 1.0f;
+  } else {
+    materialise();
+  }
+  const auto value = [x, s](index_t i) { return x[i] * s; };
+
   // Pass 1: the max, and the checks.
-  const float m = scan_logits(src, n, row, argument);
+  const logit_extent ext = logit_max(x, n);
+  const float m = ext.max * s;  // the largest x_i * s: rounding keeps the order
+  if (ext.bad || m == std::numeric_limits<float>::infinity())
+    throw_first_bad_logit(value, n, row, argument);
+  if (m == -std::numeric_limits<float>::infinity())
+    throw_if_failed({status::no_mass, row, -1, 0.0}, argument, "every logit is -inf");
 
   // Top-k threshold (top-k keeps the max, so m is also the max of what it keeps).
   float thr_k = -std::numeric_limits<float>::infinity();
-  if (sp.top_k > 0 && sp.top_k < n) (void)kth_largest(n, sp.top_k, src, thr_k);  // no NaN here
+  if (sp.top_k > 0 && sp.top_k < n) {  // no NaN here
+    const auto block_max = [](const float* b, index_t len) { return logit_max(b, len).max; };
+    if (!kth_largest_by_blocks(x, s, n, sp.top_k, block_max, thr_k))
+      (void)kth_largest(n, sp.top_k, value, thr_k);
+  }
 
-  // Pass 2: e = exp(x - m) for the kept logits, 0 for the dropped ones; their sum, their max.
-  float e_max = 0.0f;
-  const auto exp_pass = [&] {
-    double sum = 0.0;
-    for (index_t i = 0; i < n; ++i) {
-      const float x = src(i);
-      const float e = x >= thr_k ? std::exp(x - m) : 0.0f;
-      out[i] = e;
-      sum += e;
-      e_max = std::max(e_max, e);
-    }
-    return sum;
-  };
-  row_constants c;
-  c.inv_sum = 1.0 / exp_pass();
+  // Pass 2: e = exp(x - m) for the kept logits, 0 for the dropped ones, and their sum. The
+  // largest e is exp_f32(0) = 1, that of the max logit.
+  constexpr float e_max = 1.0f;
+  const auto run_exp_pass = [&] { return exp_pass(x, n, s, m, thr_k, out); };
+  probability_cuts c;
+  c.inv_sum = 1.0 / run_exp_pass();
 
   if (sp.top_p < 1.0f) {
     const auto softmax_at = [out, inv_sum = c.inv_sum](index_t i) {
@@ -291,10 +299,13 @@ void transform_row(const sampling_params& sp, const Source& src, index_t n, floa
     if (!nucleus_threshold_selected(n, sp.top_p, softmax_at, cut)) {
       // The sort-based definition itself, on a copy (or in `out`, whose e values are then
       // computed again).
-      float* s = scratch != nullptr ? scratch : out;
-      for (index_t i = 0; i < n; ++i) s[i] = c.softmax(out[i]);
-      cut.threshold = nucleus_threshold_sorted(s, n, sp.top_p);
-      if (s == out) (void)exp_pass();
+      float* sorted = scratch != nullptr ? scratch : out;
+      for (index_t i = 0; i < n; ++i) sorted[i] = c.softmax(out[i]);
+      cut.threshold = nucleus_threshold_sorted(sorted, n, sp.top_p);
+      if (sorted == out) {
+        materialise();
+        (void)run_exp_pass();
+      }
       cut.kept_mass = 0.0;
       for (index_t i = 0; i < n; ++i) {
         const float p = softmax_at(i);
@@ -318,30 +329,8 @@ void transform_row(const sampling_params& sp, const Source& src, index_t n, floa
     c.inv_m = inverse_mass(kept);
   }
 
-  // Last pass: the probabilities, a loop per filter combination. The cuts compare bits (the same
-  // order as the values: both are >= +0) and mask, which compilers vectorise; `p < thr ? 0 :
-  // kept` they leave scalar.
-  const auto cut = [](float p, std::uint32_t thr_bits, double inv) {
-    const auto kept =
-        std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<double>(p) * inv));
-    return std::bit_cast<float>(std::bit_cast<std::uint32_t>(p) < thr_bits ? 0u : kept);
-  };
-  const auto thr_p_bits = std::bit_cast<std::uint32_t>(c.thr_p);
-  const auto thr_m_bits = std::bit_cast<std::uint32_t>(c.thr_m);
-  const auto write = [&](auto top_p, auto min_p) {
-    for (index_t i = 0; i < n; ++i) {
-      float p = c.softmax(out[i]);
-      if constexpr (decltype(top_p)::value) p = cut(p, thr_p_bits, c.inv_p);
-      if constexpr (decltype(min_p)::value) p = cut(p, thr_m_bits, c.inv_m);
-      out[i] = p;
-    }
-  };
-  using yes = std::true_type;
-  using no = std::false_type;
-  if (c.top_p)
-    c.min_p ? write(yes{}, yes{}) : write(yes{}, no{});
-  else
-    c.min_p ? write(no{}, yes{}) : write(no{}, no{});
+  // Last pass: the probabilities, with the cuts.
+  probability_pass(out, n, c);
 }
 
 }  // namespace detail

@@ -14,6 +14,7 @@
 #include <span>
 #include <stdexcept>
 
+#include "specula/core/exp.hpp"
 #include "specula/sample/transforms.hpp"
 
 namespace specula::testing {
@@ -30,8 +31,11 @@ inline void reference_top_k(std::span<float> logits, index_t k, std::span<float>
     if (v < threshold) v = -std::numeric_limits<float>::infinity();
 }
 
-/// Softmax: max subtracted, e = exp(x - max) in float, sum in double in index order, then
-/// e * (1 / sum). Throws std::domain_error for NaN or +Inf logits or a row of -Inf only.
+/// Softmax: max subtracted, e = exp_f32(x - max) in float (core/exp.hpp: specula's exp, the same
+/// bits on every instruction set), summed in double in the fixed order of the row passes (tiles
+/// of 256 entries, entry i of a tile added to lane i mod 8, the eight lanes combined pairwise,
+/// tile sums added left to right), then e * (1 / sum). Throws std::domain_error for NaN or +Inf
+/// logits or a row of -Inf only.
 inline void reference_softmax(std::span<const float> logits, std::span<float> probs) {
   float m = -std::numeric_limits<float>::infinity();
   for (const float v : logits) {
@@ -42,10 +46,15 @@ inline void reference_softmax(std::span<const float> logits, std::span<float> pr
   if (m == -std::numeric_limits<float>::infinity())
     throw std::domain_error("reference_softmax: every logit is -inf");
   double sum = 0.0;
-  for (std::size_t i = 0; i < logits.size(); ++i) {
-    const float e = std::exp(logits[i] - m);
-    probs[i] = e;
-    sum += e;
+  for (std::size_t t = 0; t < logits.size(); t += 256) {
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (std::size_t i = t; i < logits.size() && i < t + 256; ++i) {
+      const float e = detail::exp_f32(logits[i] - m);
+      probs[i] = e;
+      lane[(i - t) % 8] += e;
+    }
+    sum +=
+        ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
   }
   const double inv = 1.0 / sum;
   for (float& v : probs) v = static_cast<float>(v * inv);

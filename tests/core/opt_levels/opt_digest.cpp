@@ -209,7 +209,7 @@ case_list run_all() {
 
 int main() {
   std::vector<simd::isa> paths = {simd::isa::scalar};
-  for (simd::isa i : {simd::isa::sse2, simd::isa::avx2})
+  for (simd::isa i : {simd::isa::sse2, simd::isa::avx2, simd::isa::avx512})
     if (static_cast<int>(i) <= static_cast<int>(simd::supported_isa())) paths.push_back(i);
 
   simd::force_isa(paths.front());
