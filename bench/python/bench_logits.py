@@ -36,7 +36,7 @@ import time
 import numpy as np
 import torch
 
-import specula
+import specula_sd as specula
 from bench_python import hf_speculative_sampling
 
 torch.set_num_threads(1)

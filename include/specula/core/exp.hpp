@@ -119,11 +119,13 @@ SPECULA_HOST_DEVICE inline float exp_f32(float x) noexcept {
     specula_v_;                     \
   })
 
-/// exp_f32 on four lanes.
+/// exp_f32 on four lanes. With NonPositive, for arguments <= 0 (or -inf) only, the upper clamp,
+/// which cannot change them, is left out.
+template <bool NonPositive = false>
 [[nodiscard]] __attribute__((target("sse2"))) inline __m128 exp_sse2(__m128 x) noexcept {
   using k = exp_f32_constants;
   x = _mm_max_ps(_mm_set1_ps(k::lo), x);
-  x = _mm_min_ps(_mm_set1_ps(k::hi), x);
+  if constexpr (!NonPositive) x = _mm_min_ps(_mm_set1_ps(k::hi), x);
   const __m128 shifter = _mm_set1_ps(k::shifter);
   const __m128 t = _mm_add_ps(SPECULA_EXP_ROUNDED(_mm_mul_ps(x, _mm_set1_ps(k::log2e))), shifter);
   const __m128 nf = _mm_sub_ps(t, shifter);
@@ -147,11 +149,13 @@ SPECULA_HOST_DEVICE inline float exp_f32(float x) noexcept {
   return _mm_mul_ps(SPECULA_EXP_ROUNDED(_mm_mul_ps(y, s1)), s2);
 }
 
-/// exp_f32 on eight lanes.
+/// exp_f32 on eight lanes. With NonPositive, for arguments <= 0 (or -inf) only, the upper clamp,
+/// which cannot change them, is left out.
+template <bool NonPositive = false>
 [[nodiscard]] __attribute__((target("avx2"))) inline __m256 exp_avx2(__m256 x) noexcept {
   using k = exp_f32_constants;
   x = _mm256_max_ps(_mm256_set1_ps(k::lo), x);
-  x = _mm256_min_ps(_mm256_set1_ps(k::hi), x);
+  if constexpr (!NonPositive) x = _mm256_min_ps(_mm256_set1_ps(k::hi), x);
   const __m256 shifter = _mm256_set1_ps(k::shifter);
   const __m256 t =
       _mm256_add_ps(SPECULA_EXP_ROUNDED(_mm256_mul_ps(x, _mm256_set1_ps(k::log2e))), shifter);
@@ -181,12 +185,14 @@ SPECULA_HOST_DEVICE inline float exp_f32(float x) noexcept {
 
 #define SPECULA_AVX512_TARGET "avx512f,avx512dq,avx512bw,avx512vl"
 
-/// exp_f32 on sixteen lanes.
+/// exp_f32 on sixteen lanes. With NonPositive, for arguments <= 0 (or -inf) only, the upper clamp,
+/// which cannot change them, is left out.
+template <bool NonPositive = false>
 [[nodiscard]] __attribute__((target(SPECULA_AVX512_TARGET))) inline __m512 exp_avx512(
     __m512 x) noexcept {
   using k = exp_f32_constants;
   x = _mm512_max_ps(_mm512_set1_ps(k::lo), x);
-  x = _mm512_min_ps(_mm512_set1_ps(k::hi), x);
+  if constexpr (!NonPositive) x = _mm512_min_ps(_mm512_set1_ps(k::hi), x);
   const __m512 shifter = _mm512_set1_ps(k::shifter);
   const __m512 t =
       _mm512_add_ps(SPECULA_EXP_ROUNDED(_mm512_mul_ps(x, _mm512_set1_ps(k::log2e))), shifter);

@@ -137,7 +137,7 @@ inline void probability_pass_scalar(float* out, index_t n, const probability_cut
         const __m128 xs = SPECULA_EXP_ROUNDED(_mm_mul_ps(_mm_loadu_ps(x + i + 4 * h), vs));
         const __m128 keep = _mm_cmpge_ps(xs, vt);
         e[h] = _mm_movemask_ps(keep) == 0 ? _mm_setzero_ps()
-                                          : _mm_and_ps(exp_sse2(_mm_sub_ps(xs, vm)), keep);
+                                          : _mm_and_ps(exp_sse2<true>(_mm_sub_ps(xs, vm)), keep);
         _mm_storeu_ps(out + i + 4 * h, e[h]);
       }
       a[0] = _mm_add_pd(a[0], _mm_cvtps_pd(e[0]));
@@ -184,7 +184,7 @@ inline void probability_pass_scalar(float* out, index_t n, const probability_cut
   const __m256 xs = SPECULA_EXP_ROUNDED(_mm256_mul_ps(_mm256_loadu_ps(x), vs));
   const __m256 keep = _mm256_cmp_ps(xs, vt, _CMP_GE_OQ);
   if (_mm256_movemask_ps(keep) == 0) return _mm256_setzero_ps();
-  return _mm256_and_ps(exp_avx2(_mm256_sub_ps(xs, vm)), keep);
+  return _mm256_and_ps(exp_avx2<true>(_mm256_sub_ps(xs, vm)), keep);
 }
 
 [[nodiscard]] __attribute__((target("avx2"))) inline double exp_pass_avx2(const float* x, index_t n,
@@ -289,9 +289,9 @@ template <bool Scale, bool Cut>
       if constexpr (Cut) {
         const __mmask16 keep = _mm512_cmp_ps_mask(xs, vt, _CMP_GE_OQ);
         e = keep == 0 ? _mm512_setzero_ps()
-                      : _mm512_maskz_mov_ps(keep, exp_avx512(_mm512_sub_ps(xs, vm)));
+                      : _mm512_maskz_mov_ps(keep, exp_avx512<true>(_mm512_sub_ps(xs, vm)));
       } else {
-        e = exp_avx512(_mm512_sub_ps(xs, vm));
+        e = exp_avx512<true>(_mm512_sub_ps(xs, vm));
       }
       _mm512_storeu_ps(out + i, e);
       // acc + x as fmadd(x, 1, acc): the same sum, on the FMA pipes.
