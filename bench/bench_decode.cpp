@@ -79,14 +79,14 @@ void bm_decode(benchmark::State& state, bool sd, bool batched) {
         benchmark::DoNotOptimize(
             speculative_decode_batch(target_batch, draft_batch, p, po, r, tree_verifier<>{}, st));
       else
-        benchmark::DoNotOptimize(sjd_decode_batch(target_batch, p, so, r, st));
+        benchmark::DoNotOptimize(sjd_decode_batch(target_batch, p, so, r, {}, st));
     } else {
       for (std::size_t i = 0; i < p.size(); ++i) {
         if (sd)
           benchmark::DoNotOptimize(
               speculative_decode(target, draft, p[i], po, r[i], tree_verifier<>{}, &st[i]));
         else
-          benchmark::DoNotOptimize(sjd_decode(target, p[i], so, r[i], &st[i]));
+          benchmark::DoNotOptimize(sjd_decode(target, p[i], so, r[i], {}, &st[i]));
       }
     }
     // Passes the run made: shared passes count once when batched.

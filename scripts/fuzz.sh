@@ -16,7 +16,7 @@ cmake -S . -B "$BUILD_DIR" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWi
   -DSPECULA_ENABLE_CUDA=OFF -DSPECULA_BUILD_BENCH=OFF -DSPECULA_BUILD_EXAMPLES=OFF \
   -DSPECULA_BUILD_FUZZERS=ON >/dev/null
 targets=("$@")
-((${#targets[@]})) || targets=(validate_rows tree_parents)
+((${#targets[@]})) || targets=(validate_rows tree_parents decode_faults)
 cmake --build "$BUILD_DIR" -j "$JOBS" --target "${targets[@]/#/specula_fuzz_}"
 for t in "${targets[@]}"; do
   work="$BUILD_DIR/fuzz-work/$t"

@@ -131,7 +131,7 @@ TEST_CASE("batched SJD-PAC equals each request decoded alone", "[decode]") {
     check_batch_equals_alone(
         target,
         [&](auto& m, const auto& p, const auto& rngs, auto& st) {
-          return sjd_decode_batch(m, p, opt, rngs, st);
+          return sjd_decode_batch(m, p, opt, rngs, {}, st);
         },
         [&](auto& s, const auto& p, const request_rng& rng, decode_stats& st) {
           return sjd_decode(s, p, opt, rng, &st);
@@ -164,7 +164,7 @@ TEST_CASE("batched Jacobi and multi-block decoding equal each request decoded al
     check_batch_equals_alone(
         target,
         [&](auto& m, const auto& p, const auto& rngs, auto& st) {
-          return multiblock_decode_batch(m, p, mo, rngs, st);
+          return multiblock_decode_batch(m, p, mo, rngs, {}, st);
         },
         [&](auto& s, const auto& p, const request_rng& rng, decode_stats& st) {
           return multiblock_decode(s, p, mo, rng, &st);
@@ -296,7 +296,7 @@ TEST_CASE("batched stochastic loops run on the shipped text models", "[decode][m
   std::vector<decode_stats> st(prompts.size());
   sjd_options opt = sjd_options::sjd_pac(16, 3, 1);
   opt.max_new_tokens = 24;
-  const auto out = sjd_decode_batch(target, prompts, opt, rngs_for(4, 9), st);
+  const auto out = sjd_decode_batch(target, prompts, opt, rngs_for(4, 9), {}, st);
   for (std::size_t r = 0; r < prompts.size(); ++r) {
     CHECK(out[r].size() == 24);
     CHECK(st[r].tokens == 24);

@@ -226,7 +226,7 @@ TEST_CASE("decoding loops sample the CFG-mixed, top-k law through cfg_model (G-t
     decode_stats st;
     const auto counts =
         guided_counts(200'000, 61, &st, [](auto& m, auto prompt, auto rng, auto* s) {
-          return sjd_decode(m, prompt, guided_sjd(), rng, s);
+          return sjd_decode(m, prompt, guided_sjd(), rng, {}, s);
         });
     decode_testing::check_sequence_law(counts, law, st, 800'000);
   }
@@ -257,7 +257,7 @@ TEST_CASE("decoding loops sample the CFG-mixed, top-k law through cfg_model (G-t
     decode_stats st;
     const auto counts =
         guided_counts(200'000, 63, &st, [&](auto& m, auto prompt, auto rng, auto* s) {
-          return multiblock_decode(m, prompt, opt, rng, s);
+          return multiblock_decode(m, prompt, opt, rng, {}, s);
         });
     const auto g = specula::testing::g_test(counts, law);
     INFO(g);
@@ -274,7 +274,7 @@ TEST_CASE("an unconditional stream that is not the null-label one fails the CFG 
   const auto counts = guided_counts(
       100'000, 64, nullptr,
       [](auto& m, auto prompt, auto rng, auto* s) {
-        return sjd_decode(m, prompt, guided_sjd(), rng, s);
+        return sjd_decode(m, prompt, guided_sjd(), rng, {}, s);
       },
       [](std::span<const token_t> p) { return std::vector<token_t>(p.begin(), p.end()); });
   CHECK(specula::testing::g_test(counts, law).p_value < 1e-6);
@@ -284,7 +284,7 @@ TEST_CASE("a biased verifier fails the CFG G-test", "[decode][stats]") {
   const auto law = guided_law(labelled_model(), null_model(), cfg_scale, temperature, top_k);
   const auto counts =
       guided_counts(100'000, 65, nullptr, [](auto& m, auto prompt, auto rng, auto* s) {
-        return sjd_decode(m, prompt, guided_sjd(), rng, s, decode_testing::first_path_verifier{});
+        return sjd_decode(m, prompt, guided_sjd(), rng, decode_testing::first_path_verifier{}, s);
       });
   CHECK(specula::testing::g_test(counts, law).p_value < 1e-6);
 }

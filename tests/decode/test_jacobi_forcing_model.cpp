@@ -71,7 +71,7 @@ TEST_CASE("Multi-block decoding on the Jacobi Forcing model equals its greedy de
             INFO("prompt " << text << " blocks " << blocks << " recycling " << recycle
                            << " fifo pool " << (pool == multiblock_pool::fifo) << " newest spawns "
                            << (spawn == multiblock_spawn::newest_block));
-            CHECK(multiblock_decode(s, prompt, opt, {}, &st) == ref);
+            CHECK(multiblock_decode(s, prompt, opt, {}, {}, &st) == ref);
             CHECK(st.tokens == 64);
             CHECK(st.steps == st.target_forwards);
           }

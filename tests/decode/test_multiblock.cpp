@@ -75,15 +75,15 @@ TEST_CASE("Multi-block decoding equals greedy decoding on the shipped text model
     const auto prompt = decode_testing::bytes(text);
     const auto ref = decode_testing::greedy_reference(s, prompt, 64);
     INFO("prompt " << text);
-    CHECK(multiblock_decode(s, prompt, mb(16, 1, 0.85, false, 64), {}, &plain) == ref);
-    CHECK(multiblock_decode(s, prompt, mb(16, 2, 0.5, false, 64), {}, &multi) == ref);
+    CHECK(multiblock_decode(s, prompt, mb(16, 1, 0.85, false, 64), {}, {}, &plain) == ref);
+    CHECK(multiblock_decode(s, prompt, mb(16, 2, 0.5, false, 64), {}, {}, &multi) == ref);
     auto opt = mb(16, 2, 0.5, true, 64);
     opt.ngram_length = 8;
-    CHECK(multiblock_decode(s, prompt, opt, {}, &recycled) == ref);
+    CHECK(multiblock_decode(s, prompt, opt, {}, {}, &recycled) == ref);
     // The released code's rules: one FIFO of whole sequences, only the newest block spawns.
     opt.pool = multiblock_pool::fifo;
     opt.spawn = multiblock_spawn::newest_block;
-    CHECK(multiblock_decode(s, prompt, opt, {}, &released) == ref);
+    CHECK(multiblock_decode(s, prompt, opt, {}, {}, &released) == ref);
   }
   CHECK(plain.step_compression() >= 1.0);
   CHECK(recycled.step_compression() >= 1.0);
@@ -101,7 +101,7 @@ std::vector<std::uint64_t> stochastic_counts(const testing::toy_ar_model& model,
   const std::vector<token_t> prompt{0};
   std::vector<std::uint64_t> counts(static_cast<std::size_t>(model.num_sequences()), 0);
   for (std::uint32_t r = 0; r < runs; ++r) {
-    const auto out = multiblock_decode(s, prompt, opt, request_rng{seed, r, 0}, stats, v);
+    const auto out = multiblock_decode(s, prompt, opt, request_rng{seed, r, 0}, v, stats);
     ++counts[static_cast<std::size_t>(model.sequence_index(out))];
   }
   return counts;

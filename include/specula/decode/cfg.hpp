@@ -122,10 +122,17 @@ class cfg_model {
       for (index_t y = 0; y < V; ++y) out[y] = mix_(cond[i * V + y], uncond[i * V + y]);
     }
   }
+  /// Commits the path to both streams; throws invalid_input ("inner") when they are not in step
+  /// afterwards (a model bug: the unconditional stream's commit did not advance it).
   void commit(index_t request, std::span<const index_t> path) {
-    (void)state(request);
+    const auto& st = state(request);
     inner_->commit(request, path);
     inner_->commit(twin(request), path);
+    const index_t cond = inner_->context_size(request);
+    const index_t uncond = inner_->context_size(twin(request));
+    if (uncond != cond + st.offset)
+      fail(status::length_mismatch, "inner", static_cast<double>(uncond),
+           "the unconditional stream is not in step with the conditional one after commit");
   }
 
   // ----- session_model (request 0) -----

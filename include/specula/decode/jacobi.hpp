@@ -87,9 +87,14 @@ decode_task jacobi_task(Handle m, std::span<const token_t> prompt, jacobi_option
   const index_t V = m.vocab_size();
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
-  m.prefill(prompt);
-  std::vector<token_t> seq(prompt.begin(), prompt.end());
   const auto prompt_len = static_cast<index_t>(prompt.size());
+  check_prompt(prompt, V);
+  // seq (prompt, then the committed output) lives in the task's promise, which outlives the
+  // loop's locals when a fault unwinds them.
+  task_state& published = co_await publish(prompt, result, st);
+  std::vector<token_t>& seq = published.seq;
+  m.prefill(prompt);
+  published.prefilled = true;
   std::vector<token_t> guesses, chain_tokens, out_tokens, state;
   std::vector<index_t> out_nodes;
   std::vector<float> logits;
@@ -203,19 +208,24 @@ std::vector<token_t> jacobi_decode(Model& m, std::span<const token_t> prompt,
 /// jacobi_decode for several requests at once: request r decodes `prompts[r]` with `rngs[r]` as
 /// request r of `m`, all requests' steps sharing forward passes (decode/task.hpp); adds to
 /// `stats[r]` when `stats` is given. Each output equals jacobi_decode of that request alone.
+/// `control` adds isolation, cancellation and per-request limits (decode/control.hpp).
 template <batched_session_model Model>
 std::vector<std::vector<token_t>> jacobi_decode_batch(Model& m,
                                                       std::span<const std::vector<token_t>> prompts,
                                                       const jacobi_options& options,
                                                       std::span<const request_rng> rngs,
-                                                      std::span<decode_stats> stats = {}) {
+                                                      std::span<decode_stats> stats = {},
+                                                      const batch_control& control = {}) {
   std::vector<std::vector<token_t>> out(prompts.size());
-  detail::decode_batch(m, static_cast<detail::no_draft*>(nullptr), m.batch_size(), prompts,
-                       rngs.size(), stats, [&](index_t r, decode_stats& st) {
-                         const auto i = static_cast<std::size_t>(r);
-                         return detail::jacobi_task(detail::member<Model>{&m, r}, prompts[i],
-                                                    options, rngs[i], st, out[i]);
-                       });
+  detail::decode_batch(
+      m, static_cast<detail::no_draft*>(nullptr), m.batch_size(), prompts, rngs.size(), stats,
+      [&](index_t r, decode_stats& st) {
+        const auto i = static_cast<std::size_t>(r);
+        return detail::jacobi_task(detail::member<Model>{&m, r}, prompts[i],
+                                   detail::request_options(options, control, r), rngs[i], st,
+                                   out[i]);
+      },
+      control, m.vocab_size());
   return out;
 }
 

@@ -223,9 +223,14 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
       static_cast<index_t>(std::ceil(options.spawn_ratio * static_cast<double>(n)));
   const auto sz = [](index_t i) { return static_cast<std::size_t>(i); };
 
-  m.prefill(prompt);
-  std::vector<token_t> seq(prompt.begin(), prompt.end());
   const auto prompt_len = static_cast<index_t>(prompt.size());
+  check_prompt(prompt, V);
+  // seq (prompt, then the committed output) lives in the task's promise, which outlives the
+  // loop's locals when a fault unwinds them.
+  task_state& published = co_await publish(prompt, result, st);
+  std::vector<token_t>& seq = published.seq;
+  m.prefill(prompt);
+  published.prefilled = true;
   detail::ngram_pool pool(options.recycling ? options.pool_size : 0);
   const bool fifo = options.recycling && options.pool == multiblock_pool::fifo;
   std::deque<std::vector<token_t>> fifo_pool;  // multiblock_pool::fifo: newest last
@@ -470,11 +475,12 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
 /// Multi-block decoding of up to `options.max_new_tokens` tokens after `prompt` (see file
 /// comment); `rng` seeds the random draws. The model is restarted with `prefill(prompt)`. Adds
 /// to `*stats` when given. `verify` is the stochastic variant's exact tree verifier unless a test
-/// substitutes another (the greedy variant always verifies greedily).
+/// substitutes another (the greedy variant always verifies greedily). Arguments in the loops'
+/// common order (docs/decoding.md): models, prompt, options, rng, verifier, stats.
 template <session_model Model, verifier Verifier = tree_verifier<>>
 std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt,
                                        const multiblock_options& options, request_rng rng = {},
-                                       decode_stats* stats = nullptr, const Verifier& verify = {}) {
+                                       const Verifier& verify = {}, decode_stats* stats = nullptr) {
   std::vector<token_t> out;
   detail::decode_solo(m, static_cast<detail::no_draft*>(nullptr), stats, [&](decode_stats& st) {
     return detail::multiblock_task(detail::solo<Model>{&m}, prompt, options, rng, verify, st, out);
@@ -482,23 +488,51 @@ std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt
   return out;
 }
 
+/// multiblock_decode with the former argument order (stats before the verifier), kept: the two
+/// orders cannot be confused (a `decode_stats*` is no verifier).
+template <session_model Model, verifier Verifier = tree_verifier<>>
+std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt,
+                                       const multiblock_options& options, request_rng rng,
+                                       decode_stats* stats, const Verifier& verify = {}) {
+  return multiblock_decode(m, prompt, options, rng, verify, stats);
+}
+
 /// multiblock_decode for several requests at once: request r decodes `prompts[r]` with
 /// `rngs[r]` as request r of `m`, all requests' steps sharing forward passes (decode/task.hpp);
 /// adds to `stats[r]` when `stats` is given. Each output equals multiblock_decode of that
-/// request alone.
+/// request alone. `control` adds isolation, cancellation and per-request limits.
 template <batched_session_model Model, verifier Verifier = tree_verifier<>>
 std::vector<std::vector<token_t>> multiblock_decode_batch(
     Model& m, std::span<const std::vector<token_t>> prompts, const multiblock_options& options,
-    std::span<const request_rng> rngs, std::span<decode_stats> stats = {},
-    const Verifier& verify = {}) {
+    std::span<const request_rng> rngs, const Verifier& verify = {},
+    std::span<decode_stats> stats = {}, const batch_control& control = {}) {
   std::vector<std::vector<token_t>> out(prompts.size());
-  detail::decode_batch(m, static_cast<detail::no_draft*>(nullptr), m.batch_size(), prompts,
-                       rngs.size(), stats, [&](index_t r, decode_stats& st) {
-                         const auto i = static_cast<std::size_t>(r);
-                         return detail::multiblock_task(detail::member<Model>{&m, r}, prompts[i],
-                                                        options, rngs[i], verify, st, out[i]);
-                       });
+  detail::decode_batch(
+      m, static_cast<detail::no_draft*>(nullptr), m.batch_size(), prompts, rngs.size(), stats,
+      [&](index_t r, decode_stats& st) {
+        const auto i = static_cast<std::size_t>(r);
+        return detail::multiblock_task(detail::member<Model>{&m, r}, prompts[i],
+                                       detail::request_options(options, control, r), rngs[i],
+                                       verify, st, out[i]);
+      },
+      control, m.vocab_size());
   return out;
+}
+
+/// multiblock_decode_batch with the former argument order (stats before the verifier), kept.
+template <batched_session_model Model, class Stats>
+requires std::convertible_to<Stats&&, std::span<decode_stats>> std::vector<std::vector<token_t>>
+multiblock_decode_batch(Model& m, std::span<const std::vector<token_t>> prompts,
+                        const multiblock_options& options, std::span<const request_rng> rngs,
+                        Stats&& stats) {
+  return multiblock_decode_batch(m, prompts, options, rngs, tree_verifier<>{},
+                                 std::span<decode_stats>(std::forward<Stats>(stats)));
+}
+template <batched_session_model Model, verifier Verifier>
+std::vector<std::vector<token_t>> multiblock_decode_batch(
+    Model& m, std::span<const std::vector<token_t>> prompts, const multiblock_options& options,
+    std::span<const request_rng> rngs, std::span<decode_stats> stats, const Verifier& verify) {
+  return multiblock_decode_batch(m, prompts, options, rngs, verify, stats);
 }
 
 }  // namespace specula

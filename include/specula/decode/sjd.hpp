@@ -336,9 +336,14 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
                       static_cast<double>(options.image_first), "must be >= 0");
   }
 
-  m.prefill(prompt);
-  std::vector<token_t> seq(prompt.begin(), prompt.end());
   const auto prompt_len = static_cast<index_t>(prompt.size());
+  check_prompt(prompt, V);
+  // seq (prompt, then the committed output) lives in the task's promise, which outlives the
+  // loop's locals when a fault unwinds them.
+  task_state& published = co_await publish(prompt, result, st);
+  std::vector<token_t>& seq = published.seq;
+  m.prefill(prompt);
+  published.prefilled = true;
   detail::sjd_draft draft, next;
   draft.reset(seq.back(), V);
   std::vector<float> logits, probs, scratch(sz(V));
@@ -543,11 +548,12 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
 
 /// SJD / SJD-PAC decoding of up to `options.max_new_tokens` tokens after `prompt` (see file
 /// comment). The model is restarted with `prefill(prompt)`. Adds to `*stats` when given.
-/// `verify` is the exact tree verifier unless a test substitutes another.
+/// `verify` is the exact tree verifier unless a test substitutes another. Arguments in the
+/// loops' common order (docs/decoding.md): models, prompt, options, rng, verifier, stats.
 template <session_model Model, verifier Verifier = tree_verifier<>>
 std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
                                 const sjd_options& options, request_rng rng,
-                                decode_stats* stats = nullptr, const Verifier& verify = {}) {
+                                const Verifier& verify = {}, decode_stats* stats = nullptr) {
   std::vector<token_t> out;
   detail::decode_solo(m, static_cast<detail::no_draft*>(nullptr), stats, [&](decode_stats& st) {
     return detail::sjd_task(detail::solo<Model>{&m}, prompt, options, rng, verify, st, out);
@@ -555,24 +561,50 @@ std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
   return out;
 }
 
+/// sjd_decode with the former argument order (stats before the verifier), kept: the two orders
+/// cannot be confused (a `decode_stats*` is no verifier).
+template <session_model Model, verifier Verifier = tree_verifier<>>
+std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
+                                const sjd_options& options, request_rng rng, decode_stats* stats,
+                                const Verifier& verify = {}) {
+  return sjd_decode(m, prompt, options, rng, verify, stats);
+}
+
 /// sjd_decode for several requests at once: request r decodes `prompts[r]` with `rngs[r]` as
 /// request r of `m`, all requests' iterations sharing forward passes (decode/task.hpp); adds to
 /// `stats[r]` when `stats` is given. Each output equals sjd_decode of that request alone.
+/// `control` adds isolation, cancellation and per-request limits (decode/control.hpp).
 template <batched_session_model Model, verifier Verifier = tree_verifier<>>
-std::vector<std::vector<token_t>> sjd_decode_batch(Model& m,
-                                                   std::span<const std::vector<token_t>> prompts,
-                                                   const sjd_options& options,
-                                                   std::span<const request_rng> rngs,
-                                                   std::span<decode_stats> stats = {},
-                                                   const Verifier& verify = {}) {
+std::vector<std::vector<token_t>> sjd_decode_batch(
+    Model& m, std::span<const std::vector<token_t>> prompts, const sjd_options& options,
+    std::span<const request_rng> rngs, const Verifier& verify = {},
+    std::span<decode_stats> stats = {}, const batch_control& control = {}) {
   std::vector<std::vector<token_t>> out(prompts.size());
-  detail::decode_batch(m, static_cast<detail::no_draft*>(nullptr), m.batch_size(), prompts,
-                       rngs.size(), stats, [&](index_t r, decode_stats& st) {
-                         const auto i = static_cast<std::size_t>(r);
-                         return detail::sjd_task(detail::member<Model>{&m, r}, prompts[i], options,
-                                                 rngs[i], verify, st, out[i]);
-                       });
+  detail::decode_batch(
+      m, static_cast<detail::no_draft*>(nullptr), m.batch_size(), prompts, rngs.size(), stats,
+      [&](index_t r, decode_stats& st) {
+        const auto i = static_cast<std::size_t>(r);
+        return detail::sjd_task(detail::member<Model>{&m, r}, prompts[i],
+                                detail::request_options(options, control, r), rngs[i], verify, st,
+                                out[i]);
+      },
+      control, m.vocab_size());
   return out;
+}
+
+/// sjd_decode_batch with the former argument order (stats before the verifier), kept.
+template <batched_session_model Model, class Stats>
+requires std::convertible_to<Stats&&, std::span<decode_stats>> std::vector<std::vector<token_t>>
+sjd_decode_batch(Model& m, std::span<const std::vector<token_t>> prompts,
+                 const sjd_options& options, std::span<const request_rng> rngs, Stats&& stats) {
+  return sjd_decode_batch(m, prompts, options, rngs, tree_verifier<>{},
+                          std::span<decode_stats>(std::forward<Stats>(stats)));
+}
+template <batched_session_model Model, verifier Verifier>
+std::vector<std::vector<token_t>> sjd_decode_batch(
+    Model& m, std::span<const std::vector<token_t>> prompts, const sjd_options& options,
+    std::span<const request_rng> rngs, std::span<decode_stats> stats, const Verifier& verify) {
+  return sjd_decode_batch(m, prompts, options, rngs, verify, stats);
 }
 
 }  // namespace specula

@@ -111,14 +111,19 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
     require_parameter(!tree_drafts || !sampled || verify.options.sampling == options.draft_sampling,
                       "draft_sampling", static_cast<double>(options.draft_sampling),
                       "must equal the verifier's tree_options::sampling");
+  check_prompt(prompt, V);
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
-  target.prefill(prompt);
-  draft.prefill(prompt);
   // seq: prompt and generated tokens. The target holds seq[0 .. n-1) (the root seq.back() is
   // evaluated by each step); the draft holds seq[0 .. draft.context_size()).
-  std::vector<token_t> seq(prompt.begin(), prompt.end());
   const auto prompt_len = static_cast<index_t>(prompt.size());
+  // seq (prompt, then the committed output) lives in the task's promise, which outlives the
+  // loop's locals when a fault unwinds them.
+  task_state& published = co_await publish(prompt, result, st);
+  std::vector<token_t>& seq = published.seq;
+  target.prefill(prompt);
+  draft.prefill(prompt);
+  published.prefilled = true;
   speculative_buffers buf;
   buf.scratch.resize(sz(V));
   std::vector<token_t> pending, chosen;
@@ -283,8 +288,9 @@ std::vector<token_t> speculative_decode(Target& target, Draft& draft,
                                         decode_stats* stats = nullptr) {
   std::vector<token_t> out;
   detail::decode_solo(target, &draft, stats, [&](decode_stats& st) {
-    return detail::speculative_task(detail::solo<Target>{&target}, detail::solo<Draft>{&draft},
-                                    prompt, options, rng, verify, st, out);
+    return detail::speculative_task(detail::solo<Target>{&target},
+                                    detail::solo<Draft>{&draft, fault_source::draft}, prompt,
+                                    options, rng, verify, st, out);
   });
   return out;
 }
@@ -293,22 +299,23 @@ namespace detail {
 
 /// speculative_decode_batch with request r verified by verifier_of(r).
 template <class Target, class Draft, class VerifierOf>
-std::vector<std::vector<token_t>> speculative_batch(Target& target, Draft& draft,
-                                                    std::span<const std::vector<token_t>> prompts,
-                                                    const speculative_options& options,
-                                                    std::span<const request_rng> rngs,
-                                                    VerifierOf&& verifier_of,
-                                                    std::span<decode_stats> stats) {
+std::vector<std::vector<token_t>> speculative_batch(
+    Target& target, Draft& draft, std::span<const std::vector<token_t>> prompts,
+    const speculative_options& options, std::span<const request_rng> rngs, VerifierOf&& verifier_of,
+    std::span<decode_stats> stats, const batch_control& control) {
   require_parameter(draft.batch_size() >= static_cast<index_t>(prompts.size()), "draft",
                     static_cast<double>(draft.batch_size()),
                     "the draft model's batch_size() is smaller than the number of prompts");
   std::vector<std::vector<token_t>> out(prompts.size());
-  decode_batch(target, &draft, target.batch_size(), prompts, rngs.size(), stats,
-               [&](index_t r, decode_stats& st) {
-                 const auto i = static_cast<std::size_t>(r);
-                 return speculative_task(member<Target>{&target, r}, member<Draft>{&draft, r},
-                                         prompts[i], options, rngs[i], verifier_of(r), st, out[i]);
-               });
+  decode_batch(
+      target, &draft, target.batch_size(), prompts, rngs.size(), stats,
+      [&](index_t r, decode_stats& st) {
+        const auto i = static_cast<std::size_t>(r);
+        return speculative_task(
+            member<Target>{&target, r}, member<Draft>{&draft, r, fault_source::draft}, prompts[i],
+            request_options(options, control, r), rngs[i], verifier_of(r), st, out[i]);
+      },
+      control, target.vocab_size());
   return out;
 }
 
@@ -317,16 +324,18 @@ std::vector<std::vector<token_t>> speculative_batch(Target& target, Draft& draft
 /// speculative_decode for several requests at once: request r decodes `prompts[r]` with
 /// `rngs[r]` as request r of both batched models, all requests' draft and target passes shared
 /// (decode/task.hpp); adds to `stats[r]` when `stats` is given. Each output equals
-/// speculative_decode of that request alone.
+/// speculative_decode of that request alone. `control` adds isolation, cancellation and
+/// per-request limits (decode/control.hpp).
 template <batched_session_model Target, batched_session_model Draft,
           verifier Verifier = tree_verifier<>>
 std::vector<std::vector<token_t>> speculative_decode_batch(
     Target& target, Draft& draft, std::span<const std::vector<token_t>> prompts,
     const speculative_options& options, std::span<const request_rng> rngs,
-    const Verifier& verify = {}, std::span<decode_stats> stats = {}) {
+    const Verifier& verify = {}, std::span<decode_stats> stats = {},
+    const batch_control& control = {}) {
   return detail::speculative_batch(
       target, draft, prompts, options, rngs, [&](index_t) -> const Verifier& { return verify; },
-      stats);
+      stats, control);
 }
 
 /// speculative_decode_batch with one verifier per request: `verifiers[r]` verifies request r
@@ -336,12 +345,14 @@ template <batched_session_model Target, batched_session_model Draft, verifier Ve
 std::vector<std::vector<token_t>> speculative_decode_batch(
     Target& target, Draft& draft, std::span<const std::vector<token_t>> prompts,
     const speculative_options& options, std::span<const request_rng> rngs,
-    std::span<const Verifier> verifiers, std::span<decode_stats> stats = {}) {
+    std::span<const Verifier> verifiers, std::span<decode_stats> stats = {},
+    const batch_control& control = {}) {
   detail::require_size(static_cast<index_t>(verifiers.size()), static_cast<index_t>(prompts.size()),
                        "verifiers", "one verifier per prompt");
   return detail::speculative_batch(
       target, draft, prompts, options, rngs,
-      [&](index_t r) -> const Verifier& { return verifiers[static_cast<std::size_t>(r)]; }, stats);
+      [&](index_t r) -> const Verifier& { return verifiers[static_cast<std::size_t>(r)]; }, stats,
+      control);
 }
 
 }  // namespace specula

@@ -292,7 +292,8 @@ decode_task stepwise_task(const Model& m, std::span<const token_t> prompt, ssd_o
                           decode_stats& st, std::vector<token_t>& result) {
   auto start = detail::start_diffusion(m, prompt, options);
   const diffusion_layout lay = start.lay;
-  std::vector<token_t>& seq = start.seq;
+  task_state& published = co_await publish(std::move(start.seq), lay.prompt_len, result, st, false);
+  std::vector<token_t>& seq = published.seq;
   const index_t V = m.vocab_size();
   const token_t mask = m.mask_token();
   std::vector<float> logits;
@@ -316,7 +317,8 @@ decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_option
                      decode_stats& st, std::vector<token_t>& result) {
   auto start = detail::start_diffusion(m, prompt, options);
   const diffusion_layout lay = start.lay;
-  std::vector<token_t>& seq = start.seq;
+  task_state& published = co_await publish(std::move(start.seq), lay.prompt_len, result, st, false);
+  std::vector<token_t>& seq = published.seq;
   const index_t V = m.vocab_size();
   const token_t mask = m.mask_token();
   const auto L = static_cast<std::size_t>(lay.length);
@@ -418,13 +420,18 @@ decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_option
 template <class Model, class Task>
 std::vector<std::vector<token_t>> diffusion_batch(const Model& m,
                                                   std::span<const std::vector<token_t>> prompts,
-                                                  std::span<decode_stats> stats, Task task) {
+                                                  std::span<decode_stats> stats,
+                                                  const batch_control& control, Task task) {
   std::vector<std::vector<token_t>> out(prompts.size());
-  decode_batch(m, static_cast<no_draft*>(nullptr), static_cast<index_t>(prompts.size()), prompts,
-               prompts.size(), stats, [&](index_t r, decode_stats& st) {
-                 const auto i = static_cast<std::size_t>(r);
-                 return task(prompts[i], st, out[i]);
-               });
+  decode_batch(
+      m, static_cast<no_draft*>(nullptr), static_cast<index_t>(prompts.size()), prompts,
+      prompts.size(), stats,
+      [&](index_t r, decode_stats& st) {
+        const auto i = static_cast<std::size_t>(r);
+        (void)request_options(ssd_options{}, control, r);  // refuses token limits
+        return task(prompts[i], st, out[i]);
+      },
+      control);
   return out;
 }
 
@@ -461,8 +468,8 @@ std::vector<token_t> ssd_decode(const Model& m, std::span<const token_t> prompt,
 template <masked_model Model>
 std::vector<std::vector<token_t>> diffusion_stepwise_decode_batch(
     const Model& m, std::span<const std::vector<token_t>> prompts, const ssd_options& options,
-    std::span<decode_stats> stats = {}) {
-  return detail::diffusion_batch(m, prompts, stats,
+    std::span<decode_stats> stats = {}, const batch_control& control = {}) {
+  return detail::diffusion_batch(m, prompts, stats, control,
                                  [&](std::span<const token_t> p, decode_stats& st, auto& out) {
                                    return detail::stepwise_task(m, p, options, st, out);
                                  });
@@ -475,8 +482,9 @@ template <masked_model Model>
 std::vector<std::vector<token_t>> ssd_decode_batch(const Model& m,
                                                    std::span<const std::vector<token_t>> prompts,
                                                    const ssd_options& options,
-                                                   std::span<decode_stats> stats = {}) {
-  return detail::diffusion_batch(m, prompts, stats,
+                                                   std::span<decode_stats> stats = {},
+                                                   const batch_control& control = {}) {
+  return detail::diffusion_batch(m, prompts, stats, control,
                                  [&](std::span<const token_t> p, decode_stats& st, auto& out) {
                                    return detail::ssd_task(m, p, options, st, out);
                                  });

@@ -10,8 +10,10 @@
 /// `sparsity`), so speculative decoding meets disjoint supports and q = 0 off-support.
 /// `perturbed()` builds a draft model that differs from a target in a controlled way.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <vector>
@@ -288,6 +290,74 @@ class toy_masked_model {
  private:
   index_t vocab_;
   std::uint64_t seed_;
+};
+
+/// A first-order Markov toy model as a `session_model` whose evaluation costs one row copy per
+/// node: the logit row of a node depends on its own token only (row t of a random vocab x vocab
+/// table, shared by copies). Its cache is the committed token list, 4 bytes per token. For load
+/// tests and benchmarks of the loops' own overhead (thousands of requests, long generations),
+/// where toy_model_session's exact sequence law is not needed.
+class toy_markov_session {
+ public:
+  toy_markov_session(index_t vocab, std::uint64_t seed)
+      : vocab_(vocab), table_(std::make_shared<std::vector<float>>()) {
+    if (vocab < 1) throw std::invalid_argument("specula::testing: vocab must be positive");
+    table_->resize(static_cast<std::size_t>(vocab * vocab));
+    for (index_t t = 0; t < vocab; ++t) {
+      const auto row = random_probability_row(vocab, seed, static_cast<std::uint32_t>(t), 0.0);
+      for (index_t y = 0; y < vocab; ++y)
+        (*table_)[static_cast<std::size_t>(t * vocab + y)] =
+            static_cast<float>(std::log(row[static_cast<std::size_t>(y)]));
+    }
+  }
+
+  [[nodiscard]] index_t vocab_size() const noexcept { return vocab_; }
+  [[nodiscard]] index_t context_size() const noexcept {
+    return static_cast<index_t>(context_.size());
+  }
+  [[nodiscard]] std::span<const token_t> context() const noexcept { return context_; }
+  [[nodiscard]] std::size_t capacity_bytes() const noexcept {
+    return (context_.capacity() + pending_.capacity()) * sizeof(token_t) +
+           pending_parent_.capacity() * sizeof(index_t);
+  }
+
+  void prefill(std::span<const token_t> prompt) {
+    if (prompt.empty()) throw std::invalid_argument("specula::testing: empty prompt");
+    context_.assign(prompt.begin(), prompt.end() - 1);
+    pending_.clear();
+  }
+  void rollback(index_t n) {
+    if (n < 0 || n > context_size())
+      throw std::invalid_argument("specula::testing: rollback beyond the context");
+    context_.resize(static_cast<std::size_t>(n));
+    pending_.clear();
+  }
+  void evaluate(const token_tree& nodes, batch_view<float> logits) {
+    if (logits.rows != nodes.size() || logits.cols != vocab_)
+      throw std::invalid_argument("specula::testing: logits must be nodes x vocab");
+    pending_.assign(nodes.tokens().begin(), nodes.tokens().end());
+    pending_parent_.assign(nodes.parents().begin(), nodes.parents().end());
+    for (index_t i = 0; i < nodes.size(); ++i) {
+      const float* row = table_->data() + static_cast<std::ptrdiff_t>(nodes.token(i)) * vocab_;
+      std::copy(row, row + vocab_, logits.data + i * logits.row_stride);
+    }
+  }
+  void commit(std::span<const index_t> path) {
+    for (std::size_t k = 0; k < path.size(); ++k) {
+      const index_t node = path[k];
+      if (node < 0 || node >= static_cast<index_t>(pending_.size()) ||
+          pending_parent_[static_cast<std::size_t>(node)] != (k == 0 ? -1 : path[k - 1]))
+        throw std::invalid_argument("specula::testing: commit path is not a root-to-node path");
+      context_.push_back(pending_[static_cast<std::size_t>(node)]);
+    }
+    pending_.clear();
+  }
+
+ private:
+  index_t vocab_;
+  std::shared_ptr<std::vector<float>> table_;
+  std::vector<token_t> context_, pending_;
+  std::vector<index_t> pending_parent_;
 };
 
 }  // namespace specula::testing
