@@ -103,7 +103,8 @@ void bm_load(benchmark::State& state, bool sd, bool batched) {
 }
 
 void load_args(benchmark::internal::Benchmark* b) {
-  b->Args({64, 256})->Args({1024, 1024})->Unit(benchmark::kMillisecond)->Iterations(1);
+  b->ArgNames({"B", "N"})->Args({64, 256})->Args({1024, 1024});
+  b->Unit(benchmark::kMillisecond)->Iterations(1);
 }
 
 }  // namespace

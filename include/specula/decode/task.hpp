@@ -35,6 +35,7 @@
 #include <cmath>
 #include <coroutine>
 #include <exception>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -567,7 +568,8 @@ class batch_runner {
         target_(target),
         draft_(draft),
         control_(control),
-        vocab_(target.vocab_size()) {}
+        vocab_(target.vocab_size()),
+        dropped_(tasks.size()) {}
 
   void run() {
     for (std::size_t r = 0; r < tasks_.size(); ++r) resume(static_cast<index_t>(r));
@@ -686,7 +688,7 @@ class batch_runner {
                    "cancelled, and its caches could not be brought back to the committed tokens")));
       return;
     }
-    t.drop();
+    drop(r);
     if (!control_.outcomes.empty())
       control_.outcomes[static_cast<std::size_t>(r)].status = request_status::cancelled;
   }
@@ -701,7 +703,7 @@ class batch_runner {
       const bool ok = restore_caches(target_, draft_, r, s);
       std::vector<std::vector<token_t>> committed(1, s.committed());
       const decode_error e = make_decode_error(error, r, true, s, ok, std::move(committed));
-      t.drop();
+      drop(r);
       if (!control_.outcomes.empty()) {
         auto& o = control_.outcomes[static_cast<std::size_t>(r)];
         o.status = request_status::failed;
@@ -715,7 +717,7 @@ class batch_runner {
     std::vector<std::vector<token_t>> committed(tasks_.size());
     for (std::size_t i = 0; i < tasks_.size(); ++i) {
       const task_state& s = tasks_[i].state();
-      committed[i] = s.committed();
+      committed[i] = dropped_[i] ? *dropped_[i] : s.committed();
       const bool running = !tasks_[i].done() || static_cast<index_t>(i) == r;
       if (!running || !s.published) continue;
       ok = restore_caches(target_, draft_, static_cast<index_t>(i), s) && ok;
@@ -823,11 +825,20 @@ class batch_runner {
 
   decode_task& task(index_t r) { return tasks_[static_cast<std::size_t>(r)]; }
 
+  /// Ends request r's task (cancelled or failed), keeping its committed tokens for a later
+  /// decode_error.
+  void drop(index_t r) {
+    const auto i = static_cast<std::size_t>(r);
+    dropped_[i] = tasks_[i].state().committed();
+    tasks_[i].drop();
+  }
+
   std::span<decode_task> tasks_;
   Target& target_;
   Draft* draft_;
   const batch_control& control_;
   index_t vocab_;
+  std::vector<std::optional<std::vector<token_t>>> dropped_;
   std::vector<index_t> waiting_, served_;
   std::vector<token_tree> trees_;
   std::vector<token_t> tokens_;
