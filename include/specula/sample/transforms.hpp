@@ -215,10 +215,41 @@ template <class Source>
   std::abort();  // unreachable: the scan found a bad logit
 }
 
+/// Whether a logit source reads fp32 logits without CFG (the passes then read the row itself and
+/// apply the temperature as a factor).
+template <class Source>
+inline constexpr bool direct_source = false;
+template <bool Scale>
+inline constexpr bool direct_source<logit_source<float, false, Scale>> = true;
+
+/// The inverse temperature a direct source applies (1 without temperature).
+template <class Source>
+[[nodiscard]] float direct_scale(const Source& src) noexcept {
+  if constexpr (std::is_same_v<Source, logit_source<float, false, true>>)
+    return src.temperature.inv_temperature;
+  return 1.0f;
+}
+
+/// The first pass over a float row read as x_i * s (s > 0), by the SIMD pass logit_max: returns
+/// the largest x_i * s (the largest x_i times s: rounding keeps the order); throws as
+/// scan_logits.
+inline float scaled_logit_max(const float* x, float s, index_t n, index_t row,
+                              const char* argument) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  const logit_extent ext = logit_max(x, n);
+  const float m = ext.max * s;
+  if (ext.bad || m == inf)
+    throw_first_bad_logit([x, s](index_t i) { return x[i] * s; }, n, row, argument);
+  if (m == -inf) throw_if_failed({status::no_mass, row, -1, 0.0}, argument, "every logit is -inf");
+  return m;
+}
+
 /// The first pass over a row of logits: returns the max; throws invalid_input naming
 /// `argument` and `row` for the first NaN or +Inf logit and for a row of -Inf only (or empty).
 template <class Source>
 float scan_logits(const Source& src, index_t n, index_t row, const char* argument) {
+  if constexpr (direct_source<Source>)
+    return scaled_logit_max(src.cond, direct_scale(src), n, row, argument);
   constexpr float inf = std::numeric_limits<float>::infinity();
   float m = -inf;
   bool bad = false;
@@ -231,13 +262,6 @@ float scan_logits(const Source& src, index_t n, index_t row, const char* argumen
   if (m == -inf) throw_if_failed({status::no_mass, row, -1, 0.0}, argument, "every logit is -inf");
   return m;
 }
-
-/// Whether a logit source reads fp32 logits without CFG (the passes then read the row itself and
-/// apply the temperature as a factor).
-template <class Source>
-inline constexpr bool direct_source = false;
-template <bool Scale>
-inline constexpr bool direct_source<logit_source<float, false, Scale>> = true;
 
 /// The pipeline on one row of n logits given by `src`, writing the probabilities to
 /// out[0 .. n). `scratch`: n floats for the rare sort fallback of top-p, or null (then `out` is
@@ -261,20 +285,14 @@ void transform_row(const sampling_params& sp, const Source& src, index_t n, floa
   };
   if constexpr (direct) {
     x = src.cond;
-    s = src.temperature.inv_temperature;
-    if constexpr (!std::is_same_v<Source, logit_source<float, false, true>>) s = 1.0f;
+    s = direct_scale(src);
   } else {
     materialise();
   }
   const auto value = [x, s](index_t i) { return x[i] * s; };
 
   // Pass 1: the max, and the checks.
-  const logit_extent ext = logit_max(x, n);
-  const float m = ext.max * s;  // the largest x_i * s: rounding keeps the order
-  if (ext.bad || m == std::numeric_limits<float>::infinity())
-    throw_first_bad_logit(value, n, row, argument);
-  if (m == -std::numeric_limits<float>::infinity())
-    throw_if_failed({status::no_mass, row, -1, 0.0}, argument, "every logit is -inf");
+  const float m = scaled_logit_max(x, s, n, row, argument);
 
   // Top-k threshold (top-k keeps the max, so m is also the max of what it keeps).
   float thr_k = -std::numeric_limits<float>::infinity();
