@@ -156,10 +156,13 @@ MODELS = {
     # widened at load) against the 32 MiB L3 of the machines it was built on; 36.7 MB shipped.
     # Grown from text-target by a function-preserving expansion (`grow_from`, see grow_model):
     # at step 0 it computes exactly text-target's logits, so it starts at text-target's held-out
-    # NLL and the training steps only add to it. On a 2-core machine shared with several C++
-    # builds a step took 15-40 s (OpenBLAS, one thread): training from scratch to text-target's
-    # NLL did not fit the time there was, growing did. Resumable: --checkpoint-every writes
-    # <out>/<name>.ckpt.pt (ignored by git), which a rerun continues from.
+    # NLL. A step costs about 8 CPU-seconds (OpenBLAS, one thread); on the 2-core machine
+    # shared with ~20 runnable build jobs it took 33-180 s of wall time, so training from
+    # scratch to text-target's NLL did not fit the time there was. Only the new entries train
+    # (`freeze_base`). 32 steps (held-out NLL 1.4425 at step 0, 1.4688 at 8 as the new entries
+    # start to write, 1.4485 at 32), then continued to 48 (`stages`). Resumable: every
+    # --checkpoint-every steps <out>/<name>.ckpt.pt (ignored by git) is written, and a rerun
+    # continues from it; a run with more steps continues a shorter one's.
     "text-target-xl": dict(
         kind="text",
         grow_from="text-target",
@@ -167,8 +170,8 @@ MODELS = {
                     d_ff=1536, max_seq_len=256, rope_theta=10000.0, norm_eps=1e-5, causal=True,
                     mask_token=-1),
         freeze_base=True,
-        train=dict(steps=32, batch=16, seq_len=256, lr=1e-3, warmup=4, min_lr_frac=0.1,
-                   weight_decay=0.0),
+        train=dict(steps=48, stages=[32], batch=16, seq_len=256, lr=1e-3, warmup=4,
+                   min_lr_frac=0.1, weight_decay=0.0),
         heldout=dict(rows=48, seq_len=256),
         heldout_of="text-target",
         reference=True,
@@ -820,8 +823,15 @@ def train_text(name, spec, out, steps, seed, corpus, checkpoint_every=0):
     if evaluate is not None and "grow_from" in spec:
         log(f"{name}: grown from {spec['grow_from']} ({model.n_params():,} parameters); "
             f"held-out nll at step 0 {evaluate():.5f} (base: {extra['base_heldout_nll']:.5f})")
-    wall, last = train_loop(model, spec["train"], steps, loss_fn, name, checkpoint=ckpt,
-                            state={"batches": gen}, evaluate=evaluate)
+    # `stages`: train as a run of the first stage's steps, then continue its checkpoint under
+    # each longer run's schedule (scaled like `steps`); the last stage is `steps`.
+    stages = [max(1, round(n * steps / spec["train"]["steps"]))
+              for n in spec["train"].get("stages", [])] + [steps]
+    if len(stages) > 1 and ckpt is None:
+        ckpt = dict(path=Path(out) / f"{name}.ckpt.pt", every=steps)
+    for total in stages:
+        wall, last = train_loop(model, spec["train"], total, loss_fn, name, checkpoint=ckpt,
+                                state={"batches": gen}, evaluate=evaluate)
     if ckpt is not None:
         extra["heldout_nll_during_training"] = train_loop.history
     extra.update(corpus=desc, tokenizer="bytes (token id = byte value 0..255, no special tokens)",
@@ -1278,7 +1288,9 @@ def markdown_card(c):
     lines += ["", "## Training", "",
               f"- {c['train_steps']} steps, batch {tr['batch']} x {tr['seq_len']} tokens, "
               f"AdamW lr {tr['lr']} (warmup {tr['warmup']}, cosine to {tr['min_lr_frac']} x), "
-              f"weight decay {tr['weight_decay']}, grad clip 1.0",
+              f"weight decay {tr['weight_decay']}, grad clip 1.0"
+              + ("".join(f"; trained as a {n}-step run, whose checkpoint was then continued under"
+                         " the longer schedule" for n in tr.get("stages", []))),
               f"- seed {c['seed']}; {c['train_wall_seconds']:.0f} s wall on "
               f"{c['environment']['threads']} CPU threads (torch {c['environment']['torch']})",
               f"- final training loss (mean of the last logging window): "
