@@ -3,7 +3,12 @@
 # table per task (method | tokens | forwards | step compression | wall ms | speedup (wall)),
 # parsed from `specula_demo --json`.
 #
-#   scripts/demo.sh [task ...]        tasks: text, image, diffusion (default: all three)
+#   scripts/demo.sh [task ...]        tasks: text, text-xl, image, diffusion (default: all four)
+#
+# text-xl: the text task on text-target-xl (18 M parameters, 70 MiB of fp32 weights, more than
+# the last-level cache, so every pass streams its weights from DRAM), drafted by text-draft and
+# by text-target; its backend threads (1 or 2) are chosen by timing ar both ways first, unless
+# DEMO_XL_THREADS is set.
 #
 # Every method runs DEMO_REPEATS times; the rounds are interleaved (round r runs every method of
 # the task once), so a change in the machine's load reaches all methods alike. The table gives
@@ -20,6 +25,7 @@
 #              (image-ar-256, the default: 256 tokens; image-ar: 64 tokens), DEMO_BACKEND (the
 #              text task's backend: specula, the default, or llama.cpp — the same models as GGUF
 #              in llama.cpp, built with -DSPECULA_WITH_LLAMA_CPP=ON; see docs/llama_cpp.md).
+#              DEMO_XL_THREADS (text-xl's threads; default: measured).
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -41,12 +47,16 @@ TARGET=specula_demo
 [[ "$REPEATS" =~ ^[1-9][0-9]*$ ]] || die "DEMO_REPEATS must be a positive integer, got '$REPEATS'"
 [[ "$THREADS" =~ ^[0-9]+$ ]] || die "DEMO_THREADS must be an integer >= 0, got '$THREADS'"
 
+XL_THREADS="${DEMO_XL_THREADS:-}"
+[[ -z "$XL_THREADS" || "$XL_THREADS" =~ ^[0-9]+$ ]] ||
+  die "DEMO_XL_THREADS must be an integer >= 0, got '$XL_THREADS'"
+
 tasks=("$@")
-((${#tasks[@]} > 0)) || tasks=(text image diffusion)
+((${#tasks[@]} > 0)) || tasks=(text text-xl image diffusion)
 for t in "${tasks[@]}"; do
   case "$t" in
-    text | image | diffusion) ;;
-    *) die "unknown task '$t' (text, image, diffusion)" ;;
+    text | text-xl | image | diffusion) ;;
+    *) die "unknown task '$t' (text, text-xl, image, diffusion)" ;;
   esac
 done
 command -v python3 >/dev/null 2>&1 || die "python3 is needed to read specula_demo --json"
@@ -76,6 +86,20 @@ rows_text=(
   "jacobi|ar|jacobi|--max-new-tokens $TEXT_TOKENS"
   "multiblock|ar|multiblock|--max-new-tokens $TEXT_TOKENS"
 )
+# text-target-xl: draft lengths and the tree chosen by the sweep in docs/RESULTS.md
+# ("A target that streams from DRAM").
+XL="--model text-target-xl --max-new-tokens $TEXT_TOKENS"
+rows_text_xl=(
+  "ar|ar|ar|$XL"
+  "sd, draft text-draft|ar|sd|$XL --draft-model text-draft --draft-length 4"
+  "sd, draft text-target|ar|sd|$XL --draft-model text-target --draft-length 6"
+  "sd tree 2x4, draft text-target|ar|sd|$XL --draft-model text-target --draft-tree 2x4"
+  "cool-sd, draft text-draft|ar|cool-sd|$XL --draft-model text-draft --draft-length 4"
+  "cool-sd, draft text-target|ar|cool-sd|$XL --draft-model text-target --draft-length 6"
+  "sjd-pac|ar|sjd-pac|$XL"
+  "jacobi|ar|jacobi|$XL"
+  "multiblock|ar|multiblock|$XL"
+)
 rows_image=(
   "ar|ar|ar|--out-dir $OUT_DIR --image-model $IMAGE_MODEL"
   "sjd|ar|sjd|--out-dir $OUT_DIR --image-model $IMAGE_MODEL"
@@ -100,17 +124,48 @@ run_row() {
   IFS='|' read -r _ _ method args <<<"$spec"
   [[ $task == text ]] && args="--backend $BACKEND $args"
   # shellcheck disable=SC2086  # args are word lists without spaces inside words
-  "$exe" --task "$task" --method "$method" --json --quiet --seed "$SEED" \
-    --num-samples "$SAMPLES" --threads "$THREADS" $args >"$base.json" 2>"$base.err" || rc=$?
+  local threads="$THREADS" demo_task="$task"
+  [[ $task == text-xl ]] && threads="$XL_THREADS" demo_task=text
+  "$exe" --task "$demo_task" --method "$method" --json --quiet --seed "$SEED" \
+    --num-samples "$SAMPLES" --threads "$threads" $args >"$base.json" 2>"$base.err" || rc=$?
   echo "$rc" >"$base.rc"
   ((rc == 0 || rc == 3)) || log "$task ${spec%%|*} failed (exit $rc): $(head -n 1 "$base.err")"
 }
 
+# pick_xl_threads: text-xl's backend threads, 1 or 2, whichever decodes ar faster (the median
+# of 3 interleaved runs each); a DRAM-bound pass can gain from a second core's bandwidth.
+pick_xl_threads() {
+  local t r w
+  declare -A walls=([1]="" [2]="")
+  for r in 1 2 3; do
+    for t in 1 2; do
+      w="$("$exe" --task text --method ar --json --quiet --seed "$SEED" --num-samples 1 \
+        --threads "$t" --model text-target-xl --max-new-tokens 64 |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["wall_seconds"])')" ||
+        die "specula_demo --model text-target-xl failed"
+      walls[$t]+="$w "
+    done
+  done
+  XL_THREADS="$(python3 -c '
+import statistics, sys
+one, two = (statistics.median(map(float, a.split())) for a in sys.argv[1:3])
+print(2 if two < one else 1)
+print("text-xl threads: ar 1 x 64 tokens, median of 3: 1 thread %.1f ms, 2 threads %.1f ms"
+      % (1e3 * one, 1e3 * two), file=sys.stderr)' "${walls[1]}" "${walls[2]}")"
+}
+
 titles=()
 for task in "${tasks[@]}"; do
-  declare -n rows="rows_$task"
+  declare -n rows="rows_${task//-/_}"
   case "$task" in
     text) titles+=("text: text-target (draft text-draft), $SAMPLES x $TEXT_TOKENS tokens, backend $BACKEND") ;;
+    text-xl)
+      if [[ -z "$XL_THREADS" ]]; then
+        log "text-xl: timing ar on 1 and 2 threads"
+        pick_xl_threads
+      fi
+      titles+=("text-xl: text-target-xl (drafts text-draft, text-target), $SAMPLES x $TEXT_TOKENS tokens, $XL_THREADS backend thread(s)")
+      ;;
     image)
       [[ $IMAGE_MODEL == image-ar ]] && image_tokens=64 || image_tokens=256
       titles+=("image: $IMAGE_MODEL, $SAMPLES x $image_tokens tokens (label 0), images in $OUT_DIR")
@@ -175,5 +230,6 @@ for task, title in zip(tasks, titles):
 print("\nforwards: target-model forward passes (draft-model passes in parentheses); step")
 print("compression: tokens per target forward pass; wall: decoding time of all samples, median of")
 print("%d interleaved runs (range in parentheses); speedup: the baseline's median wall time over" % repeats)
-print("the method's (baseline: ar, or stepwise decoding with the same cache); backend threads: %s." % threads)
+print("the method's (baseline: ar, or stepwise decoding with the same cache); backend threads: %s%s."
+      % (threads, " (text-xl: as its title says)" if "text-xl" in tasks else ""))
 PY

@@ -10,13 +10,14 @@
            DEMO rounds interleaved, writes the medians to --json and draws speedup (wall) against
            draft length; or draws an earlier --json again (--from-json).
 
-  scripts/speculation_figures.py cost build/cost.json --svg docs/cost_curve.svg
+  scripts/speculation_figures.py cost build/cost.json [more.json ...] --svg docs/cost_curve.svg
   scripts/speculation_figures.py speedup --demo build/examples/demo/specula_demo \\
       --json build/speedup.json --svg docs/speedup_draft_length.svg
 """
 
 import argparse
 import json
+import math
 import re
 import statistics
 import subprocess
@@ -25,12 +26,12 @@ import sys
 COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf"]
 
 
-def svg_lines(series, path, title, xlabel, ylabel, logx=False, hline=None, width=420, height=320):
+def svg_lines(series, title, xlabel, ylabel, logx=False, hline=None, width=420, height=320):
     """series: list of dict(label, points [(x, y)], dashed, colour, marker). One panel."""
     ml, mr, mt, mb = 52, 12, 34, 44
     xs = [x for s in series for x, _ in s["points"]]
     ys = [y for s in series for _, y in s["points"]] + ([hline[0]] if hline else [])
-    fx = (lambda v: __import__("math").log2(v)) if logx else (lambda v: v)
+    fx = math.log2 if logx else (lambda v: v)
     xlo, xhi = fx(min(xs)), fx(max(xs))
     ylo, yhi = 0.0, max(ys) * 1.08
     W, H = width, height
@@ -97,9 +98,19 @@ def write_svg(panels, path, width=420, height=320):
 NAME = re.compile(r"^transformer/cost/(?P<model>[^/]+)/threads:(?P<t>\d+)/n:(?P<n>\d+)")
 
 
-def read_cost(path):
-    """{(model, threads): {n: counters}} from Google Benchmark JSON: the median aggregate where
-    repetitions were run, the single run otherwise."""
+def read_cost(paths):
+    """{(model, threads): {n: counters}} from Google Benchmark JSON files (a later file's cases
+    replace an earlier one's): the median aggregate where repetitions were run, the single run
+    otherwise."""
+    out = {}
+    for path in paths:
+        part, ctx = read_cost_file(path)
+        for key, pts in part.items():
+            out.setdefault(key, {}).update(pts)
+    return out, ctx
+
+
+def read_cost_file(path):
     data = json.load(open(path))
     out, have_median = {}, set()
     for b in data["benchmarks"]:
@@ -120,6 +131,8 @@ def read_cost(path):
 
 def cost(args):
     curves, ctx = read_cost(args.json)
+    for key in [k for k in curves if args.exclude and re.search(args.exclude, f"{k[0]}/threads:{k[1]}")]:
+        del curves[key]
     models = [m for m in ("text-target", "text-target-xl") if any(k[0] == m for k in curves)]
     threads = sorted({k[1] for k in curves})
     panels, rows = [], []
@@ -139,7 +152,7 @@ def cost(args):
                                points=[(n, c["model_ratio"]) for n, c in pts.items()]))
             for n, c in sorted(pts.items()):
                 rows.append((m, t, n, c))
-        panels.append(svg_lines(series, None, f"c(n)/c(1), {t} thread{'s' if t > 1 else ''}",
+        panels.append(svg_lines(series, f"c(n)/c(1), {t} thread{'s' if t > 1 else ''}",
                                 "nodes per pass n", "c(n) / c(1)", logx=True))
     if args.svg:
         write_svg(panels, args.svg)
@@ -148,7 +161,7 @@ def cost(args):
           + ", ".join(f"L{c['level']} {c['type']} {c['size'] // 1024} KiB"
                       for c in ctx.get("caches", [])))
     print("\n| model | threads | n | c(n) fastest µs | c(1) fastest µs | c(n)/c(1) | model line |"
-          " stream GB/s | c(1) bytes/s / stream | peak GFLOP/s |")
+          " stream GB/s (fastest pass) | c(1) bytes/s / stream | kernel GFLOP/s (fastest call) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for m, t, n, c in rows:
         print(f"| {m} | {t} | {n} | {c['cn_min_us']:.0f} | {c['c1_min_us']:.0f} | "
@@ -208,11 +221,11 @@ def speedup(args):
                 (r["draft_length"], ar[r["target"]] / r["wall_median_s"], r["step_compression"]))
     series = [dict(label=f"{t} / draft {d}", colour=COLOURS[i], points=[(k, s) for k, s, _ in v])
               for i, ((t, d), v) in enumerate(groups.items())]
-    panel = svg_lines(series, None, f"{res['method']}: speedup (wall) over ar, {res['threads']} "
+    panel = svg_lines(series, f"{res['method']}: speedup (wall) over ar, {res['threads']} "
                       f"thread(s)", "draft length", "speedup (wall) vs ar", hline=(1.0, "ar"))
     sc = [dict(label=f"{t} / draft {d}", colour=COLOURS[i], points=[(k, c) for k, _, c in v])
           for i, ((t, d), v) in enumerate(groups.items())]
-    panel2 = svg_lines(sc, None, "tokens per target forward", "draft length",
+    panel2 = svg_lines(sc, "tokens per target forward", "draft length",
                        "step compression")
     if args.svg:
         write_svg([panel, panel2], args.svg)
@@ -229,8 +242,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("cost")
-    c.add_argument("json")
+    c.add_argument("json", nargs="+", help="benchmark JSON files (later ones replace cases)")
     c.add_argument("--svg", default="")
+    c.add_argument("--exclude", default="",
+                   help="leave out the curves whose 'model/threads:t' matches this regex")
     s = sub.add_parser("speedup")
     s.add_argument("--demo", default="build/examples/demo/specula_demo")
     s.add_argument("--from-json", default="")

@@ -4,7 +4,9 @@
 //                multiblock|ssd [options]        (specula_demo --help lists the options)
 //
 // Text: byte-level Python continuation of --prompt by text-target (draft: text-draft), or with
-// --model text-target-jf by text-target fine-tuned with Jacobi Forcing (docs/jacobi_forcing.md).
+// --model text-target-jf by text-target fine-tuned with Jacobi Forcing (docs/jacobi_forcing.md),
+// or with --model text-target-xl by the 18 M-parameter target whose weights stream from DRAM
+// (drafts: text-draft or, --draft-model text-target, text-target).
 // Image: 256 VQ tokens (16x16 grid of a 64x64 image) after a class label token, by image-ar-256
 // (draft: image-draft; --image-model image-ar: 64 tokens, 8x8, 32x32, no draft model); LANTERN++
 // relaxes acceptance to the drafted token's nearest codebook vectors; each sample is decoded with
@@ -132,6 +134,7 @@ struct demo_options {
   std::string label = "0";                   // image class: index, name, or -1 (null label)
   std::string image_model = "image-ar-256";  // image task: the model (its grid from its metadata)
   std::string text_model = "text-target";    // text task: the target model
+  std::string draft_model;                   // sd / cool-sd draft (empty: the task's default)
   index_t num_samples = 1;
   index_t threads = 1;  // backend threads of every model (0: one per hardware thread)
   std::filesystem::path models_dir = SPECULA_MODELS_DIR;
@@ -584,7 +587,7 @@ std::vector<token_t> run_lantern(const run_input& in, decode_stats& st) {
 }
 
 json params_sd(const demo_options& o) {
-  json p = {{"draft_model", o.task == task_kind::image ? "image-draft" : "text-draft"},
+  json p = {{"draft_model", o.draft_model},
             {"draft_length", o.draft_length},
             {"draft_tree", o.draft_tree_lantern     ? json("lantern")
                            : o.draft_tree_width > 0 ? json(std::to_string(o.draft_tree_width) +
@@ -763,7 +766,7 @@ const std::vector<method_entry>& methods() {
       {"sd",
        text_bit | image_bit,
        0,
-       {"--draft-length", "--draft-tree", "--greedy", "--draft-greedy"},
+       {"--draft-length", "--draft-tree", "--greedy", "--draft-greedy", "--draft-model"},
        run_sd,
        params_sd,
        "draft-model speculative decoding (exact verification; drafts: text-draft, image-draft)"},
@@ -785,8 +788,8 @@ const std::vector<method_entry>& methods() {
       {"cool-sd",
        text_bit | image_bit,
        0,
-       {"--draft-length", "--draft-tree", "--draft-greedy", "--cool-schedule", "--delta", "--nu",
-        "--ell", "--resampling"},
+       {"--draft-length", "--draft-tree", "--draft-greedy", "--draft-model", "--cool-schedule",
+        "--delta", "--nu", "--ell", "--resampling"},
        run_cool_sd,
        params_cool_sd,
        "speculative decoding with Cool-SD's relaxed (lossy) acceptance"},
@@ -854,9 +857,11 @@ void print_help() {
       "                       every model of the run (default 1; 0: one per hardware thread)\n"
       "  --prompt TEXT        text prompt (bytes; default: the start of a Python class)\n"
       "  --label C            image class: 0..7, a class name, or -1 (null label); default 0\n"
-      "  --model NAME         text: text-target (default) or text-target-jf (text-target\n"
+      "  --model NAME         text: text-target (default), text-target-jf (text-target\n"
       "                       fine-tuned with Jacobi Forcing: jacobi and multiblock converge\n"
-      "                       faster; its own greedy output)\n"
+      "                       faster; its own greedy output) or text-target-xl (18 M\n"
+      "                       parameters, 70 MiB of fp32 weights: a pass streams them from\n"
+      "                       DRAM, where drafting pays)\n"
       "  --image-model NAME   image-ar-256 (default: 64x64, a 16x16 grid of 256 tokens) or\n"
       "                       image-ar (32x32, an 8x8 grid of 64 tokens)\n"
       "  --cfg S              image: classifier-free guidance scale (default 1: off); the\n"
@@ -879,6 +884,8 @@ void print_help() {
       "  --draft-length N     sd, cool-sd, lantern: drafted tokens per step (default 4); the\n"
       "                       draft model is text-draft (text) or image-draft (image, with\n"
       "                       image-ar-256 only; --cfg guides it with the same scale)\n"
+      "  --draft-model NAME   sd, cool-sd, text: text-draft (default) or text-target (a\n"
+      "                       draft for --model text-target-xl only)\n"
       "  --draft-tree WxD     sd, cool-sd, lantern: draft a full W-ary tree of D levels per step\n"
       "                       instead of a chain (siblings without replacement; greedy: top W);\n"
       "                       --draft-tree lantern: LANTERN's static 57-node tree\n"
@@ -984,7 +991,7 @@ demo_options parse_args(int argc, char** argv) {
       "--block-size",    "--blocks",         "--spawn-ratio", "--pool-size", "--ngram",
       "--pool",          "--spawn",          "--cache",       "--refresh",   "--image-model",
       "--cfg",           "--lambda",         "--lantern-k",   "--model",     "--backend",
-      "--gguf-dir"};
+      "--gguf-dir",      "--draft-model"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -1038,6 +1045,8 @@ demo_options parse_args(int argc, char** argv) {
       o.image_model = value;
     } else if (flag == "--model") {
       o.text_model = value;
+    } else if (flag == "--draft-model") {
+      o.draft_model = value;
     } else if (flag == "--num-samples") {
       o.num_samples = parse_int(flag, value);
     } else if (flag == "--threads") {
@@ -1174,7 +1183,7 @@ void resolve(demo_options& o, const method_entry& m) {
       "--block-size",    "--blocks",       "--spawn-ratio",  "--no-recycling",  "--pool-size",
       "--ngram",         "--pool",         "--spawn",        "--mix-order",     "--cache",
       "--refresh",       "--fallback",     "--count-root",   "--no-count-root", "--pd-first-path",
-      "--lambda",        "--lantern-k",    "--ra-only"};
+      "--lambda",        "--lantern-k",    "--ra-only",      "--draft-model"};
   for (const auto& f : o.given)
     if (std::find(method_flags.begin(), method_flags.end(), f) != method_flags.end() &&
         std::find(m.flags.begin(), m.flags.end(), f) == m.flags.end())
@@ -1304,11 +1313,22 @@ void resolve(demo_options& o, const method_entry& m) {
   if (o.has("--model") && o.task != task_kind::text)
     throw usage_error("--model: only used by task text (image: --image-model)");
   if (o.task == task_kind::text) {
-    require(o.text_model == "text-target" || o.text_model == "text-target-jf", "--model",
-            "must be text-target or text-target-jf, got '" + o.text_model + "'");
+    require(o.text_model == "text-target" || o.text_model == "text-target-jf" ||
+                o.text_model == "text-target-xl",
+            "--model",
+            "must be text-target, text-target-jf or text-target-xl, got '" + o.text_model + "'");
+    if (o.draft_model.empty()) o.draft_model = "text-draft";
+    require(o.draft_model == "text-draft" ||
+                (o.draft_model == "text-target" && o.text_model == "text-target-xl"),
+            "--draft-model",
+            "must be text-draft, or text-target with --model text-target-xl, got '" +
+                o.draft_model + "'");
     require(!o.prompt.empty(), "--prompt", "must not be empty");
     if (o.max_new_tokens < 0) o.max_new_tokens = 128;
   } else if (o.task == task_kind::image) {
+    if (o.has("--draft-model"))
+      throw usage_error("--draft-model: only used by task text (image: image-draft)");
+    o.draft_model = "image-draft";
     require(o.image_model == "image-ar-256" || o.image_model == "image-ar", "--image-model",
             "must be image-ar-256 or image-ar, got '" + o.image_model + "'");
     // The whole grid, checked (and the default filled in) once the model's layout is read.
@@ -1406,7 +1426,7 @@ int run(int argc, char** argv) {
   if (o.task == task_kind::text) {
     model.emplace(load_model(o.models_dir, o.text_model, o.threads));
     if (o.method == "sd" || o.method == "cool-sd")
-      draft.emplace(load_model(o.models_dir, "text-draft", o.threads));
+      draft.emplace(load_model(o.models_dir, o.draft_model, o.threads));
     for (const char c : o.prompt)
       prompt.push_back(static_cast<token_t>(static_cast<unsigned char>(c)));
     const auto limit = model->config().max_seq_len;
