@@ -1493,7 +1493,7 @@ int run(int argc, char** argv) {
       return path;
     };
     llama_target.emplace(gguf(o.text_model), lo);
-    if (draft) llama_draft.emplace(gguf("text-draft"), lo);
+    if (draft) llama_draft.emplace(gguf(o.draft_model), lo);
   }
 #endif
   const double load_seconds =
