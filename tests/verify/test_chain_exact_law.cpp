@@ -95,9 +95,12 @@ TEST_CASE("exact sequence law of multi-token speculative decoding on a toy model
     const testing::toy_ar_model target(3, 3, seed, 0.3);
     const auto draft = testing::toy_ar_model::perturbed(target, 0.7, seed + 100, 0.4);
     const auto law = target.sequence_law();
-    auto experiment = [&](auto& src) -> index_t {
+    auto experiment = [&](auto& run) -> index_t {
       std::vector<token_t> seq;
-      while (static_cast<index_t>(seq.size()) < target.horizon()) {
+      // Each step draws from its own stream (as the decoding loops give each step its own
+      // request_rng), and each draft position from its own draw point.
+      for (std::uint32_t step = 0; static_cast<index_t>(seq.size()) < target.horizon(); ++step) {
+        auto src = run.stream(step);
         const index_t length =
             std::min<index_t>(2, target.horizon() - 1 - static_cast<index_t>(seq.size()));
         std::vector<token_t> ctx = seq, drafts;
@@ -105,7 +108,8 @@ TEST_CASE("exact sequence law of multi-token speculative decoding on a toy model
         for (index_t i = 0; i < length; ++i) {
           const auto q = draft.row(ctx);
           auto qw = [&](index_t y) { return q[static_cast<std::size_t>(y)]; };
-          const auto x = static_cast<token_t>(src.categorical(3, qw, 1.0, draw_id{50, 0}));
+          const auto x = static_cast<token_t>(
+              src.categorical(3, qw, 1.0, draw_id{50 + static_cast<std::uint32_t>(i), 0}));
           drafts.push_back(x);
           qrow.push_back(q);
           prow.push_back(target.row(ctx));

@@ -13,13 +13,20 @@
 ///     stops at i, i.e. clamp(c_i / total) - clamp(c_{i-1} / total) over the partial sums c of
 ///     the positive weights, with the remainder going to the last positive index, as the scan
 ///     does.
+/// Each decision is an interval of the uniform u at its draw_id; decisions at different draw_ids
+/// are independent, and a second decision at a draw_id already used in the same run sees the
+/// same u (as philox_source does), so a verifier that reuses a draw is enumerated with the
+/// correlation it has in production (enumerating_source).
 /// So the computed law is the law of the verifier's own code (its acceptance probabilities, the
-/// weights and totals it passes), in double precision, with no sampling error.
+/// weights and totals it passes, the draw points it uses), in double precision, with no sampling
+/// error.
 
 #include <algorithm>
 #include <cstdint>
 #include <map>
 #include <stdexcept>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -32,36 +39,68 @@ namespace specula::testing {
 
 namespace detail {
 
+/// One outcome of a random decision: the value, and the interval [lo, hi) of the uniform u of
+/// its draw point that leads there.
+struct outcome_interval {
+  index_t value = 0;
+  double lo = 0.0;
+  double hi = 0.0;
+  friend bool operator==(const outcome_interval&, const outcome_interval&) = default;
+};
+
 struct decision {
-  std::vector<std::pair<index_t, double>> options;  // (value, probability), probability > 0
+  std::vector<outcome_interval> options;  // intersected with the draw's interval, non-empty
+  double width = 1.0;                     // the draw's interval before the decision
   std::size_t choice = 0;
 };
 
+/// A draw point of one enumerated run: (stream, position, slot).
+using draw_key = std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>;
+
 class explorer {
  public:
-  index_t decide(std::vector<std::pair<index_t, double>> options) {
-    if (options.empty()) throw std::logic_error("specula::testing: decision with no outcome");
+  /// Decides at draw point `at` among `options`, whose intervals partition (0, 1). A draw point
+  /// already used in this run keeps its uniform: only the outcomes compatible with the earlier
+  /// decisions at the same point remain, with their conditional probabilities.
+  index_t decide(const draw_key& at, const std::vector<outcome_interval>& options) {
+    auto [it, first_use] = draws_.try_emplace(at, 0.0, 1.0);
+    const auto [cur_lo, cur_hi] = it->second;
+    std::vector<outcome_interval> live;
+    for (const auto& o : options) {
+      const double lo = std::max(o.lo, cur_lo);
+      const double hi = std::min(o.hi, cur_hi);
+      if (hi > lo) live.push_back(outcome_interval{o.value, lo, hi});
+    }
+    if (live.empty())
+      throw std::logic_error("specula::testing: decision with no outcome at draw (position " +
+                             std::to_string(std::get<1>(at)) + ", slot " +
+                             std::to_string(std::get<2>(at)) + ")");
+    if (!first_use) ++reused_;
+    const double width = cur_hi - cur_lo;
     if (depth_ < path_.size()) {
       decision& d = path_[depth_];
-      if (d.options != options)
+      if (d.options != live)
         throw std::logic_error(
             "specula::testing: the experiment is not deterministic given its random decisions "
             "(a replayed decision offered different outcomes)");
-      ++depth_;
-      probability_ *= d.options[d.choice].second;
-      return d.options[d.choice].first;
+    } else {
+      path_.push_back(decision{std::move(live), width, 0});
     }
-    path_.push_back(decision{std::move(options), 0});
-    ++depth_;
-    probability_ *= path_.back().options[0].second;
-    return path_.back().options[0].first;
+    const decision& d = path_[depth_++];
+    const outcome_interval& pick = d.options[d.choice];
+    probability_ *= (pick.hi - pick.lo) / d.width;
+    it->second = {pick.lo, pick.hi};
+    return pick.value;
   }
 
   void start_run() {
     depth_ = 0;
     probability_ = 1.0;
+    draws_.clear();
   }
   [[nodiscard]] double probability() const noexcept { return probability_; }
+  /// Decisions so far (all runs) made at a draw point already used earlier in their run.
+  [[nodiscard]] std::uint64_t reused_draws() const noexcept { return reused_; }
 
   /// Moves to the next unexplored path; false when all have been explored.
   bool advance() {
@@ -79,31 +118,40 @@ class explorer {
   std::vector<decision> path_;
   std::size_t depth_ = 0;
   double probability_ = 1.0;
+  std::map<draw_key, std::pair<double, double>> draws_;  // this run's interval per draw point
+  std::uint64_t reused_ = 0;
 };
 
 }  // namespace detail
+
+/// The outcomes of the production source's bernoulli(prob) as intervals of its uniform u:
+/// emit(1, 0, c) when c = clamp(prob, 0, 1) > 0 (u < prob), then emit(0, c, 1) when c < 1.
+template <class Emit>
+SPECULA_HOST_DEVICE void bernoulli_intervals(double prob, Emit&& emit) {
+  const double c = prob < 0.0 ? 0.0 : (prob > 1.0 ? 1.0 : prob);
+  if (c > 0.0) emit(index_t{1}, 0.0, c);
+  if (c < 1.0) emit(index_t{0}, c, 1.0);
+}
 
 /// The outcomes of the production source's bernoulli(prob) with their exact probabilities:
 /// emit(1, c) when c = clamp(prob, 0, 1) > 0, then emit(0, 1 - c) when c < 1. Host and device
 /// code (a device enumerator drives the same rules).
 template <class Emit>
 SPECULA_HOST_DEVICE void bernoulli_outcomes(double prob, Emit&& emit) {
-  const double c = prob < 0.0 ? 0.0 : (prob > 1.0 ? 1.0 : prob);
-  if (c > 0.0) emit(index_t{1}, c);
-  if (c < 1.0) emit(index_t{0}, 1.0 - c);
+  bernoulli_intervals(prob, [&](index_t v, double lo, double hi) { emit(v, hi - lo); });
 }
 
-/// The outcomes of the production source's categorical(n, w, total) with their exact
-/// probabilities, in index order (see file comment): emit(i, probability) per outcome; (-1, 1)
-/// when no weight is positive.
+/// The outcomes of the production source's categorical(n, w, total) as intervals of its uniform
+/// u, in index order (see file comment): emit(i, lo, hi) per outcome, the intervals partitioning
+/// (0, 1); (-1, 0, 1) when no weight is positive.
 template <class WeightFn, class Emit>
-SPECULA_HOST_DEVICE void categorical_outcomes(index_t n, WeightFn&& w, double total, Emit&& emit) {
+SPECULA_HOST_DEVICE void categorical_intervals(index_t n, WeightFn&& w, double total, Emit&& emit) {
   index_t first_positive = -1;
   index_t last_positive = -1;
   double acc = 0.0;
   double previous = 0.0;  // clamp(c_{i-1} / total)
   index_t pending = -1;   // the last outcome found, emitted once the next one is known
-  double pending_p = 0.0;
+  double pending_lo = 0.0;
   for (index_t i = 0; i < n; ++i) {
     const double wi = w(i);
     if (!(wi > 0.0)) continue;
@@ -114,52 +162,69 @@ SPECULA_HOST_DEVICE void categorical_outcomes(index_t n, WeightFn&& w, double to
     double upto = acc / total;
     upto = upto < 0.0 ? 0.0 : (upto > 1.0 ? 1.0 : upto);
     if (upto > previous) {
-      if (pending >= 0) emit(pending, pending_p);
+      if (pending >= 0) emit(pending, pending_lo, previous);
       pending = i;
-      pending_p = upto - previous;
+      pending_lo = previous;
     }
     previous = upto;
   }
   if (first_positive < 0) {
-    emit(index_t{-1}, 1.0);
+    emit(index_t{-1}, 0.0, 1.0);
     return;
   }
   // A non-positive total makes u * total <= 0 < the first partial sum.
   if (!(total > 0.0)) {
-    emit(first_positive, 1.0);
+    emit(first_positive, 0.0, 1.0);
     return;
   }
   // Rounding can leave the partial sums short of 1: the scan then returns the last positive
   // index.
-  if (previous < 1.0) {
-    if (pending == last_positive) {
-      pending_p += 1.0 - previous;
-    } else {
-      if (pending >= 0) emit(pending, pending_p);
-      pending = last_positive;
-      pending_p = 1.0 - previous;
-    }
+  if (previous < 1.0 && pending != last_positive) {
+    if (pending >= 0) emit(pending, pending_lo, previous);
+    pending = last_positive;
+    pending_lo = previous;
   }
-  emit(pending, pending_p);
+  emit(pending, pending_lo, 1.0);
+}
+
+/// The outcomes of the production source's categorical(n, w, total) with their exact
+/// probabilities, in index order: emit(i, probability) per outcome; (-1, 1) when no weight is
+/// positive.
+template <class WeightFn, class Emit>
+SPECULA_HOST_DEVICE void categorical_outcomes(index_t n, WeightFn&& w, double total, Emit&& emit) {
+  categorical_intervals(n, w, total, [&](index_t v, double lo, double hi) { emit(v, hi - lo); });
 }
 
 /// A random source that enumerates every decision (see file comment). Created by
 /// enumerate_outcomes; models specula::random_source.
+///
+/// A source stands for one `philox_source`, i.e. one request's stream in one step: each
+/// draw_id is one uniform u. A second decision at a draw_id already used in the same run sees
+/// the same u, exactly as in production: the source keeps the interval of u that the earlier
+/// decisions at that point selected and enumerates only the outcomes compatible with it, with
+/// their conditional probabilities. So a verifier that reuses a draw gets the (usually wrong)
+/// law it has in production. `stream(k)` gives a source for another, independent stream (another
+/// request, or another step) of the same run.
 class enumerating_source {
  public:
-  explicit enumerating_source(detail::explorer& e) noexcept : explorer_(&e) {}
+  explicit enumerating_source(detail::explorer& e, std::uint32_t stream = 0) noexcept
+      : explorer_(&e), stream_(stream) {}
 
-  bool bernoulli(double prob, draw_id /*at*/) {
-    std::vector<std::pair<index_t, double>> options;
-    bernoulli_outcomes(prob, [&](index_t v, double p) { options.emplace_back(v, p); });
-    return explorer_->decide(std::move(options)) == 1;
+  bool bernoulli(double prob, draw_id at) {
+    std::vector<detail::outcome_interval> options;
+    bernoulli_intervals(prob, [&](index_t v, double lo, double hi) {
+      options.push_back(detail::outcome_interval{v, lo, hi});
+    });
+    return explorer_->decide(key(at), options) == 1;
   }
 
   template <class WeightFn>
-  index_t categorical(index_t n, WeightFn&& w, double total, draw_id /*at*/) {
-    std::vector<std::pair<index_t, double>> options;
-    categorical_outcomes(n, w, total, [&](index_t v, double p) { options.emplace_back(v, p); });
-    return explorer_->decide(std::move(options));
+  index_t categorical(index_t n, WeightFn&& w, double total, draw_id at) {
+    std::vector<detail::outcome_interval> options;
+    categorical_intervals(n, w, total, [&](index_t v, double lo, double hi) {
+      options.push_back(detail::outcome_interval{v, lo, hi});
+    });
+    return explorer_->decide(key(at), options);
   }
 
   /// As above, with the total taken from a summary (the production source gives the same
@@ -169,8 +234,23 @@ class enumerating_source {
     return categorical(n, w, s.total, at);
   }
 
+  /// A source for stream `k` of the same run: its draws are independent of this source's
+  /// (stream 0 is the one enumerate_outcomes passes).
+  [[nodiscard]] enumerating_source stream(std::uint32_t k) const noexcept {
+    return enumerating_source(*explorer_, k);
+  }
+
+  /// Decisions made so far (all runs) at a draw point already used earlier in their run: 0 for
+  /// a verifier that never reuses a draw.
+  [[nodiscard]] std::uint64_t reused_draws() const noexcept { return explorer_->reused_draws(); }
+
  private:
+  [[nodiscard]] detail::draw_key key(draw_id at) const noexcept {
+    return {stream_, at.position, at.slot};
+  }
+
   detail::explorer* explorer_;
+  std::uint32_t stream_ = 0;
 };
 
 static_assert(specula::random_source<enumerating_source>);
