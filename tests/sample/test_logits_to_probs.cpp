@@ -388,7 +388,14 @@ TEST_CASE("batched logits_to_probs rejects bad input naming the argument and row
       Catch::Contains("logits") && Catch::Contains("row_stride"));
   CHECK_THROWS_WITH(
       logits_to_probs<float>(host::seq, in, {}, params, batch_view<float>{logits.data(), 3, v}),
-      Catch::Contains("probs") && Catch::Contains("overlap"));
+      Catch::Equals("specula: probs: overlapping buffers; must not overlap logits or uncond"));
+  try {
+    logits_to_probs<float>(host::seq, in, {}, params, batch_view<float>{logits.data(), 3, v});
+    FAIL("no exception");
+  } catch (const invalid_input& e) {
+    CHECK(e.code() == status::overlapping_buffers);
+    CHECK(e.argument() == "probs");
+  }
 
   logits[v + 2] = std::numeric_limits<float>::quiet_NaN();
   CHECK_THROWS_WITH(run(), Catch::Contains("logits[row 1][column 2]: NaN entry"));

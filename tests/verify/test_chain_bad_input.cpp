@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bad_input_util.hpp"
@@ -204,6 +205,15 @@ TEST_CASE("bad shapes and empty inputs", "[verify][bad_input]") {
     o.sum_tolerance = -1.0;
     require_error([&] { verify_chain(host::seq, f.in(), f.output(), o); },
                   {status::invalid_parameter, "options.sum_tolerance", -1, -1});
+  }
+  SECTION("sum tolerance of 1 or more (would accept a row with no mass)") {
+    for (double t : {1.0, 2.0, std::numeric_limits<double>::infinity(),
+                     std::numeric_limits<double>::quiet_NaN()}) {
+      chain_options o;
+      o.sum_tolerance = t;
+      require_error([&] { verify_chain(host::seq, f.in(), f.output(), o); },
+                    {status::invalid_parameter, "options.sum_tolerance", -1, -1});
+    }
   }
 }
 
@@ -502,4 +512,46 @@ TEST_CASE("int32 offsets and lengths give the results of int64 ones", "[verify]"
   in.draft_offsets = decreasing;
   require_error([&] { verify_chain(host::seq, in, f.output()); },
                 {status::invalid_parameter, "draft_offsets", 2, -1});
+}
+
+TEST_CASE("offsets of the platform's other 64-bit type (long long) are accepted", "[verify]") {
+  fixture f;
+  verify_chain(host::seq, f.in(), f.output());
+  const auto want_out = f.out;
+  const std::vector<long long> off_ll(f.offsets.begin(), f.offsets.end());
+  auto in = f.in();
+  in.draft_offsets = off_ll;
+  std::fill(f.out.begin(), f.out.end(), 99);
+  verify_chain(host::seq, in, f.output());
+  CHECK(f.out == want_out);
+  const index_view v = row_view<const long long>{off_ll.data(), 3};
+  CHECK(v[2] == 3);
+  CHECK(v.has_data());
+  CHECK_FALSE(index_view(nullptr, 3).has_data());
+  static_assert(!std::is_convertible_v<std::vector<unsigned long>&, index_view>);
+  static_assert(!std::is_convertible_v<std::vector<short>&, index_view>);
+}
+
+TEST_CASE("chain_logits_input takes int32 offsets", "[verify]") {
+  // V = 3, one request with one draft; target logits favour the draft.
+  const std::vector<float> target = {0.0f, 5.0f, 0.0f, 1.0f, 1.0f, 1.0f};
+  const std::vector<token_t> tokens = {1};
+  const std::vector<request_rng> rng = {{1, 0, 0}};
+  const std::vector<sampling_params> params(1);
+  const std::vector<std::int32_t> off32 = {0, 1};
+  const std::vector<index_t> off64 = {0, 1};
+  std::vector<token_t> out32(2), out64(2);
+  std::vector<std::int32_t> n32(1), n64(1);
+  chain_logits_input<float> in;
+  in.vocab_size = 3;
+  in.draft_tokens = tokens;
+  in.target_logits = {target.data(), 2, 3};
+  in.target_params = params;
+  in.rng = rng;
+  in.draft_offsets = off32;
+  verify_chain_from_logits(host::seq, in, chain_batch_output{out32, n32, {}, {}});
+  in.draft_offsets = off64;
+  verify_chain_from_logits(host::seq, in, chain_batch_output{out64, n64, {}, {}});
+  CHECK(out32 == out64);
+  CHECK(n32 == n64);
 }

@@ -344,6 +344,8 @@ cudaError_t check_flattened(const chain_batch_input<T>& in, const chain_batch_ou
   // chain_batch_input::bonus_tokens, vLLM's layout) are not supported on the device yet, and
   // ignoring them would misread the target rows.
   if (in.bonus_tokens.size != 0) return cudaErrorInvalidValue;
+  // Per-request greedy verification (chain_batch_input::is_greedy) is host-only too.
+  if (in.is_greedy.size != 0) return cudaErrorInvalidValue;
   return check_flattened_layout(in.vocab_size, in.draft_offsets, in.draft_tokens, in.draft_probs,
                                 in.target_probs, in.rng, out, sampled)
       .status();

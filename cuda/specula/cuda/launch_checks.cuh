@@ -46,7 +46,7 @@ struct launch_check {
   }
   /// Offsets or lengths (int32 or int64) of at least `needed` entries, with data when needed.
   launch_check& indices(index_view v, index_t needed) noexcept {
-    return require(v.size >= needed && (needed <= 0 || v.data64 != nullptr || v.data32 != nullptr));
+    return require(v.size >= needed && (needed <= 0 || v.has_data()));
   }
   /// Optional offsets or lengths: empty, or as indices().
   launch_check& optional_indices(index_view v, index_t needed) noexcept {

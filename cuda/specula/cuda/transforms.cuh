@@ -694,11 +694,11 @@ shape_problem check_shapes(batch_view<const T> logits, batch_view<const T> uncon
                  "row_stride must be at least the row length");
   }
   if (overlaps(logits.data, rows, logits.row_stride, probs.data, rows, probs.row_stride, cols))
-    return bad(status::length_mismatch, 0.0, "probs_out",
+    return bad(status::overlapping_buffers, 0.0, "probs_out",
                "must not overlap logits (every pass re-reads the input)");
   if (overlaps(uncond.data, uncond.rows, uncond.row_stride, probs.data, rows, probs.row_stride,
                cols))
-    return bad(status::length_mismatch, 0.0, "probs_out", "must not overlap uncond");
+    return bad(status::overlapping_buffers, 0.0, "probs_out", "must not overlap uncond");
   return {};
 }
 

@@ -53,6 +53,7 @@ inline std::string format_diagnostic(const char* argument, const diagnostic& d,
     case status::nan_value:
     case status::empty_input:
     case status::shared_stream:
+    case status::overlapping_buffers:
       break;
     default:
       os << " (value " << d.value << ")";

@@ -97,12 +97,32 @@ struct batch_view {
   }
 };
 
+namespace detail {
+/// The 64-bit integer type that is not std::int64_t (`long long` where int64_t is `long`, and
+/// `long` where it is `long long` and `long` has 64 bits); `void` when there is none.
+using other_int64 = std::conditional_t<
+    std::is_same_v<std::int64_t, long long>,
+    std::conditional_t<sizeof(long) == 8 && !std::is_same_v<long, long long>, long, void>,
+    std::conditional_t<sizeof(long long) == 8, long long, void>>;
+/// Element types an index_view reads.
+template <class T>
+inline constexpr bool index_element = std::is_same_v<T, std::int64_t> ||
+                                      std::is_same_v<T, std::int32_t> ||
+                                      (!std::is_void_v<other_int64> &&
+                                       std::is_same_v<T, other_int64>);
+/// A pointer type for other_int64 (a dummy when there is none).
+using other_int64_ptr =
+    std::conditional_t<std::is_void_v<other_int64>, const std::int64_t*, const other_int64*>;
+}  // namespace detail
+
 /// A read-only view of integer offsets or lengths stored as int64 or int32 (engines hold either:
 /// vLLM's cu_num_draft_tokens is int32), read as index_t. Converts implicitly from row views and
-/// contiguous containers of either type.
+/// contiguous containers of either type, and of the other 64-bit integer type of the platform
+/// (`long long` where int64_t is `long`).
 struct index_view {
   const std::int64_t* data64 = nullptr;
   const std::int32_t* data32 = nullptr;
+  detail::other_int64_ptr data64_other = nullptr;  ///< the other 64-bit type's elements
   index_t size = 0;
 
   constexpr index_view() noexcept = default;
@@ -110,16 +130,17 @@ struct index_view {
       : data64(d), size(n) {}
   SPECULA_HOST_DEVICE constexpr index_view(const std::int32_t* d, index_t n) noexcept
       : data32(d), size(n) {}
+  template <class T>
+  requires(!std::is_void_v<detail::other_int64> &&
+           std::is_same_v<T, detail::other_int64>) SPECULA_HOST_DEVICE
+      constexpr index_view(const T* d, index_t n) noexcept
+      : data64_other(d), size(n) {}
   /// A size without data (for extent checks that read no element).
   SPECULA_HOST_DEVICE constexpr index_view(std::nullptr_t, index_t n) noexcept : size(n) {}
-  SPECULA_HOST_DEVICE constexpr index_view(row_view<const std::int64_t> v) noexcept  // NOLINT
-      : data64(v.data), size(v.size) {}
-  SPECULA_HOST_DEVICE constexpr index_view(row_view<std::int64_t> v) noexcept  // NOLINT
-      : data64(v.data), size(v.size) {}
-  SPECULA_HOST_DEVICE constexpr index_view(row_view<const std::int32_t> v) noexcept  // NOLINT
-      : data32(v.data), size(v.size) {}
-  SPECULA_HOST_DEVICE constexpr index_view(row_view<std::int32_t> v) noexcept  // NOLINT
-      : data32(v.data), size(v.size) {}
+  template <class T>
+  requires(detail::index_element<std::remove_const_t<T>>) SPECULA_HOST_DEVICE
+      constexpr index_view(row_view<T> v) noexcept  // NOLINT
+      : index_view(static_cast<const std::remove_const_t<T>*>(v.data), v.size) {}
   /// Any contiguous container of int64 or int32 (std::vector, std::span, ...).
   template <class Container>
   requires(!std::is_same_v<std::remove_cvref_t<Container>, index_view> &&
@@ -127,16 +148,21 @@ struct index_view {
              c.data();
              c.size();
            } &&
-           (std::is_same_v<std::remove_cvref_t<decltype(*std::declval<Container&>().data())>,
-                           std::int64_t> ||
-            std::is_same_v<std::remove_cvref_t<decltype(*std::declval<Container&>().data())>,
-                           std::int32_t>)) constexpr index_view(Container& c) noexcept  // NOLINT
-      : index_view(row_view<const std::remove_cvref_t<decltype(*c.data())>>{
-            c.data(), static_cast<index_t>(c.size())}) {}
+           detail::index_element<std::remove_cvref_t<
+               decltype(*std::declval<Container&>()
+                             .data())>>) constexpr index_view(Container& c) noexcept  // NOLINT
+      : index_view(static_cast<const std::remove_cvref_t<decltype(*c.data())>*>(c.data()),
+                   static_cast<index_t>(c.size())) {}
 
   /// Element i, widened to index_t.
   SPECULA_HOST_DEVICE constexpr index_t operator[](index_t i) const noexcept {
-    return data32 != nullptr ? static_cast<index_t>(data32[i]) : static_cast<index_t>(data64[i]);
+    if (data32 != nullptr) return static_cast<index_t>(data32[i]);
+    if (data64_other != nullptr) return static_cast<index_t>(data64_other[i]);
+    return static_cast<index_t>(data64[i]);
+  }
+  /// Whether elements are attached (false for a view made from a size alone).
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr bool has_data() const noexcept {
+    return data64 != nullptr || data32 != nullptr || data64_other != nullptr;
   }
   [[nodiscard]] SPECULA_HOST_DEVICE constexpr bool empty() const noexcept { return size == 0; }
 };

@@ -24,6 +24,7 @@ enum class status : int {
   invalid_parameter,       ///< a scalar parameter outside its domain
   no_mass,                 ///< a row with no positive weight to sample from
   shared_stream,           ///< two requests of one call with the same (seed, request_id)
+  overlapping_buffers,     ///< an output shares memory with an input it must not alias
 };
 
 /// Short human-readable description of a status code.
@@ -55,6 +56,8 @@ SPECULA_HOST_DEVICE constexpr const char* describe(status s) noexcept {
       return "row has no positive mass";
     case status::shared_stream:
       return "random stream shared with another request";
+    case status::overlapping_buffers:
+      return "overlapping buffers";
   }
   return "unknown status";
 }

@@ -132,6 +132,13 @@ void validate_logit_rows(batch_view<const T> batch, const char* argument) {
     throw_if_failed(check_logit_row<T>(batch.row(r), r), argument);
 }
 
+/// Throws unless 0 <= sum_tolerance < 1. A tolerance of 1 or more would accept a row with no
+/// mass at all (sum 0), from which a verifier would emit an arbitrary token.
+inline void validate_sum_tolerance(double sum_tolerance, const char* argument) {
+  require_parameter(sum_tolerance >= 0.0 && sum_tolerance < 1.0, argument, sum_tolerance,
+                    "must be in [0, 1)");
+}
+
 /// Throws unless `actual == expected`, naming the argument and both extents.
 inline void validate_extent(index_t actual, index_t expected, const char* argument,
                             const char* what) {

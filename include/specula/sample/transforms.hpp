@@ -538,7 +538,7 @@ void logits_to_probs(const Policy& policy, batch_view<const T> logits,
   if (!probs.empty() && probs.data == nullptr)
     throw_if_failed({status::empty_input, -1, -1, 0.0}, "probs", "null data pointer");
   if (detail::rows_overlap(logits, probs) || detail::rows_overlap(uncond, probs))
-    throw_if_failed({status::length_mismatch, -1, -1, 0.0}, "probs",
+    throw_if_failed({status::overlapping_buffers, -1, -1, 0.0}, "probs",
                     "must not overlap logits or uncond");
   host::for_each_index(policy, logits.rows, [&](index_t r) {
     const sampling_params& sp = params[params.size == 1 ? 0 : r];

@@ -520,8 +520,7 @@ candidates_result verify_candidates_checked(const Rule& rule, const request_rng&
                                             row_view<const token_t> candidates,
                                             row_view<double> workspace, std::uint32_t position,
                                             const candidates_options& options = {}) {
-  require_parameter(options.sum_tolerance >= 0.0, "options.sum_tolerance", options.sum_tolerance,
-                    "must be >= 0");
+  validate_sum_tolerance(options.sum_tolerance, "options.sum_tolerance");
   require_parameter(options.residual_floor >= 0.0, "options.residual_floor", options.residual_floor,
                     "must be >= 0");
   const index_t vocab = p.size;

@@ -76,6 +76,13 @@ struct chain_batch_input {
   /// request emits bonus_tokens[b] (flags chain_bonus | chain_valid) without a draw. Host entry
   /// points only (verify_chain, verify_chain_unchecked, verify_chain_greedy).
   row_view<const token_t> bonus_tokens = {};
+  /// B flags, or empty (every request sampled): request b with is_greedy[b] != 0 is verified
+  /// greedily in the same call (vLLM's is_greedy): its drafts are accepted while each equals the
+  /// argmax of its target row (ties: lowest id) and it emits the argmax after the last accepted
+  /// one (or its bonus token), as verify_chain_greedy would; its draft_probs rows and rng are
+  /// not used. Its target rows are validated in full before verification. Host entry points
+  /// only (verify_chain, verify_chain_unchecked).
+  row_view<const std::uint8_t> is_greedy = {};
 };
 
 /// Outputs in the flattened layout, caller-allocated.
@@ -298,8 +305,7 @@ void throw_read_failure(const row_read_log& log, batch_view<const T> target_prob
 }
 
 inline void validate_options(const chain_options& o) {
-  require_parameter(o.sum_tolerance >= 0.0, "options.sum_tolerance", o.sum_tolerance,
-                    "must be >= 0");
+  validate_sum_tolerance(o.sum_tolerance, "options.sum_tolerance");
   require_parameter(o.residual_floor >= 0.0, "options.residual_floor", o.residual_floor,
                     "must be >= 0");
 }
@@ -397,6 +403,22 @@ void validate_chain_input(const Policy& policy, const chain_batch_input<T>& in,
   if (in.draft_probs.rows > 0)
     detail::validate_rows(policy, in.draft_probs, num_draft, in.vocab_size, "draft_probs",
                           options.sum_tolerance, !scan_rows);
+  if (!in.is_greedy.empty()) {
+    detail::require_size(in.is_greedy.size, batch, "is_greedy", "one flag per request, or empty");
+    // Greedy requests read their rows through argmax, which checks nothing: scan them here.
+    if (!scan_rows)
+      for (index_t b = 0; b < batch; ++b) {
+        if (in.is_greedy[b] == 0) continue;
+        const auto s = detail::flattened_segment(in, b);
+        const index_t rows = s.length + (s.given_bonus == no_token ? 1 : 0);
+        for (index_t i = 0; i < rows; ++i) {
+          const index_t row = s.target_row_of(i);
+          throw_if_failed(
+              check_probability_row(in.target_probs.row(row), options.sum_tolerance, row),
+              "target_probs");
+        }
+      }
+  }
   for (index_t b = 0; b < batch; ++b)
     detail::validate_segment_drafts(detail::flattened_segment(in, b), b, in.draft_tokens.data,
                                     in.draft_probs, in.target_probs, in.vocab_size, false, 0,
@@ -500,8 +522,16 @@ chain_request_result with_passes(double sum_tolerance, batch_view<const T> targe
 template <bool CheckReads, class Input, class Output, class Rule>
 void verify_segment(const Input& in, const Output& out, const chain_options& options,
                     const Rule& rule, const chain_segment& s, index_t b, std::uint8_t* accepted) {
+  bool greedy = false;
+  if constexpr (requires { in.is_greedy; }) greedy = !in.is_greedy.empty() && in.is_greedy[b] != 0;
   const auto r = with_passes<CheckReads>(
       options.sum_tolerance, in.target_probs, in.draft_probs, [&](const auto& passes) {
+        if (greedy)
+          return greedy_chain_request(
+              s.length, in.draft_tokens.data + s.draft_row,
+              [&](index_t i) { return in.target_probs.row(s.target_row_of(i)); },
+              out.output_tokens.data + s.target_row,
+              accepted == nullptr ? nullptr : accepted + s.draft_row, passes, s.given_bonus);
         return run_segment(request_rule(rule, b), in.rng[b], s, in.draft_tokens.data,
                            in.draft_probs, in.target_probs, options.residual_floor,
                            out.output_tokens.data, accepted, passes);

@@ -198,4 +198,33 @@ verify_chain_request(const Rule& rule, Source& src, index_t length, const token_
   return result;
 }
 
+/// Greedy verification of one request's chain: drafts[i] is accepted iff it is the argmax of
+/// score_row(i); emits the argmax of score_row(num_accepted) — or, when every draft is accepted
+/// and `given_bonus` is a token (the caller's bonus, chain_batch_input::bonus_tokens), that
+/// token without reading score_row(length).
+template <class ScoreRowFn, class Passes = sequential_passes>
+SPECULA_HOST_DEVICE chain_request_result greedy_chain_request(
+    index_t length, const token_t* drafts, ScoreRowFn&& score_row, token_t* out_tokens,
+    std::uint8_t* accepted, const Passes& passes = {}, token_t given_bonus = no_token) {
+  chain_request_result result;
+  for (index_t i = 0; i <= length; ++i) out_tokens[i] = no_token;
+  if (accepted != nullptr)
+    for (index_t i = 0; i < length; ++i) accepted[i] = 0;
+  index_t i = 0;
+  for (; i < length; ++i) {
+    const index_t a = passes.argmax(score_row(i));
+    if (a != static_cast<index_t>(drafts[i])) break;
+    out_tokens[i] = drafts[i];
+    if (accepted != nullptr) accepted[i] = 1;
+  }
+  result.num_accepted = static_cast<std::int32_t>(i);
+  const index_t a =
+      i == length && given_bonus != no_token ? given_bonus : passes.argmax(score_row(i));
+  result.emitted = static_cast<token_t>(a);
+  if (a >= 0) result.flags |= chain_valid;
+  if (i == length) result.flags |= chain_bonus;
+  out_tokens[i] = result.emitted;
+  return result;
+}
+
 }  // namespace specula

@@ -38,10 +38,10 @@ namespace specula {
 template <class T>
 struct chain_logits_input {
   index_t vocab_size = 0;
-  row_view<const index_t> draft_offsets;  ///< B + 1 non-decreasing offsets, first 0
-  row_view<const token_t> draft_tokens;   ///< num_draft = draft_offsets[B] tokens
-  batch_view<const T> draft_logits;       ///< num_draft x V, or no rows for one-hot drafts
-  batch_view<const T> draft_uncond;       ///< the same shape for CFG on the drafts, or no rows
+  index_view draft_offsets;              ///< B + 1 non-decreasing offsets, first 0 (int64 or int32)
+  row_view<const token_t> draft_tokens;  ///< num_draft = draft_offsets[B] tokens
+  batch_view<const T> draft_logits;      ///< num_draft x V, or no rows for one-hot drafts
+  batch_view<const T> draft_uncond;      ///< the same shape for CFG on the drafts, or no rows
   /// With draft_logits: 1 entry, or one per draft row (one per request when
   /// params_per_request).
   row_view<const sampling_params> draft_params;
@@ -76,7 +76,7 @@ void transform_logit_row(batch_view<const T> logits, batch_view<const T> uncond,
 template <host::policy Policy, class T>
 void validate_logit_values(const Policy& policy, batch_view<const T> logits,
                            batch_view<const T> uncond, row_view<const sampling_params> params,
-                           bool per_request, row_view<const index_t> offsets, bool target,
+                           bool per_request, index_view offsets, bool target,
                            const char* argument) {
   // The request of each row, for per-request parameters: rows are in request order.
   host::for_each_index(policy, logits.rows, [&](index_t r) {
