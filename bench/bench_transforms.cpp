@@ -103,20 +103,6 @@ sampling_params params_of(filter f) {
   return sp;
 }
 
-/// rows x v normal logits (standard deviation 3).
-std::vector<float> normal_logits(index_t rows, index_t v) {
-  std::vector<float> out(static_cast<std::size_t>(rows * v));
-  for (index_t r = 0; r < rows; ++r)
-    for (index_t y = 0; y < v; ++y) {
-      const request_rng rng{17, static_cast<std::uint32_t>(r), 0};
-      const double u1 = uniform_at(rng, draw_id{static_cast<std::uint32_t>(y), 0});
-      const double u2 = uniform_at(rng, draw_id{static_cast<std::uint32_t>(y), 1});
-      out[static_cast<std::size_t>(r * v + y)] = static_cast<float>(
-          3.0 * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-    }
-  return out;
-}
-
 /// Microseconds of CPU time of the calling thread (time spent descheduled on a busy machine does
 /// not count).
 double thread_cpu_us() {
@@ -139,7 +125,7 @@ double median(std::vector<double> v) {
 }
 
 void transforms_case(benchmark::State& state, filter f, impl which, index_t v, index_t rows) {
-  const std::vector<float> logits = normal_logits(rows, v);
+  const std::vector<float> logits = bench::normal_logits(rows, v);
   std::vector<bfloat16> logits_bf16;
   for (const float x : logits) logits_bf16.push_back(from_float<bfloat16>(x));
   std::vector<float> probs(logits.size()), work(static_cast<std::size_t>(v)),

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -117,6 +118,20 @@ inline std::vector<float> skewed_row(index_t v, std::uint32_t seed, std::uint32_
   }
   for (float& x : row) x = static_cast<float>(x / sum);
   return row;
+}
+
+/// rows x v logits, normal with standard deviation 3 (Philox stream (seed, row), Box-Muller).
+inline std::vector<float> normal_logits(index_t rows, index_t v, std::uint64_t seed = 17) {
+  std::vector<float> out(static_cast<std::size_t>(rows * v));
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t y = 0; y < v; ++y) {
+      const request_rng rng{seed, static_cast<std::uint32_t>(r), 0};
+      const double u1 = uniform_at(rng, draw_id{static_cast<std::uint32_t>(y), 0});
+      const double u2 = uniform_at(rng, draw_id{static_cast<std::uint32_t>(y), 1});
+      out[static_cast<std::size_t>(r * v + y)] = static_cast<float>(
+          3.0 * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+    }
+  return out;
 }
 
 }  // namespace specula::bench

@@ -27,6 +27,7 @@
 #include "specula/sample/categorical.hpp"
 #include "specula/sample/random_source.hpp"
 #include "specula/sample/row_passes.hpp"
+#include "specula/sample/sampling.hpp"
 #include "specula/sample/transforms.hpp"
 #include "specula/sample/without_replacement.hpp"
 #include "specula/tree/builders.hpp"
