@@ -49,6 +49,42 @@ foreach(_specula_target IN ITEMS specula::specula specula::testing specula::cuda
 endforeach()
 unset(_specula_target)
 
+# specula::catch2 (the kit's Catch2 helpers, specula/testing/catch2.hpp): specula::testing plus
+# the consumer's Catch2 v2, when the consumer asks for the component (Catch2 is not a Conan
+# requirement of this package).
+if("catch2" IN_LIST specula_FIND_COMPONENTS AND TARGET specula::testing
+   AND NOT TARGET specula::catch2)
+  if(NOT TARGET Catch2::Catch2)
+    find_package(Catch2 2 QUIET)
+  endif()
+  if(TARGET Catch2::Catch2)
+    add_library(specula::catch2 INTERFACE IMPORTED)
+    set_property(TARGET specula::catch2 PROPERTY INTERFACE_LINK_LIBRARIES
+                 specula::testing Catch2::Catch2)
+  endif()
+endif()
+
+# A requested component that this package does not provide (its option was off) is an error
+# for REQUIRED components, as with specula's own CMake config.
+foreach(_specula_component IN LISTS specula_FIND_COMPONENTS)
+  if(NOT TARGET specula::${_specula_component} AND specula_FIND_REQUIRED_${_specula_component})
+    set(_specula_why "")
+    if(_specula_component STREQUAL "testing" OR _specula_component STREQUAL "cuda")
+      set(_specula_why " (create the package with -o \"specula/*:with_${_specula_component}=True\")")
+    elseif(_specula_component STREQUAL "catch2")
+      set(_specula_why " (needs with_testing=True and Catch2 v2 found by find_package(Catch2 2))")
+    endif()
+    set(specula_FOUND FALSE)
+    string(APPEND specula_NOT_FOUND_MESSAGE
+           "component ${_specula_component} is not available${_specula_why}. ")
+  endif()
+endforeach()
+unset(_specula_component)
+unset(_specula_why)
+if(DEFINED specula_FOUND AND NOT specula_FOUND AND specula_FIND_REQUIRED)
+  message(FATAL_ERROR "specula: ${specula_NOT_FOUND_MESSAGE}")
+endif()
+
 if(TARGET specula::cuda)
   if(NOT TARGET CUDA::cudart)
     find_package(CUDAToolkit QUIET)

@@ -6,7 +6,8 @@
 Checks that
   * ports/specula/vcpkg.json parses, has the required fields, valid names, and the
     features/dependencies the port relies on (vcpkg-cmake/-config as host deps,
-    range-v3, features "cuda" and "testing", boost-math in "testing");
+    features "cuda", "testing" and "range-v3" (none of them default but "testing"),
+    boost-math in "testing", range-v3 only in its feature);
   * its version equals project(VERSION) in CMakeLists.txt and SPECULA_VERSION_STRING
     (and the MAJOR/MINOR/PATCH macros) in include/specula/version.hpp;
   * portfile.cmake calls vcpkg_cmake_configure / vcpkg_cmake_install /
@@ -37,7 +38,7 @@ PORT_NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 REQUIRED_FEATURES = ("cuda", "testing")
 REQUIRED_HOST_DEPS = ("vcpkg-cmake", "vcpkg-cmake-config")
 # Dependencies the port must declare, and where: None = top-level dependencies.
-REQUIRED_DEPS = {"range-v3": None, "boost-math": "testing", "cuda": "cuda"}
+REQUIRED_DEPS = {"range-v3": "range-v3", "boost-math": "testing", "cuda": "cuda"}
 REQUIRED_OFF_OPTIONS = ("SPECULA_BUILD_TESTS", "SPECULA_BUILD_BENCH", "SPECULA_BUILD_EXAMPLES")
 # Defaults of GNUInstallDirs / project variables used to expand SPECULA_INSTALL_CMAKEDIR.
 CMAKE_DEFAULTS = {
@@ -238,6 +239,11 @@ def check_manifest(chk: Checker, manifest_path: Path) -> dict | None:
             place = f"feature {where!r} (or \"dependencies\")"
         if not found:
             chk.error(f"vcpkg.json: {dep!r} must be declared in {place}")
+
+    # No specula header includes range-v3: it may only be an opt-in feature's dependency.
+    if "range-v3" in top_names:
+        chk.error("vcpkg.json: 'range-v3' is a plain dependency, but no specula header uses it "
+                  "(declare it in the opt-in feature 'range-v3' only)")
 
     defaults = manifest.get("default-features", [])
     if not isinstance(defaults, list):

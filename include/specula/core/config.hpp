@@ -15,6 +15,9 @@
 // 201709L: the value of compilers whose C++20 mode predates the final standard (GCC 10).
 #if SPECULA_CPLUSPLUS < 201709L
 #error "specula requires C++20: compile with -std=c++20 (in CMake, link specula::specula)"
+// Compilers go on after #error; a missing include is fatal, so the message above is the only
+// error instead of the first of hundreds.
+#include "specula: stop here, see the error above"
 #endif
 
 #if defined(__CUDACC__)

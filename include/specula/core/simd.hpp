@@ -330,10 +330,11 @@ __attribute__((target("avx2,fma"))) inline void tile_group_avx2(const float* p, 
   static_assert(G <= tile_checks::max_tiles);
   const __m256d zero = _mm256_setzero_pd();
   // Accumulators, zeroed here (the lanes of a tile shorter than 8 stay zero).
-  __m256d lo[G], hi[G];    // weight lanes 0-3 and 4-7 of each tile
-  __m256d plo[G], phi[G];  // entry sums of p and q (Check with q)
-  __m256d qlo[G], qhi[G];
-  __m256 low[G];  // minima (Check)
+  constexpr auto ng = static_cast<std::size_t>(G);
+  __m256d lo[ng], hi[ng];    // weight lanes 0-3 and 4-7 of each tile
+  __m256d plo[ng], phi[ng];  // entry sums of p and q (Check with q)
+  __m256d qlo[ng], qhi[ng];
+  __m256 low[ng];  // minima (Check)
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
     lo[g] = zero;
@@ -433,8 +434,9 @@ __attribute__((target(SPECULA_AVX512_TARGET))) inline void tile_group_avx512(
     tile_checks* c = nullptr) noexcept {
   static_assert(G <= tile_checks::max_tiles);
   const __m512d zero = _mm512_setzero_pd();
-  __m512d w[G], ps[G], qs[G];  // weight lanes; entry sums of p and q (Check with q)
-  __m512 low[G];               // minima (Check)
+  constexpr auto ng = static_cast<std::size_t>(G);
+  __m512d w[ng], ps[ng], qs[ng];  // weight lanes; entry sums of p and q (Check with q)
+  __m512 low[ng];                 // minima (Check)
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
     w[g] = ps[g] = qs[g] = zero;
@@ -666,7 +668,7 @@ inline index_t wide_tile_groups(const dense_f32_weights& f, index_t begin, index
   index_t k = 0;
   for (; t + group * tile <= n && t < end; t += group * tile, k += group) {
     if (holds_skip(f, t, t + group * tile)) break;
-    double sums[group];
+    double sums[static_cast<std::size_t>(group)];
     if constexpr (Avx512)
       tile_group_avx512<HasQ, group, Check>(f.p + t, HasQ ? f.q + t : nullptr, tile, tile, sums, c);
     else

@@ -110,7 +110,7 @@ inline double neighbour_distance(const float* a, const float* b, index_t d, neig
 template <index_t Rows>
 inline void neighbour_dot_tile(const float* a, index_t d, const float* bt, index_t ld, index_t u0,
                                float* out) noexcept {
-  float acc[Rows][16] = {};
+  float acc[static_cast<std::size_t>(Rows)][16] = {};
   for (index_t j = 0; j < d; ++j) {
     const float* col = bt + j * ld + u0;
     for (index_t r = 0; r < Rows; ++r) {
