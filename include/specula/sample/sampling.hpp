@@ -145,11 +145,10 @@ void sample_from_logits(const Policy& policy, batch_view<const T> logits,
       // the sampled rows.
       detail::with_logit_source(logits.row(r).data, static_cast<const T*>(nullptr),
                                 sampling_params{}, [&](const auto& src) {
-                                  (void)detail::scan_logits(src, V, r, "logits");
+                                  // The max (and the checks), then its first index.
+                                  const float m = detail::scan_logits(src, V, r, "logits");
                                   index_t best = 0;
-                                  float best_v = src(0);
-                                  for (index_t i = 1; i < V; ++i)
-                                    if (src(i) > best_v) best_v = src(i), best = i;
+                                  while (src(best) != m) ++best;
                                   out[r] = static_cast<token_t>(best);
                                 });
       return;
