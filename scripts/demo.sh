@@ -80,6 +80,9 @@ trap 'rm -rf "$tmp"' EXIT
 rows_text=(
   "ar|ar|ar|--max-new-tokens $TEXT_TOKENS"
   "sd|ar|sd|--max-new-tokens $TEXT_TOKENS"
+  "sd, 8 drafts|ar|sd|--max-new-tokens $TEXT_TOKENS --draft-length 8"
+  "sd, 8 drafts, p-min 0.3|ar|sd|--max-new-tokens $TEXT_TOKENS --draft-length 8 --p-min 0.3"
+  "lookup|ar|lookup|--max-new-tokens $TEXT_TOKENS"
   "cool-sd|ar|cool-sd|--max-new-tokens $TEXT_TOKENS"
   "sjd|ar|sjd|--max-new-tokens $TEXT_TOKENS"
   "sjd-pac|ar|sjd-pac|--max-new-tokens $TEXT_TOKENS"

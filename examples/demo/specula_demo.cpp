@@ -1,7 +1,7 @@
 // specula_demo: every decoding method of specula on the shipped tiny models, with statistics.
 //
-//   specula_demo --task text|image|diffusion --method ar|sd|sjd|sjd-pac|cool-sd|lantern|jacobi|
-//                multiblock|ssd [options]        (specula_demo --help lists the options)
+//   specula_demo --task text|image|diffusion --method ar|sd|lookup|sjd|sjd-pac|cool-sd|lantern|
+//                jacobi|multiblock|ssd [options]        (specula_demo --help lists the options)
 //
 // Text: byte-level Python continuation of --prompt by text-target (draft: text-draft), or with
 // --model text-target-jf by text-target fine-tuned with Jacobi Forcing (docs/jacobi_forcing.md),
@@ -44,6 +44,7 @@
 
 #include "specula/decode/cfg.hpp"
 #include "specula/decode/jacobi.hpp"
+#include "specula/decode/lookup.hpp"
 #include "specula/decode/multiblock.hpp"
 #include "specula/decode/sjd.hpp"
 #include "specula/decode/speculative.hpp"
@@ -150,6 +151,9 @@ struct demo_options {
   bool quiet = false;
   // sd / cool-sd
   index_t draft_length = 4;
+  double p_min = 0.0;            // sd: dynamic draft length (speculative_options::draft_p_min)
+  index_t lookup_branches = 1;   // lookup: n-gram continuations per step (1: a chain)
+  index_t lookup_ngram = 3;      // lookup: longest context suffix looked up
   index_t draft_tree_width = 0;  // --draft-tree WxD: full W-ary draft tree of D levels (0: chain)
   index_t draft_tree_depth = 0;
   bool draft_tree_lantern = false;  // --draft-tree lantern: LANTERN's static naive_extend_57
@@ -545,6 +549,7 @@ std::vector<token_t> speculative(const run_input& in, decode_stats& st, sd_rule 
   so.target = sampling_of(o);
   so.draft = sampling_of(o);
   so.mode = o.greedy || o.draft_greedy ? specula::draft_mode::greedy : specula::draft_mode::sample;
+  so.draft_p_min = static_cast<float>(o.p_min);
   if (o.draft_tree_lantern)
     so.draft_tree = specula::trees::lantern_static();
   else if (o.draft_tree_width > 0)
@@ -586,6 +591,36 @@ std::vector<token_t> run_lantern(const run_input& in, decode_stats& st) {
   return speculative(in, st, sd_rule::lantern);
 }
 
+/// Prompt lookup: the n-gram proposal as the draft, no draft model.
+std::vector<token_t> run_lookup(const run_input& in, decode_stats& st) {
+  const demo_options& o = in.opt;
+  specula::speculative_options so;
+  so.max_new_tokens = o.max_new_tokens;
+  so.target = sampling_of(o);
+  specula::ngram_options no;
+  no.draft_length = std::max<index_t>(1, o.draft_length);
+  no.max_branches = o.lookup_branches;
+  no.max_ngram = o.lookup_ngram;
+  specula::ngram_proposal draft(no);
+  demo_session target(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
+                      in.llama_target);
+  if (o.greedy)
+    return specula::speculative_decode(target, draft, in.prompt, so, in.rng,
+                                       specula::greedy_tree_verifier<>{}, &st);
+  return specula::speculative_decode(target, draft, in.prompt, so, in.rng,
+                                     specula::tree_verifier<>{}, &st);
+}
+
+json params_lookup(const demo_options& o) {
+  json p = {{"proposal", "ngram"},
+            {"max_ngram", o.lookup_ngram},
+            {"draft_length", std::max<index_t>(1, o.draft_length)},
+            {"branches", o.lookup_branches},
+            {"greedy", o.greedy}};
+  if (!o.greedy) p.update(sampling_json(o));
+  return p;
+}
+
 json params_sd(const demo_options& o) {
   json p = {{"draft_model", o.draft_model},
             {"draft_length", o.draft_length},
@@ -595,6 +630,7 @@ json params_sd(const demo_options& o) {
                                                     : json("chain")},
             {"greedy", o.greedy},
             {"draft", o.greedy || o.draft_greedy ? "greedy" : "sampled"}};
+  if (o.p_min > 0.0) p["p_min"] = o.p_min;
   if (!o.greedy) p.update(sampling_json(o));
   return p;
 }
@@ -766,10 +802,17 @@ const std::vector<method_entry>& methods() {
       {"sd",
        text_bit | image_bit,
        0,
-       {"--draft-length", "--draft-tree", "--greedy", "--draft-greedy", "--draft-model"},
+       {"--draft-length", "--draft-tree", "--greedy", "--draft-greedy", "--draft-model", "--p-min"},
        run_sd,
        params_sd,
        "draft-model speculative decoding (exact verification; drafts: text-draft, image-draft)"},
+      {"lookup",
+       text_bit,
+       0,
+       {"--draft-length", "--greedy", "--lookup-branches", "--lookup-ngram"},
+       run_lookup,
+       params_lookup,
+       "prompt lookup: n-gram drafts from the context, no draft model (exact verification)"},
       {"sjd",
        text_bit | image_bit,
        0,
@@ -906,6 +949,11 @@ void print_help() {
       "  --pd-first-path      sjd-pac: K candidates per level along the first path only (K D\n"
       "                       nodes) instead of the full K-ary tree\n"
       "  --no-ac, --no-pd     sjd-pac: disable Adaptive Continuation / Proactive Drafting\n"
+      "  --p-min P            sd: dynamic draft length, stop drafting when the draft's most\n"
+      "                       likely token has probability < P (llama.cpp's p_min; default 0)\n"
+      "  --lookup-branches B  lookup: n-gram continuations drafted per step as a tree (1..16,\n"
+      "                       default 1: a chain); --draft-length: tokens per continuation\n"
+      "  --lookup-ngram N     lookup: longest context suffix looked up (1..64, default 3)\n"
       "  --cool-schedule S    cool-sd: uniform (default) | exponential | linear; lantern:\n"
       "                       any schedule flag applies the schedule's omega_i to LANTERN++'s\n"
       "                       aggregated mass (Cool-SD's schedule on LANTERN++)\n"
@@ -992,6 +1040,8 @@ demo_options parse_args(int argc, char** argv) {
       "--pool",          "--spawn",          "--cache",       "--refresh",   "--image-model",
       "--cfg",           "--lambda",         "--lantern-k",   "--model",     "--backend",
       "--gguf-dir",      "--draft-model"};
+  const std::vector<std::string_view> valued_more = {"--p-min", "--lookup-branches",
+                                                     "--lookup-ngram"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -1006,7 +1056,9 @@ demo_options parse_args(int argc, char** argv) {
       has_value = true;
     }
     const bool is_switch = std::find(switches.begin(), switches.end(), arg) != switches.end();
-    const bool is_valued = std::find(valued.begin(), valued.end(), arg) != valued.end();
+    const bool is_valued =
+        std::find(valued.begin(), valued.end(), arg) != valued.end() ||
+        std::find(valued_more.begin(), valued_more.end(), arg) != valued_more.end();
     if (!is_switch && !is_valued) throw usage_error("unknown argument '" + arg + "'");
     if (is_switch && has_value) throw usage_error(arg + ": takes no value");
     if (is_valued && !has_value) {
@@ -1065,6 +1117,12 @@ demo_options parse_args(int argc, char** argv) {
       o.draft_length = parse_int(flag, value);
     } else if (flag == "--draft-tree" && value == "lantern") {
       o.draft_tree_lantern = true;
+    } else if (flag == "--p-min") {
+      o.p_min = parse_double(flag, value);
+    } else if (flag == "--lookup-branches") {
+      o.lookup_branches = parse_int(flag, value);
+    } else if (flag == "--lookup-ngram") {
+      o.lookup_ngram = parse_int(flag, value);
     } else if (flag == "--draft-tree") {
       const auto x = value.find('x');
       if (x == std::string::npos)
@@ -1184,8 +1242,12 @@ void resolve(demo_options& o, const method_entry& m) {
       "--ngram",         "--pool",         "--spawn",        "--mix-order",     "--cache",
       "--refresh",       "--fallback",     "--count-root",   "--no-count-root", "--pd-first-path",
       "--lambda",        "--lantern-k",    "--ra-only",      "--draft-model"};
+  const std::vector<std::string_view> method_flags_more = {"--p-min", "--lookup-branches",
+                                                           "--lookup-ngram"};
   for (const auto& f : o.given)
-    if (std::find(method_flags.begin(), method_flags.end(), f) != method_flags.end() &&
+    if ((std::find(method_flags.begin(), method_flags.end(), f) != method_flags.end() ||
+         std::find(method_flags_more.begin(), method_flags_more.end(), f) !=
+             method_flags_more.end()) &&
         std::find(m.flags.begin(), m.flags.end(), f) == m.flags.end())
       throw usage_error(f + ": not used by method '" + o.method + "'");
   if (o.has("--prompt") && o.task == task_kind::image)
@@ -1209,6 +1271,10 @@ void resolve(demo_options& o, const method_entry& m) {
   require(o.threads >= 0 && o.threads <= 256, "--threads", "must be in [0, 256]");
   require(o.scale >= 1 && o.scale <= 64, "--scale", "must be in [1, 64]");
   require(o.draft_length >= 0 && o.draft_length <= 64, "--draft-length", "must be in [0, 64]");
+  require(o.p_min >= 0.0 && o.p_min <= 1.0, "--p-min", "must be in [0, 1]");
+  require(o.lookup_branches >= 1 && o.lookup_branches <= 16, "--lookup-branches",
+          "must be in [1, 16]");
+  require(o.lookup_ngram >= 1 && o.lookup_ngram <= 64, "--lookup-ngram", "must be in [1, 64]");
   if (o.has("--draft-tree") && !o.draft_tree_lantern) {
     require(o.draft_tree_width >= 1 && o.draft_tree_width <= 8, "--draft-tree",
             "width W must be in [1, 8]");

@@ -329,9 +329,15 @@ TEST_CASE("batched loops reject bad batch arguments", "[decode]") {
              Catch::Contains("stats"));
   CHECK_THAT(msg([&] { (void)jacobi_decode_batch(m, with_empty, jo, rngs2); }),
              Catch::Contains("prompts[row 1]"));
-  CHECK_THAT(
-      msg([&] { (void)jacobi_decode_batch(m, std::vector<std::vector<token_t>>{}, jo, {}); }),
-      Catch::Contains("prompts"));
+  // No prompts (B = 0) is a no-op, as for the verifiers; so is a batch of no sessions.
+  CHECK(jacobi_decode_batch(m, std::vector<std::vector<token_t>>{}, jo, {}).empty());
+  CHECK(
+      speculative_decode_batch(m, m, std::vector<std::vector<token_t>>{}, speculative_options{}, {})
+          .empty());
+  session_batch<toy_model_session> none(std::vector<toy_model_session>{});
+  CHECK(none.batch_size() == 0);
+  CHECK(none.vocab_size() == 0);
+  CHECK(jacobi_decode_batch(none, std::vector<std::vector<token_t>>{}, jo, {}).empty());
   counting_batch small = toy_batch(target, 1);
   CHECK_THAT(
       msg([&] { (void)speculative_decode_batch(m, small, two, speculative_options{}, rngs2); }),

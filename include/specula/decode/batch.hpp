@@ -24,7 +24,6 @@ template <session_model M>
 class session_batch {
  public:
   explicit session_batch(std::vector<M> sessions) : sessions_(std::move(sessions)) {
-    if (sessions_.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "sessions");
     for (std::size_t r = 1; r < sessions_.size(); ++r)
       if (static_cast<index_t>(sessions_[r].vocab_size()) != vocab_size())
         throw_if_failed({status::length_mismatch, static_cast<index_t>(r), -1,
@@ -32,7 +31,10 @@ class session_batch {
                         "sessions", "every session must have the same vocabulary");
   }
 
-  [[nodiscard]] index_t vocab_size() const { return sessions_.front().vocab_size(); }
+  /// The sessions' vocabulary size; 0 for a batch of no sessions (a valid, empty batch).
+  [[nodiscard]] index_t vocab_size() const {
+    return sessions_.empty() ? 0 : static_cast<index_t>(sessions_.front().vocab_size());
+  }
   [[nodiscard]] index_t batch_size() const noexcept {
     return static_cast<index_t>(sessions_.size());
   }

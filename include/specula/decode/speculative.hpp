@@ -59,6 +59,12 @@ struct speculative_options {
   sampling_params draft{};      ///< draft logits -> q (mode sample)
   draft_mode mode = draft_mode::sample;
   token_t stop_token = no_token;  ///< generation ends after emitting it (-1: never)
+  /// Dynamic draft length (llama.cpp's `p_min`), chain drafts only: drafting of a step stops
+  /// before position i when the draft's most likely token there has probability below this
+  /// (its row transformed by `draft`), so a step drafts 0 .. draft_length tokens. The decision
+  /// depends on the draft's row only, never on the token drawn from it, so verification stays
+  /// lossless. 0 (the default): always draft `draft_length` tokens. In [0, 1].
+  float draft_p_min = 0.0f;
 };
 
 namespace detail {
@@ -69,6 +75,27 @@ struct speculative_buffers {
   std::vector<token_t> out_tokens;
   std::vector<index_t> out_nodes;
 };
+
+/// Verifies a step's tree from the target logits in `buf.logits`: p rows by `target`, the q rows
+/// of leaves (which have no children) filled with their p rows when `has_q`, then `verify` with
+/// the stream `rng`. Returns the accepted count; buf.out_tokens / buf.out_nodes hold the result.
+template <class Verifier>
+index_t verify_step(const Verifier& verify, const sampling_params& target, const token_tree& tree,
+                    index_t V, speculative_buffers& buf, bool has_q, const request_rng& rng) {
+  const index_t nodes = tree.size();
+  buf.target_probs.resize(static_cast<std::size_t>(nodes * V));
+  rows_to_probs(target, buf.logits, buf.target_probs, buf.scratch, V);
+  if (has_q) {
+    buf.draft_probs.resize(static_cast<std::size_t>(nodes * V));
+    for (index_t u = 0; u < nodes; ++u)
+      if (tree.num_children(u) == 0)
+        std::copy_n(buf.target_probs.begin() + static_cast<std::ptrdiff_t>(u * V), V,
+                    buf.draft_probs.begin() + static_cast<std::ptrdiff_t>(u * V));
+  }
+  return verify_one(verify, tree, V, buf.target_probs,
+                    has_q ? std::span<const float>(buf.draft_probs) : std::span<const float>(), rng,
+                    buf.out_tokens, buf.out_nodes);
+}
 
 /// Greedy children: the `count` highest logits of `row` (ties: lowest id), best first.
 inline index_t top_tokens(std::span<const float> row, index_t count, token_t* out) {
@@ -105,6 +132,8 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
                     "the draft model's vocabulary must equal the target's");
   validate_sampling_params(options.target);
   validate_sampling_params(options.draft);
+  require_parameter(options.draft_p_min >= 0.0f && options.draft_p_min <= 1.0f, "draft_p_min",
+                    static_cast<double>(options.draft_p_min), "must be in [0, 1]");
   const bool sampled = options.mode == draft_mode::sample;
   const bool tree_drafts = options.draft_tree.has_value();
   if constexpr (requires { verify.options.sampling; })
@@ -126,6 +155,7 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
   published.prefilled = true;
   speculative_buffers buf;
   buf.scratch.resize(sz(V));
+  if (options.draft_p_min > 0.0f) buf.probs.resize(sz(V));
   std::vector<token_t> pending, chosen;
   std::vector<index_t> parents, shape_map, all;
   std::vector<token_t> tokens;
@@ -189,8 +219,14 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
           all.resize(sz(chain.size()));
           for (index_t k = 0; k < chain.size(); ++k) all[sz(k)] = k;
           draft.commit(all);
-          draw_children(i, std::span<float>(draft_logits.data() + (chain.size() - 1) * V, sz(V)),
-                        1);
+          const auto row = std::span<float>(draft_logits.data() + (chain.size() - 1) * V, sz(V));
+          if (options.draft_p_min > 0.0f) {
+            // The draft's most likely token at this position, from its row alone.
+            auto q = std::span<float>(buf.probs.data(), sz(V));
+            logits_to_probs(options.draft, row, {}, q, buf.scratch);
+            if (*std::max_element(q.begin(), q.end()) < options.draft_p_min) break;
+          }
+          draw_children(i, row, 1);
           add_node(i, chosen.at(0));
           pending.assign(1, chosen[0]);
         }
@@ -245,25 +281,14 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
       limits.max_children = std::max<index_t>(1, tree_drafts ? options.draft_tree->max_width() : 1);
       tree = token_tree(parents, tokens, limits);
     }
-    const index_t nodes = tree.size();
     co_await target_pass(tree, buf.logits, st);
 
     // --- Verify.
     index_t accepted = 0;
     {
       scoped_timer timer(st.verify_seconds);
-      buf.target_probs.resize(sz(nodes * V));
-      rows_to_probs(options.target, buf.logits, buf.target_probs, buf.scratch, V);
-      // Leaves have no children: any valid row will do for their q rows.
-      for (index_t u = 0; u < nodes; ++u)
-        if (tree.num_children(u) == 0)
-          std::copy_n(buf.target_probs.begin() + static_cast<std::ptrdiff_t>(u * V), V,
-                      buf.draft_probs.begin() + static_cast<std::ptrdiff_t>(u * V));
-      const request_rng verify_rng{rng.seed, rng.request_id, step};
-      accepted =
-          verify_one(verify, tree, V, buf.target_probs,
-                     sampled ? std::span<const float>(buf.draft_probs) : std::span<const float>(),
-                     verify_rng, buf.out_tokens, buf.out_nodes);
+      accepted = verify_step(verify, options.target, tree, V, buf, sampled,
+                             request_rng{rng.seed, rng.request_id, step});
     }
 
     // --- Commit: the target keeps root + accepted drafts; the draft drops what it does not

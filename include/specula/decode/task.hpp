@@ -855,9 +855,9 @@ void run_batch(std::span<decode_task> tasks, Target& target, Draft* draft = null
 
 /// Checks a batch call's per-request arguments: `prompts` fit the model's batch, one rng per
 /// prompt, `stats` empty or one per prompt, and the control's spans empty or one per prompt.
+/// No prompts (B = 0) is valid: the call is a no-op, as B = 0 is for the verifiers.
 inline void check_batch_arguments(std::size_t prompts, index_t batch_size, std::size_t rngs,
                                   std::size_t stats, const batch_control& control = {}) {
-  if (prompts == 0) throw_if_failed({status::empty_input, -1, -1, 0.0}, "prompts");
   if (static_cast<index_t>(prompts) > batch_size)
     throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(prompts)}, "prompts",
                     "more prompts than the model's batch_size()");
@@ -920,6 +920,7 @@ void decode_batch(Target& target, Draft* draft, index_t batch_size,
     if (vocab > 0) check_prompt(prompts[r], vocab, static_cast<index_t>(r));
   }
   for (request_outcome& o : control.outcomes) o = {};
+  if (prompts.empty()) return;
   std::vector<decode_stats> local(stats.empty() ? prompts.size() : 0);
   std::vector<decode_task> tasks;
   tasks.reserve(prompts.size());
