@@ -109,6 +109,17 @@ TEST_CASE("greedy and sampled requests in one verify_chain call", "[verify]") {
   CHECK(mixed.n[2] == 2);
 }
 
+TEST_CASE("greedy requests may share a stream, sampled ones may not", "[verify][bad_input]") {
+  batch bt;
+  outputs o;
+  bt.rng[2] = bt.rng[0];  // requests 0 and 2 are greedy below: neither draws
+  const std::vector<std::uint8_t> greedy = {1, 0, 1, 0};
+  REQUIRE_NOTHROW(verify_chain(host::seq, bt.in(greedy), o.view()));
+  bt.rng[3] = bt.rng[1];  // two sampled requests with one stream
+  CHECK_THROWS_WITH(verify_chain(host::seq, bt.in(greedy), o.view()),
+                    Catch::Contains("rng[row 3]") && Catch::Contains("requests 1 and 3"));
+}
+
 TEST_CASE("is_greedy bad input", "[verify][bad_input]") {
   batch bt;
   outputs o;

@@ -5,6 +5,7 @@
 /// the `validate_*` functions are host wrappers that throw `invalid_input` naming the argument.
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -211,17 +212,42 @@ inline shared_stream_pair find_shared_stream(row_view<const request_rng> rng) {
 
 /// The checked entry points' stream check: one stream per request (`batch` of them), and no
 /// two with the same (seed, request_id) (status::shared_stream, naming both requests).
+/// Throws status::shared_stream for requests `first` and `second` of `rng`.
+[[noreturn]] inline void throw_shared_stream(row_view<const request_rng> rng, index_t first,
+                                             index_t second) {
+  const std::string text =
+      "requests " + std::to_string(first) + " and " + std::to_string(second) +
+      " have the same seed (" + std::to_string(rng[second].seed) + ") and request_id (" +
+      std::to_string(rng[second].request_id) +
+      "), so they would make the same draws: give each request of a call its own (seed, "
+      "request_id)";
+  throw_if_failed({status::shared_stream, second, -1, 0.0}, "rng", text.c_str());
+  std::abort();  // unreachable
+}
+
 inline void require_streams(row_view<const request_rng> rng, index_t batch) {
   require_size(rng.size, batch, "rng", "one random stream per request");
   const shared_stream_pair s = find_shared_stream(rng);
-  if (s.second < 0) return;
-  const std::string text =
-      "requests " + std::to_string(s.first) + " and " + std::to_string(s.second) +
-      " have the same seed (" + std::to_string(rng[s.second].seed) + ") and request_id (" +
-      std::to_string(rng[s.second].request_id) +
-      "), so they would make the same draws: give each request of a call its own (seed, "
-      "request_id)";
-  throw_if_failed({status::shared_stream, s.second, -1, 0.0}, "rng", text.c_str());
+  if (s.second >= 0) throw_shared_stream(rng, s.first, s.second);
+}
+
+/// require_streams over the requests that draw: those with `skip[b] == 0` (greedy requests
+/// make no draw, so their streams may repeat).
+inline void require_streams(row_view<const request_rng> rng, index_t batch,
+                            row_view<const std::uint8_t> skip) {
+  require_size(rng.size, batch, "rng", "one random stream per request");
+  std::vector<request_rng> drawing;
+  std::vector<index_t> which;
+  for (index_t b = 0; b < batch; ++b)
+    if (skip[b] == 0) {
+      drawing.push_back(rng[b]);
+      which.push_back(b);
+    }
+  const shared_stream_pair s = find_shared_stream(
+      row_view<const request_rng>{drawing.data(), static_cast<index_t>(drawing.size())});
+  if (s.second >= 0)
+    throw_shared_stream(rng, which[static_cast<std::size_t>(s.first)],
+                        which[static_cast<std::size_t>(s.second)]);
 }
 
 }  // namespace detail

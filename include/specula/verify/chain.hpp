@@ -396,7 +396,12 @@ void validate_chain_input(const Policy& policy, const chain_batch_input<T>& in,
   const index_t batch = detail::validate_flattened_shape(in);
   if (batch == 0) return;  // B = 0 is a no-op
   const index_t num_draft = in.draft_offsets[batch];
-  detail::require_streams(in.rng, batch);
+  if (!in.is_greedy.empty())
+    detail::require_size(in.is_greedy.size, batch, "is_greedy", "one flag per request, or empty");
+  if (in.is_greedy.empty())
+    detail::require_streams(in.rng, batch);
+  else
+    detail::require_streams(in.rng, batch, in.is_greedy);  // greedy requests make no draw
   const index_t target_rows = detail::validate_bonus_tokens(in, num_draft, batch);
   detail::validate_rows(policy, in.target_probs, target_rows, in.vocab_size, "target_probs",
                         options.sum_tolerance, !scan_rows);
@@ -404,7 +409,6 @@ void validate_chain_input(const Policy& policy, const chain_batch_input<T>& in,
     detail::validate_rows(policy, in.draft_probs, num_draft, in.vocab_size, "draft_probs",
                           options.sum_tolerance, !scan_rows);
   if (!in.is_greedy.empty()) {
-    detail::require_size(in.is_greedy.size, batch, "is_greedy", "one flag per request, or empty");
     // Greedy requests read their rows through argmax, which checks nothing: scan them here.
     if (!scan_rows)
       for (index_t b = 0; b < batch; ++b) {
