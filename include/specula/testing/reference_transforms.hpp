@@ -49,7 +49,7 @@ inline void reference_softmax(std::span<const float> logits, std::span<float> pr
   for (std::size_t t = 0; t < logits.size(); t += 256) {
     double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (std::size_t i = t; i < logits.size() && i < t + 256; ++i) {
-      const float e = detail::exp_f32(logits[i] - m);
+      const float e = specula::detail::exp_f32(logits[i] - m);
       probs[i] = e;
       lane[(i - t) % 8] += e;
     }
