@@ -51,9 +51,13 @@ decode_task autoregressive_task(Handle m, std::span<const token_t> prompt,
   const index_t V = m.vocab_size();
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
-  m.prefill(prompt);
-  std::vector<token_t> seq(prompt.begin(), prompt.end());
+  check_prompt(prompt, V);
   const auto prompt_len = static_cast<index_t>(prompt.size());
+  // seq (prompt, then the committed output) lives in the task's promise (decode/task.hpp).
+  task_state& published = co_await publish(prompt, result, st);
+  std::vector<token_t>& seq = published.seq;
+  m.prefill(prompt);
+  published.prefilled = true;
   std::vector<float> logits, probs(sz(V)), scratch(sz(V));
   const std::vector<index_t> root_path{0};
   token_t next[1] = {no_token};

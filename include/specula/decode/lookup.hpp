@@ -185,9 +185,13 @@ decode_task proposal_task(TargetHandle target, Proposal& draft, std::span<const 
   const index_t V = target.vocab_size();
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
-  target.prefill(prompt);
-  std::vector<token_t> seq(prompt.begin(), prompt.end());
+  check_prompt(prompt, V);
   const auto prompt_len = static_cast<index_t>(prompt.size());
+  // seq (prompt, then the committed output) lives in the task's promise (decode/task.hpp).
+  task_state& published = co_await publish(prompt, result, st);
+  std::vector<token_t>& seq = published.seq;
+  target.prefill(prompt);
+  published.prefilled = true;
   speculative_buffers buf;
   buf.scratch.resize(sz(V));
   token_tree tree;
