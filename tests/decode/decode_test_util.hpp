@@ -38,6 +38,19 @@ std::vector<token_t> greedy_reference(Model& m, std::span<const token_t> prompt,
   return out;
 }
 
+/// A deliberately wrong verifier: accepts every draft of a chain and emits the leaf's argmax, so
+/// the output leans towards the draft model (the negative control of SD G-tests).
+struct accept_all_verifier {
+  void operator()(const tree_batch_input<float>& in, const tree_batch_output& out) const {
+    const token_tree& t = in.trees[0];
+    const index_t leaf = t.size() - 1;
+    for (index_t i = 1; i < t.size(); ++i) out.output_tokens[i - 1] = t.token(i);
+    out.output_tokens[leaf] = static_cast<token_t>(argmax_lowest(in.target_probs.row(leaf)));
+    for (index_t i = 0; i < t.size(); ++i) out.accepted_nodes[i] = i;
+    out.num_accepted[0] = static_cast<std::int32_t>(leaf);
+  }
+};
+
 /// Accepts every child on the first path and emits the leaf's argmax: biased.
 struct first_path_verifier {
   void operator()(const tree_batch_input<float>& in, const tree_batch_output& out) const {

@@ -22,19 +22,6 @@ using specula::testing::toy_model_session;
 
 namespace {
 
-/// A deliberately wrong verifier: accepts every draft and emits the leaf's argmax, so the
-/// output leans towards the draft model.
-struct accept_all_verifier {
-  void operator()(const tree_batch_input<float>& in, const tree_batch_output& out) const {
-    const token_tree& t = in.trees[0];
-    const index_t leaf = t.size() - 1;
-    for (index_t i = 1; i < t.size(); ++i) out.output_tokens[i - 1] = t.token(i);
-    out.output_tokens[leaf] = static_cast<token_t>(argmax_lowest(in.target_probs.row(leaf)));
-    for (index_t i = 0; i < t.size(); ++i) out.accepted_nodes[i] = i;
-    out.num_accepted[0] = static_cast<std::int32_t>(leaf);
-  }
-};
-
 template <class Verifier>
 std::vector<std::uint64_t> sd_sequence_counts(const toy_ar_model& target_model,
                                               const toy_ar_model& draft_model,
@@ -77,8 +64,8 @@ TEST_CASE("speculative decoding samples the target's sequence law (G-test)", "[d
   CHECK(st.accepted_histogram.size() == 4);
 
   // Negative control: accepting every draft samples a different law and must fail.
-  const auto biased =
-      sd_sequence_counts(target, draft, opt, 200'000, 8, accept_all_verifier{}, nullptr);
+  const auto biased = sd_sequence_counts(target, draft, opt, 200'000, 8,
+                                         decode_testing::accept_all_verifier{}, nullptr);
   CHECK(specula::testing::g_test(biased, law).p_value < 1e-6);
 }
 

@@ -23,15 +23,17 @@
 
 namespace specula::example {
 
-/// One request of a transformer as a `specula::model`.
-class transformer_session {
+/// One request of a model as a `specula::session_model`: `Model` (the host `transformer`, or
+/// `device_transformer`) evaluates token trees below a `Cache` (`kv_cache`, `device_kv_cache`).
+template <class Model, class Cache>
+class basic_session {
  public:
-  explicit transformer_session(const transformer& model) : model_(&model) {}
+  explicit basic_session(const Model& model) : model_(&model) {}
 
   [[nodiscard]] index_t vocab_size() const noexcept { return model_->vocab_size(); }
-  [[nodiscard]] const transformer& model() const noexcept { return *model_; }
-  [[nodiscard]] kv_cache& cache() noexcept { return cache_; }
-  [[nodiscard]] const kv_cache& cache() const noexcept { return cache_; }
+  [[nodiscard]] const Model& model() const noexcept { return *model_; }
+  [[nodiscard]] Cache& cache() noexcept { return cache_; }
+  [[nodiscard]] const Cache& cache() const noexcept { return cache_; }
 
   /// Starts a request: clears the cache and commits all of `prompt` but its last token, which
   /// becomes the root of the first evaluated tree.
@@ -55,9 +57,12 @@ class transformer_session {
   void commit(std::span<const index_t> path) { cache_.commit(path); }
 
  private:
-  const transformer* model_;
-  kv_cache cache_;
+  const Model* model_;
+  Cache cache_;
 };
+
+/// One request of a host transformer as a `specula::session_model`.
+using transformer_session = basic_session<transformer, kv_cache>;
 
 /// Several requests of one transformer, evaluated together, as a `specula::batched_model`.
 class transformer_batch {

@@ -21,6 +21,7 @@
 ///   window passes evaluate only the window's tokens against them.
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -214,6 +215,191 @@ struct transformer_weights {
   }
 };
 
+namespace detail {
+
+/// The checks of `kv_cache::commit` (shared with the device cache, slot_cache.hpp): with `size`
+/// committed positions and pending nodes at `pending_pos` with ancestor mask `pending_mask`
+/// (rows of ceil(n / 64) words), `path` must name pending nodes at positions size, size + 1, ...
+/// each of which attended to exactly the path nodes before it. Throws invalid_input (argument
+/// "path", row k).
+inline void check_commit_path(index_t size, std::span<const index_t> pending_pos,
+                              std::span<const std::uint64_t> pending_mask,
+                              std::span<const index_t> path) {
+  const auto n = static_cast<index_t>(pending_pos.size());
+  const index_t words = (n + 63) / 64;
+  for (std::size_t k = 0; k < path.size(); ++k) {
+    const index_t node = path[k];
+    const auto row = static_cast<index_t>(k);
+    if (node < 0 || node >= n)
+      throw_if_failed({status::invalid_parameter, row, -1, static_cast<double>(node)}, "path",
+                      ("not one of the " + std::to_string(n) + " pending nodes").c_str());
+    if (pending_pos[static_cast<std::size_t>(node)] != size + row)
+      throw_if_failed(
+          {status::invalid_parameter, row, -1, static_cast<double>(node)}, "path",
+          ("node position " + std::to_string(pending_pos[static_cast<std::size_t>(node)]) +
+           " is not the next context position " + std::to_string(size + row))
+              .c_str());
+    const std::uint64_t* m = pending_mask.data() + node * words;
+    index_t seen = 0;
+    for (index_t w = 0; w < words; ++w) seen += std::popcount(m[w]);
+    bool ok = seen == row + 1;
+    for (std::size_t j = 0; ok && j <= k; ++j) ok = ((m[path[j] / 64] >> (path[j] % 64)) & 1u) != 0;
+    if (!ok)
+      throw_if_failed({status::invalid_parameter, row, -1, static_cast<double>(node)}, "path",
+                      "the node did not attend to exactly the path nodes before it");
+  }
+}
+
+/// The checks of one evaluation block (`transformer::evaluate`, shared with the device forward):
+/// n tokens in [0, vocab_size), n positions in [0, max_seq_len), n mask rows of ceil(n / 64)
+/// words with the diagonal set and no bits beyond n, and no committed context (`cache_size`)
+/// for a bidirectional model. `index` is the block's index in errors.
+inline void check_block(const transformer_config& c, std::span<const token_t> tokens,
+                        std::span<const index_t> positions, std::span<const std::uint64_t> mask,
+                        index_t cache_size, index_t index) {
+  const auto n = static_cast<index_t>(tokens.size());
+  const index_t words = (n + 63) / 64;
+  if (static_cast<index_t>(positions.size()) != n)
+    throw_if_failed({status::length_mismatch, index, -1, static_cast<double>(positions.size())},
+                    "blocks.positions", "one position per token");
+  if (static_cast<index_t>(mask.size()) != n * words)
+    throw_if_failed({status::length_mismatch, index, -1, static_cast<double>(mask.size())},
+                    "blocks.mask", "needs tokens * ceil(tokens / 64) words");
+  if (c.causal ? false : cache_size != 0)
+    throw_if_failed({status::invalid_parameter, index, -1, static_cast<double>(cache_size)},
+                    "blocks.cache", "a bidirectional model has no committed context");
+  for (index_t i = 0; i < n; ++i) {
+    const token_t t = tokens[static_cast<std::size_t>(i)];
+    if (t < 0 || t >= c.vocab_size)
+      throw_if_failed({status::token_out_of_range, index, i, static_cast<double>(t)},
+                      "blocks.tokens");
+    const index_t p = positions[static_cast<std::size_t>(i)];
+    if (p < 0 || p >= c.max_seq_len)
+      throw_if_failed({status::invalid_parameter, index, i, static_cast<double>(p)},
+                      "blocks.positions",
+                      ("outside [0, max_seq_len = " + std::to_string(c.max_seq_len) + ")").c_str());
+    const std::uint64_t* row = mask.data() + i * words;
+    if (((row[i / 64] >> (i % 64)) & 1u) == 0)
+      throw_if_failed({status::invalid_parameter, index, i, 0.0}, "blocks.mask",
+                      "a node must attend to itself");
+    if (n % 64 != 0 && (row[words - 1] >> (n % 64)) != 0)
+      throw_if_failed({status::invalid_parameter, index, i, 0.0}, "blocks.mask",
+                      "bits beyond the block's nodes are set");
+  }
+}
+
+/// RoPE tables (rotate-half): cos and sin of position p times frequency i at [p * half + i],
+/// p < max_seq_len, i < head_dim / 2 (the host and the device forward use the same values).
+inline void rope_tables(const transformer_config& c, std::vector<float>& cos_out,
+                        std::vector<float>& sin_out) {
+  const index_t half = c.head_dim() / 2;
+  cos_out.resize(static_cast<std::size_t>(c.max_seq_len * half));
+  sin_out.resize(cos_out.size());
+  for (index_t p = 0; p < c.max_seq_len; ++p)
+    for (index_t i = 0; i < half; ++i) {
+      const double inv =
+          std::pow(static_cast<double>(c.rope_theta),
+                   -2.0 * static_cast<double>(i) / static_cast<double>(c.head_dim()));
+      const double a = static_cast<double>(p) * static_cast<double>(static_cast<float>(inv));
+      cos_out[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
+      sin_out[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
+    }
+}
+
+/// The checks of `transformer::evaluate_cached` for pass `index` (shared with the device
+/// forward): a cache per pass, a length in [1, max_seq_len], whole node sequences, a non-empty
+/// window, tokens in range, a refreshed cache of the same length and window for a pass without
+/// refresh, and every node equal to the cached sequence outside the window.
+template <class Cache>
+void check_cached_pass(const transformer_config& c, std::span<const dual_cache_pass<Cache>> passes,
+                       index_t index) {
+  const auto& p = passes[static_cast<std::size_t>(index)];
+  const auto bad = [&](const char* argument, index_t column, double value, const std::string& why,
+                       status code = status::invalid_parameter) {
+    throw_if_failed({code, index, column, value}, argument, why.c_str());
+  };
+  if (p.cache == nullptr) bad("passes.cache", -1, 0.0, "cache is null");
+  for (index_t j = 0; j < index; ++j)
+    if (passes[static_cast<std::size_t>(j)].cache == p.cache)
+      bad("passes.cache", j, 0.0, "the same cache serves two passes");
+  if (p.length < 1 || p.length > c.max_seq_len)
+    bad("passes.length", -1, static_cast<double>(p.length),
+        "must be in [1, max_seq_len = " + std::to_string(c.max_seq_len) + "]");
+  if (p.tokens.empty() || p.tokens.size() % static_cast<std::size_t>(p.length) != 0)
+    bad("passes.tokens", -1, static_cast<double>(p.tokens.size()),
+        "size is not a positive multiple of length " + std::to_string(p.length),
+        status::length_mismatch);
+  if (p.window_begin < 0 || p.window_begin >= p.window_end || p.window_end > p.length)
+    bad("passes.window", -1, static_cast<double>(p.window_begin),
+        "the window [" + std::to_string(p.window_begin) + ", " + std::to_string(p.window_end) +
+            ") must be a non-empty range in [0, length]");
+  for (std::size_t i = 0; i < p.tokens.size(); ++i)
+    if (p.tokens[i] < 0 || p.tokens[i] >= c.vocab_size)
+      bad("passes.tokens", static_cast<index_t>(i), static_cast<double>(p.tokens[i]),
+          "token outside [0, vocab_size)", status::token_out_of_range);
+  const Cache& cache = *p.cache;
+  if (!p.refresh && (cache.empty() || static_cast<index_t>(cache.tokens().size()) != p.length ||
+                     cache.window_begin() != p.window_begin || cache.window_end() != p.window_end))
+    bad("passes.cache", -1, 0.0,
+        "not refreshed for this length and window (a pass without refresh needs one)");
+  // Outside the window, every node must hold the sequence the cached keys/values came from.
+  const auto reference =
+      p.refresh ? p.tokens.first(static_cast<std::size_t>(p.length)) : cache.tokens();
+  for (index_t u = p.refresh ? 1 : 0; u < p.nodes(); ++u)
+    for (index_t j = 0; j < p.length; ++j) {
+      if (j == p.window_begin) j = p.window_end;
+      if (j >= p.length) break;
+      if (p.tokens[static_cast<std::size_t>(u * p.length + j)] !=
+          reference[static_cast<std::size_t>(j)])
+        bad("passes.tokens", u * p.length + j, static_cast<double>(j),
+            "node " + std::to_string(u) +
+                " differs outside the window from the sequence "
+                "the cached keys/values come from");
+    }
+}
+
+/// All checks of `evaluate_cached` (a bidirectional model, each pass, the logits' shape: one row
+/// per pass row, vocab_size columns); returns the longest pass length.
+template <class Cache>
+index_t check_cached_passes(const transformer_config& c,
+                            std::span<const dual_cache_pass<Cache>> passes,
+                            batch_view<float> logits) {
+  if (c.causal)
+    throw_if_failed({status::invalid_parameter, -1, -1, 0.0}, "passes",
+                    "a causal model has no dual cache");
+  index_t total = 0, max_len = 0;
+  for (std::size_t i = 0; i < passes.size(); ++i) {
+    check_cached_pass(c, passes, static_cast<index_t>(i));
+    total += passes[i].rows();
+    max_len = std::max(max_len, passes[i].length);
+  }
+  if (logits.rows != total || logits.cols != c.vocab_size)
+    throw_if_failed(
+        {status::length_mismatch, -1, -1, static_cast<double>(logits.rows)}, "logits",
+        ("needs " + std::to_string(total) + " rows of " + std::to_string(c.vocab_size) + " columns")
+            .c_str());
+  return max_len;
+}
+
+/// The checks of `evaluate_sequences`: length in [1, max_seq_len], whole sequences.
+inline void check_sequences(const transformer_config& c, std::span<const token_t> tokens,
+                            index_t length) {
+  require_parameter(length > 0 && length <= c.max_seq_len, "length", static_cast<double>(length),
+                    "must be in [1, max_seq_len]");
+  if (tokens.size() % static_cast<std::size_t>(length) != 0)
+    throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(tokens.size())}, "tokens",
+                    ("size is not a multiple of length " + std::to_string(length)).c_str());
+}
+
+/// The check of `rollback(n)` on a cache of `size` committed positions.
+inline void check_rollback(index_t n, index_t size) {
+  if (n < 0 || n > size)
+    throw_if_failed({status::invalid_parameter, -1, -1, static_cast<double>(n)}, "n",
+                    ("must be in [0, " + std::to_string(size) + "]").c_str());
+}
+
+}  // namespace detail
+
 /// One request's key/value cache: the committed context and the pending nodes of the last
 /// evaluation.
 class kv_cache {
@@ -228,30 +414,7 @@ class kv_cache {
   /// nodes, saw exactly path[0..k], so its keys/values are those of a sequential evaluation.
   /// Throws invalid_input (argument "path", row k) otherwise.
   void commit(std::span<const index_t> path) {
-    const index_t n = pending_n_;
-    const index_t words = (n + 63) / 64;
-    for (std::size_t k = 0; k < path.size(); ++k) {
-      const index_t node = path[k];
-      const auto row = static_cast<index_t>(k);
-      if (node < 0 || node >= n)
-        throw_if_failed({status::invalid_parameter, row, -1, static_cast<double>(node)}, "path",
-                        ("not one of the " + std::to_string(n) + " pending nodes").c_str());
-      if (pending_pos_[static_cast<std::size_t>(node)] != size_ + row)
-        throw_if_failed(
-            {status::invalid_parameter, row, -1, static_cast<double>(node)}, "path",
-            ("node position " + std::to_string(pending_pos_[static_cast<std::size_t>(node)]) +
-             " is not the next context position " + std::to_string(size_ + row))
-                .c_str());
-      const std::uint64_t* m = pending_mask_.data() + node * words;
-      index_t seen = 0;
-      for (index_t w = 0; w < words; ++w) seen += std::popcount(m[w]);
-      bool ok = seen == row + 1;
-      for (std::size_t j = 0; ok && j <= k; ++j)
-        ok = ((m[path[j] / 64] >> (path[j] % 64)) & 1u) != 0;
-      if (!ok)
-        throw_if_failed({status::invalid_parameter, row, -1, static_cast<double>(node)}, "path",
-                        "the node did not attend to exactly the path nodes before it");
-    }
+    detail::check_commit_path(size_, pending_pos_, pending_mask_, path);
     const auto kv = static_cast<std::size_t>(kv_dim_);
     reserve(size_ + static_cast<index_t>(path.size()));
     for (std::size_t l = 0; l < k_.size(); ++l)
@@ -276,9 +439,7 @@ class kv_cache {
 
   /// Drops pending nodes and truncates the committed context to `n` positions.
   void rollback(index_t n) {
-    if (n < 0 || n > size_)
-      throw_if_failed({status::invalid_parameter, -1, -1, static_cast<double>(n)}, "n",
-                      ("must be in [0, " + std::to_string(size_) + "]").c_str());
+    detail::check_rollback(n, size_);
     size_ = n;
     drop_pending();
   }
@@ -361,10 +522,12 @@ struct tree_block_storage {
 }
 
 /// One request's dual (prefix and suffix) cache for a bidirectional model, in the style of
-/// Fast-dLLM's dual cache: after a refresh (`transformer::evaluate_cached`), every layer's
-/// keys/values at the positions outside the active window, computed from the whole refreshed
-/// sequence, which window passes reuse while only the window's tokens change.
-class dual_kv_cache {
+/// Fast-dLLM's dual cache: after a refresh (`evaluate_cached`), every layer's keys/values at the
+/// positions outside the active window, computed from the whole refreshed sequence, which window
+/// passes reuse while only the window's tokens change. `KV` holds the rows (`kv_cache` on the
+/// host, `device_kv_cache` on the GPU), `Model` fills them.
+template <class KV, class Model>
+class basic_dual_cache {
  public:
   /// Whether a refresh has filled the cache.
   [[nodiscard]] bool empty() const noexcept { return tokens_.empty(); }
@@ -379,13 +542,17 @@ class dual_kv_cache {
   }
 
  private:
-  friend class transformer;
-  kv_cache outside_;  // committed context: the positions outside the window, in position order
-  kv_cache full_;     // pending: the last refresh's whole sequence
+  friend Model;
+  KV outside_;  // committed context: the positions outside the window, in position order
+  KV full_;     // pending: the last refresh's whole sequence (where the model needs it apart)
   std::vector<token_t> tokens_;
   index_t begin_ = 0;
   index_t end_ = 0;
 };
+
+class transformer;
+/// The host transformer's dual cache.
+using dual_kv_cache = basic_dual_cache<kv_cache, transformer>;
 
 /// The decoder. Immutable after construction: one instance serves any number of caches, and
 /// `evaluate` is safe to call from several threads on distinct caches.
@@ -414,18 +581,7 @@ class transformer {
       layers_.push_back({linear(c.d_model, {l.wq, l.wk, l.wv}), linear(c.q_dim(), {l.wo}),
                          linear(c.d_model, {l.w1, l.w3}), linear(c.d_ff, {l.w2})});
     output_ = linear(c.d_model, {w_.output});
-    const index_t half = c.head_dim() / 2;
-    rope_cos_.resize(static_cast<std::size_t>(c.max_seq_len * half));
-    rope_sin_.resize(rope_cos_.size());
-    for (index_t p = 0; p < c.max_seq_len; ++p)
-      for (index_t i = 0; i < half; ++i) {
-        const double inv =
-            std::pow(static_cast<double>(c.rope_theta),
-                     -2.0 * static_cast<double>(i) / static_cast<double>(c.head_dim()));
-        const double a = static_cast<double>(p) * static_cast<double>(static_cast<float>(inv));
-        rope_cos_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::cos(a));
-        rope_sin_[static_cast<std::size_t>(p * half + i)] = static_cast<float>(std::sin(a));
-      }
+    detail::rope_tables(c, rope_cos_, rope_sin_);
   }
 
   [[nodiscard]] static transformer load(const std::filesystem::path& path,
@@ -494,12 +650,7 @@ class transformer {
   /// causal or bidirectional per the model. One logit row per token.
   void evaluate_sequences(std::span<const token_t> tokens, index_t length,
                           batch_view<float> logits) const {
-    require_parameter(length > 0 && length <= config().max_seq_len, "length",
-                      static_cast<double>(length), "must be in [1, max_seq_len]");
-    if (tokens.size() % static_cast<std::size_t>(length) != 0)
-      throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(tokens.size())},
-                      "tokens",
-                      ("size is not a multiple of length " + std::to_string(length)).c_str());
+    detail::check_sequences(config(), tokens, length);
     const auto count = static_cast<index_t>(tokens.size()) / length;
     const index_t words = (length + 63) / 64;
     std::vector<index_t> positions(static_cast<std::size_t>(length));
@@ -534,20 +685,7 @@ class transformer {
                        batch_view<float> logits) const {
     const transformer_config& c = w_.config;
     const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
-    if (c.causal)
-      throw_if_failed({status::invalid_parameter, -1, -1, 0.0}, "passes",
-                      "a causal model has no dual cache");
-    index_t total = 0, max_len = 0;
-    for (std::size_t i = 0; i < passes.size(); ++i) {
-      check_cached_pass(passes, static_cast<index_t>(i));
-      total += passes[i].rows();
-      max_len = std::max(max_len, passes[i].length);
-    }
-    if (logits.rows != total || logits.cols != c.vocab_size)
-      throw_if_failed({status::length_mismatch, -1, -1, static_cast<double>(logits.rows)}, "logits",
-                      ("needs " + std::to_string(total) + " rows of " +
-                       std::to_string(c.vocab_size) + " columns")
-                          .c_str());
+    const index_t max_len = detail::check_cached_passes(c, passes, logits);
     std::vector<index_t> positions(sz(max_len));
     for (index_t i = 0; i < max_len; ++i) positions[sz(i)] = i;
     const auto all_visible = [&](index_t n) {
@@ -618,54 +756,6 @@ class transformer {
   }
 
  private:
-  void check_cached_pass(std::span<const dual_cache_pass<dual_kv_cache>> passes,
-                         index_t index) const {
-    const transformer_config& c = w_.config;
-    const auto& p = passes[static_cast<std::size_t>(index)];
-    const auto bad = [&](const char* argument, index_t column, double value, const std::string& why,
-                         status code = status::invalid_parameter) {
-      throw_if_failed({code, index, column, value}, argument, why.c_str());
-    };
-    if (p.cache == nullptr) bad("passes.cache", -1, 0.0, "cache is null");
-    for (index_t j = 0; j < index; ++j)
-      if (passes[static_cast<std::size_t>(j)].cache == p.cache)
-        bad("passes.cache", j, 0.0, "the same cache serves two passes");
-    if (p.length < 1 || p.length > c.max_seq_len)
-      bad("passes.length", -1, static_cast<double>(p.length),
-          "must be in [1, max_seq_len = " + std::to_string(c.max_seq_len) + "]");
-    if (p.tokens.empty() || p.tokens.size() % static_cast<std::size_t>(p.length) != 0)
-      bad("passes.tokens", -1, static_cast<double>(p.tokens.size()),
-          "size is not a positive multiple of length " + std::to_string(p.length),
-          status::length_mismatch);
-    if (p.window_begin < 0 || p.window_begin >= p.window_end || p.window_end > p.length)
-      bad("passes.window", -1, static_cast<double>(p.window_begin),
-          "the window [" + std::to_string(p.window_begin) + ", " + std::to_string(p.window_end) +
-              ") must be a non-empty range in [0, length]");
-    for (std::size_t i = 0; i < p.tokens.size(); ++i)
-      if (p.tokens[i] < 0 || p.tokens[i] >= c.vocab_size)
-        bad("passes.tokens", static_cast<index_t>(i), static_cast<double>(p.tokens[i]),
-            "token outside [0, vocab_size)", status::token_out_of_range);
-    const dual_kv_cache& cache = *p.cache;
-    if (!p.refresh && (cache.empty() || static_cast<index_t>(cache.tokens_.size()) != p.length ||
-                       cache.begin_ != p.window_begin || cache.end_ != p.window_end))
-      bad("passes.cache", -1, 0.0,
-          "not refreshed for this length and window (a pass without refresh needs one)");
-    // Outside the window, every node must hold the sequence the cached keys/values came from.
-    const auto reference = p.refresh ? p.tokens.first(static_cast<std::size_t>(p.length))
-                                     : std::span<const token_t>(cache.tokens_);
-    for (index_t u = p.refresh ? 1 : 0; u < p.nodes(); ++u)
-      for (index_t j = 0; j < p.length; ++j) {
-        if (j == p.window_begin) j = p.window_end;
-        if (j >= p.length) break;
-        if (p.tokens[static_cast<std::size_t>(u * p.length + j)] !=
-            reference[static_cast<std::size_t>(j)])
-          bad("passes.tokens", u * p.length + j, static_cast<double>(j),
-              "node " + std::to_string(u) +
-                  " differs outside the window from the sequence "
-                  "the cached keys/values come from");
-      }
-  }
-
   /// After a refresh: the whole sequence's keys/values outside the window become the cache's
   /// context, and the sequence and window are remembered.
   void keep_outside(dual_kv_cache& cache, const dual_cache_pass<dual_kv_cache>& p) const {
@@ -690,38 +780,9 @@ class transformer {
   }
 
   void check_block(const node_block& b, index_t index) const {
-    const transformer_config& c = w_.config;
-    const auto n = static_cast<index_t>(b.tokens.size());
-    const index_t words = (n + 63) / 64;
     if (b.cache == nullptr)
       throw_if_failed({status::invalid_parameter, index, -1, 0.0}, "blocks", "cache is null");
-    if (static_cast<index_t>(b.positions.size()) != n)
-      throw_if_failed({status::length_mismatch, index, -1, static_cast<double>(b.positions.size())},
-                      "blocks.positions", "one position per token");
-    if (static_cast<index_t>(b.mask.size()) != n * words)
-      throw_if_failed({status::length_mismatch, index, -1, static_cast<double>(b.mask.size())},
-                      "blocks.mask", "needs tokens * ceil(tokens / 64) words");
-    if (c.causal ? false : b.cache->size() != 0)
-      throw_if_failed({status::invalid_parameter, index, -1, static_cast<double>(b.cache->size())},
-                      "blocks.cache", "a bidirectional model has no committed context");
-    for (index_t i = 0; i < n; ++i) {
-      const token_t t = b.tokens[static_cast<std::size_t>(i)];
-      if (t < 0 || t >= c.vocab_size)
-        throw_if_failed({status::token_out_of_range, index, i, static_cast<double>(t)},
-                        "blocks.tokens");
-      const index_t p = b.positions[static_cast<std::size_t>(i)];
-      if (p < 0 || p >= c.max_seq_len)
-        throw_if_failed(
-            {status::invalid_parameter, index, i, static_cast<double>(p)}, "blocks.positions",
-            ("outside [0, max_seq_len = " + std::to_string(c.max_seq_len) + ")").c_str());
-      const std::uint64_t* row = b.mask.data() + i * words;
-      if (((row[i / 64] >> (i % 64)) & 1u) == 0)
-        throw_if_failed({status::invalid_parameter, index, i, 0.0}, "blocks.mask",
-                        "a node must attend to itself");
-      if (n % 64 != 0 && (row[words - 1] >> (n % 64)) != 0)
-        throw_if_failed({status::invalid_parameter, index, i, 0.0}, "blocks.mask",
-                        "bits beyond the block's nodes are set");
-    }
+    detail::check_block(w_.config, b.tokens, b.positions, b.mask, b.cache->size(), index);
   }
 
   /// The forward pass over all blocks' nodes (rows concatenated in block order).

@@ -1,0 +1,93 @@
+#pragma once
+
+// The sampled draft-model SD G-test on a toy transformer, generic over the session type: the
+// device tests run it on the GPU model (tests/cuda/model), the host tests on the host model, so
+// CI checks without a GPU that the test has power (its negative control fails) and that the
+// law it tests against is right (the host loop passes).
+//
+// Toy transformer: 4 tokens, 3 generated after the prompt {0}: 64 sequences whose law is
+// enumerated with the host forward (evaluate_sequences, independent of the sessions' caches and
+// of the loops); the draft is another random transformer.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <specula/decode/speculative.hpp>
+#include <specula/testing/goodness_of_fit.hpp>
+
+#include "../decode/decode_test_util.hpp"
+#include "transformer_test_util.hpp"
+
+namespace specula::example::testing {
+
+inline transformer_config toy_gtest_config() {
+  auto c = small_config();
+  c.vocab_size = 4;
+  c.max_seq_len = 8;
+  return c;
+}
+
+/// The law of the 3 tokens after {0} under `w` (index y1 * 16 + y2 * 4 + y3).
+inline std::vector<double> toy_sequence_law(const transformer_weights& w) {
+  const transformer host(w);
+  const index_t V = 4;
+  std::vector<double> law(64, 0.0);
+  std::vector<float> logits(static_cast<std::size_t>(3 * V));
+  for (index_t s = 0; s < 64; ++s) {
+    const std::vector<token_t> seq{0, static_cast<token_t>(s / 16), static_cast<token_t>(s / 4 % 4),
+                                   static_cast<token_t>(s % 4)};
+    host.evaluate_sequences(std::span<const token_t>(seq).first(3), 3,
+                            batch_view<float>(logits.data(), 3, V));
+    double p = 1.0;
+    for (std::size_t k = 0; k < 3; ++k) {  // softmax in double
+      const float* row = logits.data() + k * 4;
+      const double m = *std::max_element(row, row + 4);
+      double z = 0.0;
+      for (std::size_t y = 0; y < 4; ++y) z += std::exp(static_cast<double>(row[y]) - m);
+      p *= std::exp(static_cast<double>(row[static_cast<std::size_t>(seq[k + 1])]) - m) / z;
+    }
+    law[static_cast<std::size_t>(s)] = p;
+  }
+  return law;
+}
+
+/// Sequence counts of `runs` sampled SD generations (draft length 2) with `verifier`.
+template <session_model Session, class Verifier>
+std::vector<std::uint64_t> toy_sd_counts(Session& target, Session& draft, const Verifier& verifier,
+                                         std::uint32_t runs, std::uint64_t seed, decode_stats* st) {
+  speculative_options opt;
+  opt.draft_length = 2;
+  opt.max_new_tokens = 3;
+  const std::vector<token_t> prompt{0};
+  std::vector<std::uint64_t> counts(64, 0);
+  for (std::uint32_t r = 0; r < runs; ++r) {
+    const auto out =
+        speculative_decode(target, draft, prompt, opt, request_rng{seed, r, 0}, verifier, st);
+    REQUIRE(out.size() == 3);
+    ++counts[static_cast<std::size_t>(out[0] * 16 + out[1] * 4 + out[2])];
+  }
+  return counts;
+}
+
+/// The G-test (4000 generations, p > 1e-4) and its negative control (p < 1e-6).
+template <session_model Session>
+void check_toy_sd_gtest(Session& target, Session& draft, const std::vector<double>& law) {
+  decode_stats st;
+  const auto g =
+      specula::testing::g_test(toy_sd_counts(target, draft, tree_verifier<>{}, 4000, 9, &st), law);
+  INFO(g << ", step compression " << st.step_compression());
+  CHECK(g.impossible_observations == 0);
+  CHECK(g.p_value > 1e-4);
+  CHECK(st.step_compression() > 1.0);
+  const auto biased = specula::testing::g_test(
+      toy_sd_counts(target, draft, decode_testing::accept_all_verifier{}, 4000, 10, nullptr), law);
+  INFO("negative control: " << biased);
+  CHECK(biased.p_value < 1e-6);
+}
+
+}  // namespace specula::example::testing
