@@ -24,8 +24,12 @@
 #              DEMO_OUT_DIR (images and heat maps, default $BUILD_DIR/demo), DEMO_IMAGE_MODEL
 #              (image-ar-256, the default: 256 tokens; image-ar: 64 tokens), DEMO_BACKEND (the
 #              text task's backend: specula, the default, or llama.cpp — the same models as GGUF
-#              in llama.cpp, built with -DSPECULA_WITH_LLAMA_CPP=ON; see docs/llama_cpp.md).
-#              DEMO_XL_THREADS (text-xl's threads; default: measured).
+#              in llama.cpp, built with -DSPECULA_WITH_LLAMA_CPP=ON; see docs/llama_cpp.md),
+#              DEMO_XL_THREADS (text-xl's threads; default: measured), DEMO_DEVICE (cpu, cuda,
+#              or auto, the default: cuda when the demo was built with CUDA, nvidia-smi lists a
+#              GPU and DEMO_BACKEND is specula; every method and its baseline then run on the
+#              GPU), DEMO_EXE (a specula_demo elsewhere, with DEMO_SKIP_BUILD=1), DEMO_MODELS_DIR
+#              (its --models-dir).
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -42,10 +46,15 @@ THREADS="${DEMO_THREADS:-1}"
 OUT_DIR="${DEMO_OUT_DIR:-$BUILD_DIR/demo}"
 IMAGE_MODEL="${DEMO_IMAGE_MODEL:-image-ar-256}"
 BACKEND="${DEMO_BACKEND:-specula}"
+DEVICE="${DEMO_DEVICE:-auto}"
 TARGET=specula_demo
 
 [[ "$REPEATS" =~ ^[1-9][0-9]*$ ]] || die "DEMO_REPEATS must be a positive integer, got '$REPEATS'"
 [[ "$THREADS" =~ ^[0-9]+$ ]] || die "DEMO_THREADS must be an integer >= 0, got '$THREADS'"
+case "$DEVICE" in
+  cpu | cuda | auto) ;;
+  *) die "DEMO_DEVICE must be cpu, cuda or auto, got '$DEVICE'" ;;
+esac
 
 XL_THREADS="${DEMO_XL_THREADS:-}"
 [[ -z "$XL_THREADS" || "$XL_THREADS" =~ ^[0-9]+$ ]] ||
@@ -71,6 +80,16 @@ if [[ "${DEMO_SKIP_BUILD:-0}" != 1 ]]; then
 fi
 exe="$BUILD_DIR/examples/demo/$TARGET"
 [[ -x "$exe" ]] || die "$exe was not built"
+if [[ "$DEVICE" == auto ]]; then
+  DEVICE=cpu
+  if [[ $BACKEND == specula ]] && "$exe" --help 2>&1 | grep -q -- '--device cpu|cuda' &&
+    command -v nvidia-smi >/dev/null 2>&1 &&
+    nvidia-smi -L 2>/dev/null | grep -q '^GPU' &&
+    "$exe" --task text --method ar --max-new-tokens 1 --device cuda --quiet >/dev/null 2>&1; then
+    DEVICE=cuda
+  fi
+fi
+log "device: $DEVICE"
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
@@ -130,7 +149,8 @@ run_row() {
   local threads="$THREADS" demo_task="$task"
   [[ $task == text-xl ]] && threads="$XL_THREADS" demo_task=text
   "$exe" --task "$demo_task" --method "$method" --json --quiet --seed "$SEED" \
-    --num-samples "$SAMPLES" --threads "$threads" $args >"$base.json" 2>"$base.err" || rc=$?
+    --num-samples "$SAMPLES" --threads "$threads" --device "$DEVICE" $args >"$base.json" \
+    2>"$base.err" || rc=$?
   echo "$rc" >"$base.rc"
   ((rc == 0 || rc == 3)) || log "$task ${spec%%|*} failed (exit $rc): $(head -n 1 "$base.err")"
 }
@@ -183,11 +203,11 @@ for task in "${tasks[@]}"; do
   unset -n rows
 done
 
-python3 - "$tmp" "$REPEATS" "$THREADS" "${tasks[@]}" -- "${titles[@]}" <<'PY'
+python3 - "$tmp" "$REPEATS" "$THREADS" "$DEVICE" "${tasks[@]}" -- "${titles[@]}" <<'PY'
 import json, os, statistics, sys
 
-tmp, repeats, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-rest = sys.argv[4:]
+tmp, repeats, threads, device = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+rest = sys.argv[5:]
 sep = rest.index("--")
 tasks, titles = rest[:sep], rest[sep + 1:]
 
@@ -207,7 +227,7 @@ for task, title in zip(tasks, titles):
                 break
             runs.append(json.load(open(base + ".json")))
         results[label] = (status, runs)
-    print("\n### %s\n" % title)
+    print("\n### %s (device: %s)\n" % (title, device))
     print("| method | tokens | forwards | step compression | wall ms, median (range) | speedup (wall) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for label, baseline, method, args in rows:
@@ -233,6 +253,7 @@ for task, title in zip(tasks, titles):
 print("\nforwards: target-model forward passes (draft-model passes in parentheses); step")
 print("compression: tokens per target forward pass; wall: decoding time of all samples, median of")
 print("%d interleaved runs (range in parentheses); speedup: the baseline's median wall time over" % repeats)
-print("the method's (baseline: ar, or stepwise decoding with the same cache); backend threads: %s%s."
-      % (threads, " (text-xl: as its title says)" if "text-xl" in tasks else ""))
+print("the method's (baseline: ar, or stepwise decoding with the same cache); device: %s%s."
+      % (device, "" if device == "cuda" else ", backend threads: %s%s" % (
+          threads, " (text-xl: as its title says)" if "text-xl" in tasks else "")))
 PY

@@ -60,6 +60,9 @@
 #include "specula_example/sessions.hpp"
 #include "specula_example/transformer.hpp"
 #include "specula_example/vq_image.hpp"
+#ifdef SPECULA_DEMO_CUDA
+#include "specula_example/device_transformer.hpp"
+#endif
 
 #include "heatmap.hpp"
 #include "png_writer.hpp"
@@ -71,6 +74,12 @@
 namespace {
 
 namespace ex = specula::example;
+
+#ifdef SPECULA_DEMO_CUDA
+using device_model = ex::device_transformer;
+#else
+struct device_model {};  // without CUDA, --device cuda is refused
+#endif
 using json = nlohmann::ordered_json;
 using specula::decode_stats;
 using specula::index_t;
@@ -137,7 +146,8 @@ struct demo_options {
   std::string text_model = "text-target";    // text task: the target model
   std::string draft_model;                   // sd / cool-sd draft (empty: the task's default)
   index_t num_samples = 1;
-  index_t threads = 1;  // backend threads of every model (0: one per hardware thread)
+  index_t threads = 1;         // backend threads of every model (0: one per hardware thread)
+  std::string device = "cpu";  // cpu (the example backend) | cuda (device_transformer)
   std::filesystem::path models_dir = SPECULA_MODELS_DIR;
   std::string backend = "specula";  // --backend: specula (the example backend) or llama.cpp
 #if defined(SPECULA_DEMO_LLAMA_CPP)
@@ -272,8 +282,10 @@ struct llama_session {
 
 struct run_input {
   const demo_options& opt;
-  const ex::transformer& model;  // the task's (target) model
-  const ex::transformer* draft;  // text-draft or image-draft, for sd, cool-sd and lantern
+  const ex::transformer& model;      // the task's (target) model
+  const ex::transformer* draft;      // text-draft or image-draft, for sd, cool-sd and lantern
+  const device_model* device;        // --device cuda: the task's model on the GPU (else null)
+  const device_model* device_draft;  // --device cuda: the draft model on the GPU
   const specula::neighbour_table* neighbours;  // lantern: codebook neighbours of every token
   std::span<const token_t> prompt;             // for image: the label token
   index_t vocab_limit;                         // tokens >= this are masked out of every row
@@ -314,21 +326,37 @@ class demo_session {
   /// f(the model in use): the plain session or the guided pair.
   template <class F>
   decltype(auto) with(F&& f) {
+#ifdef SPECULA_DEMO_CUDA
+    if (device_) return f(*device_);
+#endif
     if (llama_ != nullptr) return f(*llama_);
     return session_ ? f(*session_) : f(*guided_);
   }
   template <class F>
   decltype(auto) with(F&& f) const {
+#ifdef SPECULA_DEMO_CUDA
+    if (device_) return f(*device_);
+#endif
     if (llama_ != nullptr) return f(std::as_const(*llama_));
     return session_ ? f(*session_) : f(*guided_);
   }
 
  public:
-  /// With `llama` (--backend llama.cpp), the loops run over that llama.cpp model instead.
-  demo_session(const ex::transformer& model, index_t vocab_limit, progress_line* progress,
-               double cfg_scale = 1.0, token_t null_label = -1, llama_session* llama = nullptr)
+  /// With `device` (--device cuda), the loops run over the model on the GPU; with `llama`
+  /// (--backend llama.cpp), over that llama.cpp model instead.
+  demo_session(const ex::transformer& model, const device_model* device, index_t vocab_limit,
+               progress_line* progress, double cfg_scale = 1.0, token_t null_label = -1,
+               llama_session* llama = nullptr)
       : vocab_limit_(vocab_limit), progress_(progress), llama_(llama) {
     if (llama != nullptr) return;
+#ifdef SPECULA_DEMO_CUDA
+    if (device != nullptr) {  // --cfg is refused with --device cuda (parse checks)
+      device_.emplace(*device);
+      return;
+    }
+#else
+    (void)device;
+#endif
     if (cfg_scale == 1.0) {
       session_.emplace(model);
       return;
@@ -373,6 +401,9 @@ class demo_session {
 
  private:
   std::optional<ex::transformer_session> session_;
+#ifdef SPECULA_DEMO_CUDA
+  std::optional<ex::device_session> device_;
+#endif
   std::optional<ex::transformer_batch> pair_;
   std::optional<specula::cfg_model<ex::transformer_batch>> guided_;
   index_t vocab_limit_;
@@ -450,6 +481,15 @@ std::vector<token_t> ar_decode(Model& m, std::span<const token_t> prompt, index_
   return out;
 }
 
+/// f(the masked diffusion model in use): the GPU model with --device cuda, else the host one.
+template <class F>
+std::vector<token_t> with_masked(const run_input& in, F&& f) {
+#ifdef SPECULA_DEMO_CUDA
+  if (in.device != nullptr) return f(*in.device);
+#endif
+  return f(in.model);
+}
+
 specula::ssd_options ssd_options_of(const demo_options& o) {
   specula::ssd_options so;
   so.gen_length = o.max_new_tokens;
@@ -465,12 +505,15 @@ specula::ssd_options ssd_options_of(const demo_options& o) {
 /// The diffusion task's baseline: stepwise low-confidence remasking, one position per forward
 /// pass of text-diffusion.
 std::vector<token_t> run_diffusion_stepwise(const run_input& in, decode_stats& st) {
-  return specula::diffusion_stepwise_decode(in.model, in.prompt, ssd_options_of(in.opt), &st);
+  return with_masked(in, [&](const auto& m) {
+    return specula::diffusion_stepwise_decode(m, in.prompt, ssd_options_of(in.opt), &st);
+  });
 }
 
 std::vector<token_t> run_ar(const run_input& in, decode_stats& st) {
   if (in.opt.task == task_kind::diffusion) return run_diffusion_stepwise(in, st);
-  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label, in.llama_target);
+  demo_session m(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
+                 in.llama_target);
   return ar_decode(m, in.prompt, in.opt.max_new_tokens, sampling_of(in.opt), in.opt.greedy, in.rng,
                    st);
 }
@@ -554,10 +597,11 @@ std::vector<token_t> speculative(const run_input& in, decode_stats& st, sd_rule 
     so.draft_tree = specula::trees::lantern_static();
   else if (o.draft_tree_width > 0)
     so.draft_tree = specula::trees::full(o.draft_tree_width, o.draft_tree_depth);
-  demo_session target(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
+  demo_session target(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
                       in.llama_target);
   // The draft sees the same vocabulary limit and, with --cfg, the same guidance.
-  demo_session draft(*in.draft, in.vocab_limit, nullptr, in.opt.cfg, in.null_label, in.llama_draft);
+  demo_session draft(*in.draft, in.device_draft, in.vocab_limit, nullptr, in.opt.cfg, in.null_label,
+                     in.llama_draft);
   if (o.greedy)
     return specula::speculative_decode(target, draft, in.prompt, so, in.rng,
                                        specula::greedy_tree_verifier<>{}, &st);
@@ -695,11 +739,13 @@ specula::sjd_options sjd_options_of(const run_input& in, bool pac) {
 }
 
 std::vector<token_t> run_sjd(const run_input& in, decode_stats& st) {
-  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label, in.llama_target);
+  demo_session m(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
+                 in.llama_target);
   return specula::sjd_decode(m, in.prompt, sjd_options_of(in, false), in.rng, &st);
 }
 std::vector<token_t> run_sjd_pac(const run_input& in, decode_stats& st) {
-  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label, in.llama_target);
+  demo_session m(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
+                 in.llama_target);
   return specula::sjd_decode(m, in.prompt, sjd_options_of(in, true), in.rng, &st);
 }
 
@@ -733,7 +779,8 @@ std::vector<token_t> run_jacobi(const run_input& in, decode_stats& st) {
   jo.window = in.opt.window;
   jo.max_new_tokens = in.opt.max_new_tokens;
   jo.init = jacobi_init_of(in.opt.init);
-  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label, in.llama_target);
+  demo_session m(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
+                 in.llama_target);
   return specula::jacobi_decode(m, in.prompt, jo, in.rng, &st);
 }
 json params_jacobi(const demo_options& o) {
@@ -755,7 +802,8 @@ std::vector<token_t> run_multiblock(const run_input& in, decode_stats& st) {
   mo.ngram_length = in.opt.ngram;
   mo.max_new_tokens = in.opt.max_new_tokens;
   mo.init = jacobi_init_of(in.opt.init);
-  demo_session m(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label, in.llama_target);
+  demo_session m(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
+                 in.llama_target);
   return specula::multiblock_decode(m, in.prompt, mo, in.rng, &st);
 }
 json params_multiblock(const demo_options& o) {
@@ -773,7 +821,9 @@ json params_multiblock(const demo_options& o) {
 
 /// Self-speculative decoding of the masked diffusion model (text-diffusion).
 std::vector<token_t> run_ssd(const run_input& in, decode_stats& st) {
-  return specula::ssd_decode(in.model, in.prompt, ssd_options_of(in.opt), &st);
+  return with_masked(in, [&](const auto& m) {
+    return specula::ssd_decode(m, in.prompt, ssd_options_of(in.opt), &st);
+  });
 }
 json params_ssd(const demo_options& o) {
   return {{"draft_length", std::max<index_t>(1, o.draft_length)},
@@ -898,6 +948,8 @@ void print_help() {
       "  --num-samples N      requests to decode, one after the other (default 1)\n"
       "  --threads N          threads of the example backend's products and attention, for\n"
       "                       every model of the run (default 1; 0: one per hardware thread)\n"
+      "  --device cpu|cuda    run the models on the CPU (default: the example backend) or on\n"
+      "                       the GPU (device_transformer; CUDA builds, no --cfg)\n"
       "  --prompt TEXT        text prompt (bytes; default: the start of a Python class)\n"
       "  --label C            image class: 0..7, a class name, or -1 (null label); default 0\n"
       "  --model NAME         text: text-target (default), text-target-jf (text-target\n"
@@ -1039,7 +1091,7 @@ demo_options parse_args(int argc, char** argv) {
       "--block-size",    "--blocks",         "--spawn-ratio", "--pool-size", "--ngram",
       "--pool",          "--spawn",          "--cache",       "--refresh",   "--image-model",
       "--cfg",           "--lambda",         "--lantern-k",   "--model",     "--backend",
-      "--gguf-dir",      "--draft-model"};
+      "--gguf-dir",      "--draft-model",   "--device"};
   const std::vector<std::string_view> valued_more = {"--p-min", "--lookup-branches",
                                                      "--lookup-ngram"};
   for (int i = 1; i < argc; ++i) {
@@ -1101,6 +1153,8 @@ demo_options parse_args(int argc, char** argv) {
       o.draft_model = value;
     } else if (flag == "--num-samples") {
       o.num_samples = parse_int(flag, value);
+    } else if (flag == "--device") {
+      o.device = value;
     } else if (flag == "--threads") {
       o.threads = parse_int(flag, value);
     } else if (flag == "--models-dir") {
@@ -1269,6 +1323,15 @@ void resolve(demo_options& o, const method_entry& m) {
 
   require(o.num_samples >= 1 && o.num_samples <= 4096, "--num-samples", "must be in [1, 4096]");
   require(o.threads >= 0 && o.threads <= 256, "--threads", "must be in [0, 256]");
+  require(o.device == "cpu" || o.device == "cuda", "--device", "must be cpu or cuda");
+  if (o.device == "cuda") {
+#ifdef SPECULA_DEMO_CUDA
+    require(ex::cuda_device_available(), "--device", "no CUDA device");
+    require(o.cfg == 1.0, "--cfg", "guidance is not available with --device cuda");
+#else
+    require(false, "--device", "this build has no CUDA (specula_example_cuda was not built)");
+#endif
+  }
   require(o.scale >= 1 && o.scale <= 64, "--scale", "must be in [1, 64]");
   require(o.draft_length >= 0 && o.draft_length <= 64, "--draft-length", "must be in [0, 64]");
   require(o.p_min >= 0.0 && o.p_min <= 1.0, "--p-min", "must be in [0, 1]");
@@ -1367,6 +1430,8 @@ void resolve(demo_options& o, const method_entry& m) {
 
   require(o.backend == "specula" || o.backend == "llama.cpp", "--backend",
           "must be specula or llama.cpp, got '" + o.backend + "'");
+  require(o.backend == "specula" || o.device == "cpu", "--device",
+          "cuda runs the example backend's models (not with --backend llama.cpp)");
   if (o.backend == "llama.cpp") {
 #if !defined(SPECULA_DEMO_LLAMA_CPP)
     throw usage_error(
@@ -1562,6 +1627,14 @@ int run(int argc, char** argv) {
     if (draft) llama_draft.emplace(gguf(o.draft_model), lo);
   }
 #endif
+  // --device cuda: the same weights on the GPU.
+  std::optional<device_model> device, device_draft;
+#ifdef SPECULA_DEMO_CUDA
+  if (o.device == "cuda") {
+    device.emplace(model->weights());
+    if (draft) device_draft.emplace(draft->weights());
+  }
+#endif
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
 
@@ -1576,6 +1649,8 @@ int run(int argc, char** argv) {
     const run_input in{o,
                        *model,
                        draft ? &*draft : nullptr,
+                       device ? &*device : nullptr,
+                       device_draft ? &*device_draft : nullptr,
                        neighbours ? &*neighbours : nullptr,
                        prompt,
                        vocab_limit,
@@ -1638,7 +1713,10 @@ int run(int argc, char** argv) {
   }
 
   if (o.json_output) {
-    json j = {{"task", task_name(o.task)}, {"method", o.method}, {"parameters", params}};
+    json j = {{"task", task_name(o.task)},
+              {"method", o.method},
+              {"device", o.device},
+              {"parameters", params}};
     j.update(stats_json(total, wall));
     j["load_seconds"] = load_seconds;
     j["tokens_per_second"] = wall > 0.0 ? static_cast<double>(total.tokens) / wall : 0.0;

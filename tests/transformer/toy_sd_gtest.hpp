@@ -56,38 +56,48 @@ inline std::vector<double> toy_sequence_law(const transformer_weights& w) {
   return law;
 }
 
-/// Sequence counts of `runs` sampled SD generations (draft length 2) with `verifier`.
-template <session_model Session, class Verifier>
-std::vector<std::uint64_t> toy_sd_counts(Session& target, Session& draft, const Verifier& verifier,
-                                         std::uint32_t runs, std::uint64_t seed, decode_stats* st) {
-  speculative_options opt;
-  opt.draft_length = 2;
-  opt.max_new_tokens = 3;
-  const std::vector<token_t> prompt{0};
+/// Sequence counts of `runs` generations `generate(request_rng, stats)` (3 tokens each).
+template <class Generate>
+std::vector<std::uint64_t> toy_counts(Generate&& generate, std::uint32_t runs, std::uint64_t seed,
+                                      decode_stats* st) {
   std::vector<std::uint64_t> counts(64, 0);
   for (std::uint32_t r = 0; r < runs; ++r) {
-    const auto out =
-        speculative_decode(target, draft, prompt, opt, request_rng{seed, r, 0}, verifier, st);
+    const std::vector<token_t> out = generate(request_rng{seed, r, 0}, st);
     REQUIRE(out.size() == 3);
     ++counts[static_cast<std::size_t>(out[0] * 16 + out[1] * 4 + out[2])];
   }
   return counts;
 }
 
-/// The G-test (4000 generations, p > 1e-4) and its negative control (p < 1e-6).
-template <session_model Session>
-void check_toy_sd_gtest(Session& target, Session& draft, const std::vector<double>& law) {
+/// The G-test of a lossless generator against `law` (4000 generations, p > 1e-4, drafts
+/// accepted) and of a biased one, the negative control (p < 1e-6).
+template <class Generate, class Biased>
+void check_toy_law(Generate&& generate, Biased&& biased, const std::vector<double>& law) {
   decode_stats st;
-  const auto g =
-      specula::testing::g_test(toy_sd_counts(target, draft, tree_verifier<>{}, 4000, 9, &st), law);
+  const auto g = specula::testing::g_test(toy_counts(generate, 4000, 9, &st), law);
   INFO(g << ", step compression " << st.step_compression());
   CHECK(g.impossible_observations == 0);
   CHECK(g.p_value > 1e-4);
   CHECK(st.step_compression() > 1.0);
-  const auto biased = specula::testing::g_test(
-      toy_sd_counts(target, draft, decode_testing::accept_all_verifier{}, 4000, 10, nullptr), law);
-  INFO("negative control: " << biased);
-  CHECK(biased.p_value < 1e-6);
+  const auto b = specula::testing::g_test(toy_counts(biased, 4000, 10, nullptr), law);
+  INFO("negative control: " << b);
+  CHECK(b.p_value < 1e-6);
+}
+
+/// check_toy_law for sampled draft-model SD (draft length 2) over two sessions, the negative
+/// control verifying with decode_testing::accept_all_verifier.
+template <session_model Session>
+void check_toy_sd_gtest(Session& target, Session& draft, const std::vector<double>& law) {
+  speculative_options opt;
+  opt.draft_length = 2;
+  opt.max_new_tokens = 3;
+  const std::vector<token_t> prompt{0};
+  const auto sd = [&](const auto& verifier) {
+    return [&, verifier](const request_rng& rng, decode_stats* st) {
+      return speculative_decode(target, draft, prompt, opt, rng, verifier, st);
+    };
+  };
+  check_toy_law(sd(tree_verifier<>{}), sd(decode_testing::accept_all_verifier{}), law);
 }
 
 }  // namespace specula::example::testing

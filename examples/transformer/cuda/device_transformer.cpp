@@ -310,7 +310,10 @@ const float* device_transformer::run(std::span<const device_node_block> blocks, 
     const auto index = static_cast<index_t>(b);
     if (blk.cache == nullptr)
       throw_if_failed({status::invalid_parameter, index, -1, 0.0}, "blocks", "cache is null");
-    detail::check_block(c, blk.tokens, blk.positions, blk.mask, blk.cache->size(), index);
+    // Read-only blocks (a dual cache's window passes) may see a bidirectional model's cached
+    // context; a block that becomes pending nodes may not.
+    detail::check_block(c, blk.tokens, blk.positions, blk.mask, stash ? blk.cache->size() : 0,
+                        index);
     device_slot_storage& st = blk.cache->storage();
     if (st.ctx_ != nullptr && st.ctx_ != ctx_.get())
       throw_if_failed({status::invalid_parameter, index, -1, 0.0}, "blocks.cache",
@@ -447,15 +450,35 @@ const float* device_transformer::evaluate_device(std::span<const device_node_blo
   return run(blocks, true);
 }
 
+namespace {
+
+/// A token tree's block below `cache` (positions cache.size() + depth, the ancestor mask).
+struct tree_block_data {
+  std::vector<index_t> positions;
+  std::vector<std::uint64_t> mask;
+  device_node_block block;
+  tree_block_data(device_kv_cache& cache, const token_tree& tree)
+      : positions(static_cast<std::size_t>(tree.size())),
+        mask(static_cast<std::size_t>(tree.size() * tree.mask_words())) {
+    for (index_t i = 0; i < tree.size(); ++i)
+      positions[static_cast<std::size_t>(i)] = cache.size() + tree.depth(i);
+    tree.attention_mask(mask);
+    block = {&cache, tree.tokens(), positions, mask};
+  }
+};
+
+}  // namespace
+
 void device_transformer::evaluate_tree(device_kv_cache& cache, const token_tree& tree,
                                        batch_view<float> logits) const {
-  std::vector<index_t> positions(static_cast<std::size_t>(tree.size()));
-  for (index_t i = 0; i < tree.size(); ++i)
-    positions[static_cast<std::size_t>(i)] = cache.size() + tree.depth(i);
-  std::vector<std::uint64_t> mask(static_cast<std::size_t>(tree.size() * tree.mask_words()));
-  tree.attention_mask(mask);
-  const device_node_block b{&cache, tree.tokens(), positions, mask};
-  evaluate(std::span<const device_node_block>(&b, 1), logits);
+  const tree_block_data b(cache, tree);
+  evaluate(std::span<const device_node_block>(&b.block, 1), logits);
+}
+
+const float* device_transformer::evaluate_tree_device(device_kv_cache& cache,
+                                                      const token_tree& tree) const {
+  const tree_block_data b(cache, tree);
+  return evaluate_device(std::span<const device_node_block>(&b.block, 1));
 }
 
 void device_transformer::prefill(device_kv_cache& cache, std::span<const token_t> tokens) const {

@@ -26,6 +26,7 @@
 #include <specula/decode/ssd.hpp>
 #include <specula/testing/goodness_of_fit.hpp>
 #include <specula/tree/builders.hpp>
+#include <specula_example/device_resident_sd.hpp>
 #include <specula_example/device_transformer.hpp>
 #include <specula_example/sessions.hpp>
 
@@ -265,4 +266,60 @@ TEST_CASE("sampled SD on the device model samples the toy transformer's sequence
   const ex::device_transformer target(tw), draft(dw);
   ex::device_session t(target), d(draft);
   ex::testing::check_toy_sd_gtest(t, d, ex::testing::toy_sequence_law(tw));
+}
+
+TEST_CASE("resident SD on the device samples the toy transformer's law and moves only tokens",
+          "[device][stats]") {
+  if (!have_gpu("device resident SD")) return;
+  const auto c = ex::testing::toy_gtest_config();
+  const auto tw = ex::testing::random_weights(c, 71), dw = ex::testing::random_weights(c, 72);
+  const ex::device_transformer target(tw), draft(dw);
+  ex::device_sd_ops ops(target, draft);
+  ex::resident_sd_options opt;
+  opt.draft_length = 2;
+  opt.max_new_tokens = 3;
+  const std::vector<token_t> prompt{0};
+  const auto law = ex::testing::toy_sequence_law(tw);
+  decode_stats st;
+  const auto before = ops.traffic();
+  const auto g = specula::testing::g_test(ex::testing::toy_counts(
+                                              [&](const request_rng& rng, decode_stats* s) {
+                                                return ex::resident_speculative_decode(ops, prompt,
+                                                                                       opt, rng, s);
+                                              },
+                                              4000, 9, &st),
+                                          law);
+  INFO(g << ", step compression " << st.step_compression());
+  CHECK(g.impossible_observations == 0);
+  CHECK(g.p_value > 1e-4);
+  CHECK(st.step_compression() > 1.0);
+  // To the host: each drafted token (4 bytes), and per step the accepted count and the chain's
+  // output tokens (4 + 4 * (drafts + 1) bytes) -- never a logit or probability row.
+  const auto after = ops.traffic();
+  CHECK(after.bytes_to_host - before.bytes_to_host ==
+        static_cast<std::uint64_t>(8 * st.draft_forwards + 8 * st.steps));
+}
+
+TEST_CASE("resident SD on the device with top-k = 1 equals host greedy decoding",
+          "[device][models]") {
+  if (!have_gpu("device resident SD greedy")) return;
+  const auto tw = ex::transformer_weights::load(models_dir / "text-target.safetensors");
+  const auto dw = ex::transformer_weights::load(models_dir / "text-draft.safetensors");
+  const ex::transformer host(tw);
+  const ex::device_transformer target(tw), draft(dw);
+  ex::device_sd_ops ops(target, draft);
+  ex::resident_sd_options opt;
+  opt.max_new_tokens = 40;
+  opt.target.top_k = 1;
+  opt.draft.top_k = 1;
+  decode_stats st;
+  const auto& prompts = decode_testing::text_prompts();
+  for (std::size_t i = 0; i < 4; ++i) {
+    const auto prompt = decode_testing::bytes(prompts[i]);
+    ex::transformer_session hs(host);
+    INFO("prompt " << prompts[i]);
+    CHECK(ex::resident_speculative_decode(ops, prompt, opt, request_rng{4, 0, 0}, &st) ==
+          decode_testing::greedy_reference(hs, prompt, 40));
+  }
+  CHECK(st.step_compression() > 1.0);
 }

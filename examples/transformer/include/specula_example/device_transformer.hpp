@@ -122,6 +122,9 @@ class device_transformer {
   /// One token tree below `cache`'s committed context (node 0 at position cache.size()).
   void evaluate_tree(device_kv_cache& cache, const token_tree& tree,
                      batch_view<float> logits) const;
+  /// The same, logits left on the device (as `evaluate_device`).
+  [[nodiscard]] const float* evaluate_tree_device(device_kv_cache& cache,
+                                                  const token_tree& tree) const;
   /// Appends `tokens` to `cache` as committed context.
   void prefill(device_kv_cache& cache, std::span<const token_t> tokens) const;
 

@@ -1,0 +1,34 @@
+#pragma once
+
+// The library's device transforms, sampling and verification (specula::cuda) behind plain
+// launchers for device_resident_sd.cpp: this translation unit (device_verify.cu) is the only one
+// that includes the CUB-based headers. Each launcher enqueues on `stream` and returns the entry
+// point's cudaError_t.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "specula/core/rng.hpp"
+#include "specula/core/types.hpp"
+#include "specula/sample/transforms.hpp"
+
+namespace specula::example::device_detail {
+
+/// rows x V logits -> probability rows (specula::cuda::logits_to_probs_async, one parameter set).
+cudaError_t probs(cudaStream_t stream, const float* logits, index_t rows, index_t V,
+                  const sampling_params* params, float* out);
+
+/// One draw from the row q (specula::cuda::sample_without_replacement_async, k = 1) with the
+/// stream *rng at `position`.
+cudaError_t sample_one(cudaStream_t stream, const float* q, index_t V, const request_rng* rng,
+                       std::uint32_t position, token_t* out_token, std::int32_t* out_count);
+
+/// Tree verification of one request's `nodes` nodes (specula::cuda::verify_tree_async, exact
+/// rule, siblings without replacement): p and q are nodes x V rows.
+cudaError_t verify_tree(cudaStream_t stream, index_t V, const index_t* offsets,
+                        const index_t* parents, const token_t* tokens, index_t nodes,
+                        const float* p, const float* q, const request_rng* rng, token_t* out_tokens,
+                        std::int32_t* num_accepted, index_t* accepted_nodes, std::uint32_t* flags);
+
+}  // namespace specula::example::device_detail
