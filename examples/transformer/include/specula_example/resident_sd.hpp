@@ -179,11 +179,11 @@ class host_sd_ops {
     q_.resize(static_cast<std::size_t>(nodes * V_));
     // The leaf has no children: its q row is any valid row (the host loop's choice: p).
     std::copy_n(p_.begin() + (nodes - 1) * V_, V_, q_.begin() + (nodes - 1) * V_);
-    const index_t accepted =
-        specula::detail::verify_one(tree_verifier<>{}, chain, V_,
-                           std::span<const float>(p_).first(static_cast<std::size_t>(nodes * V_)),
-                           std::span<const float>(q_).first(static_cast<std::size_t>(nodes * V_)),
-                           rng, out_tokens_, out_nodes_);
+    const index_t accepted = specula::detail::verify_one(
+        tree_verifier<>{}, chain, V_,
+        std::span<const float>(p_).first(static_cast<std::size_t>(nodes * V_)),
+        std::span<const float>(q_).first(static_cast<std::size_t>(nodes * V_)), rng, out_tokens_,
+        out_nodes_);
     std::copy_n(out_tokens_.begin(), accepted + 1, out.begin());
     return accepted;
   }
