@@ -78,7 +78,7 @@ if [[ "${DEMO_SKIP_BUILD:-0}" != 1 ]]; then
   cmake --build "$BUILD_DIR" -j "$JOBS" --target "$TARGET" >/dev/null ||
     die "building $TARGET failed (it needs nlohmann-json3-dev and libpng-dev; see the configure log)"
 fi
-exe="$BUILD_DIR/examples/demo/$TARGET"
+exe="${DEMO_EXE:-$BUILD_DIR/examples/demo/$TARGET}"
 [[ -x "$exe" ]] || die "$exe was not built"
 if [[ "$DEVICE" == auto ]]; then
   DEVICE=cpu
@@ -145,6 +145,7 @@ run_row() {
   local method args rc=0 base="$tmp/$task.$index.$round"
   IFS='|' read -r _ _ method args <<<"$spec"
   [[ $task == text ]] && args="--backend $BACKEND $args"
+  [[ -z "${DEMO_MODELS_DIR:-}" ]] || args="--models-dir $DEMO_MODELS_DIR $args"
   # shellcheck disable=SC2086  # args are word lists without spaces inside words
   local threads="$THREADS" demo_task="$task"
   [[ $task == text-xl ]] && threads="$XL_THREADS" demo_task=text

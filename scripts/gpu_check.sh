@@ -81,6 +81,9 @@ register_targets() {
   target specula_test_cuda tests/specula_test_cuda
   target specula_bench_cuda bench/specula_bench_cuda
   target specula_bench_peers bench/peers/specula_bench_peers  # needs PyPI at configure time
+  target specula_test_cuda_model tests/specula_test_cuda_model  # the example transformer
+  target specula_bench_device_model bench/specula_bench_device_model
+  target specula_demo examples/demo/specula_demo
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -112,10 +115,18 @@ SANITIZED="${GPU_CHECK_SANITIZE_SPEC:-[device]~[stats]~[exact]}"
 register_steps() {
   step nvidia_smi 5 20 nvidia-smi
   step device_tests 30 150 '$BIN/specula_test_cuda' --durations yes
+  # The example transformer on the GPU (docs/cuda.md): its device tests, the pass cost against
+  # tree nodes, and the demo's tables with every model on the GPU (one round, one sample).
+  step model_tests 30 120 env SPECULA_MODELS_DIR=examples/models \
+    '$BIN/specula_test_cuda_model' --durations yes
   step bench_peers 20 100 '$BIN/specula_bench_peers' --benchmark_min_time=0.01 \
     '--benchmark_out=$RESULTS/bench_peers.json' --benchmark_out_format=json
   step bench_cuda 20 100 '$BIN/specula_bench_cuda' --benchmark_min_time=0.01 \
     '--benchmark_out=$RESULTS/bench_cuda.json' --benchmark_out_format=json
+  step model_bench 15 60 env SPECULA_MODELS_DIR=examples/models \
+    '$BIN/specula_bench_device_model' --benchmark_min_time=0.05 \
+    '--benchmark_out=$RESULTS/model_bench.json' --benchmark_out_format=json
+  step model_demo 30 150 bash -c '[[ -x $BIN/specula_demo ]] || exit 77; DEMO_SKIP_BUILD=1 DEMO_EXE=$BIN/specula_demo DEMO_MODELS_DIR=examples/models DEMO_DEVICE=cuda DEMO_REPEATS=1 DEMO_SAMPLES=1 DEMO_TEXT_TOKENS=64 bash scripts/demo.sh text diffusion image'
   step memcheck 20 75 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 \
     '$BIN/specula_test_cuda' "$SANITIZED"
   step racecheck 20 75 compute-sanitizer --tool racecheck \
@@ -182,7 +193,7 @@ build_bundle() {
   fi
   log "configure $tree (Release, sm_90)"
   cmake -S . -B "$tree" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DSPECULA_BUILD_EXAMPLES=OFF "${launcher[@]}" >"$ROOT/build-gpu/configure.log" 2>&1 ||
+    -DSPECULA_BUILD_EXAMPLES=ON "${launcher[@]}" >"$ROOT/build-gpu/configure.log" 2>&1 ||
     { tail -20 "$ROOT/build-gpu/configure.log"; return 1; }
   grep -q 'CUDA enabled' "$ROOT/build-gpu/configure.log" ||
     { log "no CUDA compiler found: nothing to bundle"; return 1; }

@@ -1,5 +1,4 @@
-// The kernels of the device forward pass (see device_kernels.hpp). fp32 throughout; the linear
-// layers are cuBLAS GEMMs issued by device_transformer.cpp.
+// The kernels of the device forward pass (see device_kernels.hpp). fp32 throughout.
 
 #include <cuda_runtime.h>
 
@@ -181,7 +180,40 @@ __global__ void gather_kernel(float* data, int capacity, int row_size, int at,
           plane[static_cast<std::size_t>(from[k]) * row_size + c];
 }
 
+constexpr int tile = 16;
+
+/// y[r, o] = beta * y[r, o] + sum_i x[r, i] * w[o, i]: 16 x 16 output tiles, the k dimension in
+/// shared-memory tiles of 16 (both operands read along their rows, coalesced); each output is
+/// summed in k order.
+__global__ void linear_kernel(const float* x, int ldx, int rows, int in, const float* w, int out,
+                              float* y, int ldy, float beta) {
+  __shared__ float xs[tile][tile + 1];
+  __shared__ float ws[tile][tile + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int r = blockIdx.y * tile + ty, o = blockIdx.x * tile + tx;
+  const int wo = blockIdx.x * tile + ty;  // the weight row this thread loads
+  float acc = 0.0f;
+  for (int k0 = 0; k0 < in; k0 += tile) {
+    xs[ty][tx] = r < rows && k0 + tx < in ? x[static_cast<std::size_t>(r) * ldx + k0 + tx] : 0.0f;
+    ws[ty][tx] = wo < out && k0 + tx < in ? w[static_cast<std::size_t>(wo) * in + k0 + tx] : 0.0f;
+    __syncthreads();
+    for (int k = 0; k < tile; ++k) acc += xs[ty][k] * ws[tx][k];
+    __syncthreads();
+  }
+  if (r < rows && o < out) {
+    float* yp = y + static_cast<std::size_t>(r) * ldy + o;
+    *yp = beta == 0.0f ? acc : beta * *yp + acc;
+  }
+}
+
 }  // namespace
+
+cudaError_t linear(cudaStream_t stream, const float* x, int ldx, int rows, int in, const float* w,
+                   int out, float* y, int ldy, float beta) {
+  const dim3 grid((out + tile - 1) / tile, (rows + tile - 1) / tile);
+  linear_kernel<<<grid, dim3(tile, tile), 0, stream>>>(x, ldx, rows, in, w, out, y, ldy, beta);
+  return cudaGetLastError();
+}
 
 cudaError_t embed(cudaStream_t stream, const std::int32_t* tokens, const float* table, float* x,
                   int rows, int d) {

@@ -24,6 +24,10 @@ struct shape {
   std::int32_t d_model, n_heads, n_kv_heads, head_dim, d_ff, vocab;
 };
 
+/// y[rows x out] (row stride ldy) = beta * y + x[rows x in] (row stride ldx) * W^T, W [out x in]
+/// row-major (the file's layout); beta 0 or 1.
+cudaError_t linear(cudaStream_t stream, const float* x, int ldx, int rows, int in, const float* w,
+                   int out, float* y, int ldy, float beta);
 cudaError_t embed(cudaStream_t stream, const std::int32_t* tokens, const float* table, float* x,
                   int rows, int d);
 cudaError_t rms_norm(cudaStream_t stream, const float* x, const float* weight, float eps,

@@ -8,12 +8,13 @@
 // Weights are fp32: the shipped models hold at most 2.8 M parameters (11 MB in fp32, inside an
 // H100's 50 MB L2), so a pass is bound by launch latency, not by weight bytes, and fp32 keeps
 // the device logits within float rounding of the host backend's (which computes in fp32 from
-// the same bf16-stored values), so that greedy decoding on both agrees token for token. cuBLAS
-// runs in CUBLAS_DEFAULT_MATH (no TF32) for the same reason.
+// the same bf16-stored values), so that greedy decoding on both agrees token for token. The GEMMs
+// are the small tiled kernel of device_kernels.cu, not cuBLAS: at these sizes (d_model <= 256,
+// a few hundred rows) a pass is launch-bound either way, and libcublasLt (541 MB in CUDA 13)
+// could not travel with the device-check bundle (64 MiB) to a GPU machine without the toolkit.
 
 #include "specula_example/device_transformer.hpp"
 
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -36,12 +37,6 @@ void check(cudaError_t e, const char* what) {
                     cudaGetErrorString(e));
 }
 
-void check(cublasStatus_t e, const char* what) {
-  if (e != CUBLAS_STATUS_SUCCESS)
-    throw_if_failed({status::invalid_parameter, -1, -1, static_cast<double>(e)}, what,
-                    "cuBLAS call failed");
-}
-
 template <class T>
 T* device_alloc(std::size_t n) {
   void* p = nullptr;
@@ -58,7 +53,6 @@ struct layer {
 struct context {
   transformer_config c;
   cudaStream_t stream = nullptr;
-  cublasHandle_t blas = nullptr;
   std::vector<void*> owned;  // weights
   float *embeddings = nullptr, *norm = nullptr, *output = nullptr, *cos = nullptr, *sin = nullptr;
   std::vector<layer> layers;
@@ -107,12 +101,10 @@ struct context {
   /// [out x in] row-major (the file's layout).
   void linear(const float* x_in, index_t ldx, index_t n_rows, index_t in, const float* w,
               index_t out, float* y, index_t ldy, float beta) const {
-    const float alpha = 1.0f;
-    check(
-        cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out), static_cast<int>(n_rows),
-                    static_cast<int>(in), &alpha, w, static_cast<int>(in), x_in,
-                    static_cast<int>(ldx), &beta, y, static_cast<int>(ldy)),
-        "cublasSgemm");
+    check(device_detail::linear(stream, x_in, static_cast<int>(ldx), static_cast<int>(n_rows),
+                                static_cast<int>(in), w, static_cast<int>(out), y,
+                                static_cast<int>(ldy), beta),
+          "linear");
   }
 
   ~context() {
@@ -120,7 +112,6 @@ struct context {
     free_scratch();
     for (void* p : owned) cudaFree(p);
     cudaFree(dev_upload);
-    if (blas != nullptr) cublasDestroy(blas);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 };
@@ -254,9 +245,6 @@ device_transformer::device_transformer(const transformer_weights& w)
   x.c = w.config;
   const transformer_config& c = x.c;
   check(cudaStreamCreateWithFlags(&x.stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  check(cublasCreate(&x.blas), "cublasCreate");
-  check(cublasSetStream(x.blas, x.stream), "cublasSetStream");
-  check(cublasSetMathMode(x.blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   const auto stack = [](std::initializer_list<const std::vector<float>*> parts) {
     std::vector<float> s;
     for (const auto* p : parts) s.insert(s.end(), p->begin(), p->end());

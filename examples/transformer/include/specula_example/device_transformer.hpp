@@ -3,8 +3,8 @@
 /// @file
 /// The example transformer on a CUDA GPU (target `specula_example_cuda`, built when CUDA is
 /// enabled; this header needs no CUDA headers): the same llama-style forward pass as
-/// transformer.hpp, with fp32 weights uploaded once, the linear layers as cuBLAS GEMMs (fp32,
-/// no TF32), RMSNorm / rotate-half RoPE / SwiGLU as small kernels and one attention kernel for
+/// transformer.hpp, with fp32 weights uploaded once, the linear layers as a tiled fp32 GEMM
+/// kernel, RMSNorm / rotate-half RoPE / SwiGLU as small kernels and one attention kernel for
 /// all query nodes of a batch of blocks (chains, token trees, Jacobi and multi-block windows:
 /// any ancestor mask) against device key/value caches.
 ///
