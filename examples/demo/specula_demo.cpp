@@ -646,7 +646,7 @@ std::vector<token_t> run_lookup(const run_input& in, decode_stats& st) {
   no.max_branches = o.lookup_branches;
   no.max_ngram = o.lookup_ngram;
   specula::ngram_proposal draft(no);
-  demo_session target(in.model, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
+  demo_session target(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
                       in.llama_target);
   if (o.greedy)
     return specula::speculative_decode(target, draft, in.prompt, so, in.rng,
@@ -1091,7 +1091,7 @@ demo_options parse_args(int argc, char** argv) {
       "--block-size",    "--blocks",         "--spawn-ratio", "--pool-size", "--ngram",
       "--pool",          "--spawn",          "--cache",       "--refresh",   "--image-model",
       "--cfg",           "--lambda",         "--lantern-k",   "--model",     "--backend",
-      "--gguf-dir",      "--draft-model",   "--device"};
+      "--gguf-dir",      "--draft-model",    "--device"};
   const std::vector<std::string_view> valued_more = {"--p-min", "--lookup-branches",
                                                      "--lookup-ngram"};
   for (int i = 1; i < argc; ++i) {
