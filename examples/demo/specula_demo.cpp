@@ -55,6 +55,7 @@
 #include "specula/rules/relaxed.hpp"
 #include "specula/sample/categorical.hpp"
 #include "specula/sample/transforms.hpp"
+#include "specula/testing/sjd_variants.hpp"
 #include "specula/tree/builders.hpp"
 #include "specula/verify/chain.hpp"
 #include "specula_example/sessions.hpp"
@@ -189,6 +190,7 @@ struct demo_options {
   index_t blocks = 2;
   double spawn_ratio = 0.85;
   bool no_recycling = false;
+  std::string sjd_variant = "exact";  // sjd-pac --sjd-variant (the authors' code's deviations)
   bool ra_only = false;  // multiblock --ra-only: verify within the RA block (released extent)
   index_t pool_size = 4;
   index_t ngram = 16;
@@ -746,7 +748,15 @@ std::vector<token_t> run_sjd(const run_input& in, decode_stats& st) {
 std::vector<token_t> run_sjd_pac(const run_input& in, decode_stats& st) {
   demo_session m(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
                  in.llama_target);
-  return specula::sjd_decode(m, in.prompt, sjd_options_of(in, true), in.rng, &st);
+  auto so = sjd_options_of(in, true);
+  const std::string& v = in.opt.sjd_variant;
+  // The authors' code's deviations (docs/decoding.md; biased, for measurement only): (a) the
+  // longest accepted sibling path, (b) siblings drawn from the AC residual.
+  so.official_residual_siblings = v == "official-residual" || v == "official";
+  if (v == "rule" || v == "official-longest" || v == "official")
+    return specula::sjd_decode(m, in.prompt, so, in.rng,
+                               specula::testing::sibling_rule_verifier{v != "rule"}, &st);
+  return specula::sjd_decode(m, in.prompt, so, in.rng, &st);
 }
 
 json params_sjd(const demo_options& o) {
@@ -758,6 +768,7 @@ json params_sjd_pac(const demo_options& o) {
   json p = params_sjd(o);
   p["adaptive_continuation"] = !o.no_ac;
   p["proactive_drafting"] = !o.no_pd;
+  p["sjd_variant"] = o.sjd_variant;
   if (!o.no_pd) {
     p["pd_width"] = o.pd_width;
     p["pd_depth"] = o.pd_depth;
@@ -874,7 +885,7 @@ const std::vector<method_entry>& methods() {
        text_bit | image_bit,
        0,
        {"--window", "--init", "--pd-width", "--pd-depth", "--no-ac", "--no-pd", "--count-root",
-        "--no-count-root", "--pd-first-path"},
+        "--no-count-root", "--pd-first-path", "--sjd-variant"},
        run_sjd_pac,
        params_sjd_pac,
        "SJD with Adaptive Continuation and Proactive Drafting"},
@@ -1000,6 +1011,10 @@ void print_help() {
       "                       below the emitted token, one fewer under --count-root)\n"
       "  --pd-first-path      sjd-pac: K candidates per level along the first path only (K D\n"
       "                       nodes) instead of the full K-ary tree\n"
+      "  --sjd-variant V      sjd-pac: exact (default) | rule (the tree rule written out) |\n"
+      "                       official-longest (the authors' code's longest accepted sibling\n"
+      "                       path) | official-residual (its siblings from the AC residual) |\n"
+      "                       official (both); the official ones are biased, to measure them\n"
       "  --no-ac, --no-pd     sjd-pac: disable Adaptive Continuation / Proactive Drafting\n"
       "  --p-min P            sd: dynamic draft length, stop drafting when the draft's most\n"
       "                       likely token has probability < P (llama.cpp's p_min; default 0)\n"
@@ -1083,15 +1098,15 @@ demo_options parse_args(int argc, char** argv) {
       "--quiet",         "--no-recycling",  "--mix-order", "--fallback", "--count-root",
       "--no-count-root", "--pd-first-path", "--ra-only"};
   const std::vector<std::string_view> valued = {
-      "--task",          "--method",         "--temperature", "--top-k",     "--top-p",
-      "--seed",          "--max-new-tokens", "--prompt",      "--label",     "--num-samples",
-      "--threads",       "--models-dir",     "--out-dir",     "--scale",     "--draft-length",
-      "--draft-tree",    "--window",         "--init",        "--pd-width",  "--pd-depth",
-      "--cool-schedule", "--delta",          "--nu",          "--ell",       "--resampling",
-      "--block-size",    "--blocks",         "--spawn-ratio", "--pool-size", "--ngram",
-      "--pool",          "--spawn",          "--cache",       "--refresh",   "--image-model",
-      "--cfg",           "--lambda",         "--lantern-k",   "--model",     "--backend",
-      "--gguf-dir",      "--draft-model",    "--device"};
+      "--task",          "--method",         "--temperature", "--top-k",      "--top-p",
+      "--seed",          "--max-new-tokens", "--prompt",      "--label",      "--num-samples",
+      "--threads",       "--models-dir",     "--out-dir",     "--scale",      "--draft-length",
+      "--draft-tree",    "--window",         "--init",        "--pd-width",   "--pd-depth",
+      "--cool-schedule", "--delta",          "--nu",          "--ell",        "--resampling",
+      "--block-size",    "--blocks",         "--spawn-ratio", "--pool-size",  "--ngram",
+      "--pool",          "--spawn",          "--cache",       "--refresh",    "--image-model",
+      "--cfg",           "--lambda",         "--lantern-k",   "--model",      "--backend",
+      "--gguf-dir",      "--draft-model",    "--device",      "--sjd-variant"};
   const std::vector<std::string_view> valued_more = {"--p-min", "--lookup-branches",
                                                      "--lookup-ngram"};
   for (int i = 1; i < argc; ++i) {
@@ -1221,6 +1236,8 @@ demo_options parse_args(int argc, char** argv) {
       o.spawn = value;
     } else if (flag == "--no-recycling") {
       o.no_recycling = true;
+    } else if (flag == "--sjd-variant") {
+      o.sjd_variant = value;
     } else if (flag == "--ra-only") {
       o.ra_only = true;
     } else if (flag == "--mix-order") {
@@ -1295,7 +1312,7 @@ void resolve(demo_options& o, const method_entry& m) {
       "--block-size",    "--blocks",       "--spawn-ratio",  "--no-recycling",  "--pool-size",
       "--ngram",         "--pool",         "--spawn",        "--mix-order",     "--cache",
       "--refresh",       "--fallback",     "--count-root",   "--no-count-root", "--pd-first-path",
-      "--lambda",        "--lantern-k",    "--ra-only",      "--draft-model"};
+      "--lambda",        "--lantern-k",    "--ra-only",      "--draft-model",   "--sjd-variant"};
   const std::vector<std::string_view> method_flags_more = {"--p-min", "--lookup-branches",
                                                            "--lookup-ngram"};
   for (const auto& f : o.given)
@@ -1354,6 +1371,12 @@ void resolve(demo_options& o, const method_entry& m) {
   if (o.window < 0) o.window = o.method == "sjd-pac" ? 64 : 16;
   if (o.count_root < 0) o.count_root = o.method == "sjd-pac" ? 1 : 0;
   require(o.window >= 1 && o.window <= 256, "--window", "must be in [1, 256]");
+  require(o.sjd_variant == "exact" || o.sjd_variant == "rule" ||
+              o.sjd_variant == "official-longest" || o.sjd_variant == "official-residual" ||
+              o.sjd_variant == "official",
+          "--sjd-variant",
+          "must be exact, rule, official-longest, official-residual or official, got '" +
+              o.sjd_variant + "'");
   if (o.method == "sjd" || o.method == "sjd-pac") {
     if (o.init.empty()) o.init = "uniform";
     require(o.init == "uniform" || o.init == "one-hot" || o.init == "horizontal-repeat" ||

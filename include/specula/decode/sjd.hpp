@@ -119,6 +119,11 @@ struct sjd_options {
   index_t image_first = 0;
   sampling_params target{};       ///< target logits -> p
   token_t stop_token = no_token;  ///< generation ends after emitting it (-1: never)
+  /// Reproduces the SJD-PAC authors' code where Proactive Drafting follows Adaptive
+  /// Continuation: the first path's extra siblings are drawn from the AC residual
+  /// max(R - q_old, 0) but verified as draws from R. **Not lossless** (docs/decoding.md, "Where
+  /// the authors' code is not exact"): for measuring that code's behaviour only.
+  bool official_residual_siblings = false;
 
   /// Drafted nodes per iteration: window, less the root under `count_root`.
   [[nodiscard]] index_t draft_budget() const noexcept { return window - (count_root ? 1 : 0); }
@@ -280,7 +285,8 @@ inline token_t sjd_init_child(sjd_draft& draft, index_t parent, const sjd_init_c
 
 namespace detail {
 
-/// Deliberately wrong drafting, for the negative controls of the G-tests only.
+/// Deliberately wrong drafting, for the negative controls of the G-tests (and, for
+/// residual_siblings, sjd_options::official_residual_siblings).
 enum class sjd_fault {
   none,
   /// AC where the chain below a side node meets the main path takes q_old from the chain's
@@ -293,6 +299,11 @@ enum class sjd_fault {
   /// A sampling spatial prior reports the uniform row as the row its token was drawn from.
   prior_misreports_row,
 };
+
+/// The deliberate deviation an sjd_options asks for (none unless official_residual_siblings).
+inline sjd_fault sjd_fault_of(const sjd_options& o) noexcept {
+  return o.official_residual_siblings ? sjd_fault::residual_siblings : sjd_fault::none;
+}
 
 /// SJD / SJD-PAC decoding of one request (see file comment), as a task; `m` is its handle.
 template <class Handle, class Verifier>
@@ -556,7 +567,8 @@ std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
                                 const Verifier& verify = {}, decode_stats* stats = nullptr) {
   std::vector<token_t> out;
   detail::decode_solo(m, static_cast<detail::no_draft*>(nullptr), stats, [&](decode_stats& st) {
-    return detail::sjd_task(detail::solo<Model>{&m}, prompt, options, rng, verify, st, out);
+    return detail::sjd_task(detail::solo<Model>{&m}, prompt, options, rng, verify, st, out,
+                            detail::sjd_fault_of(options));
   });
   return out;
 }
@@ -586,7 +598,7 @@ std::vector<std::vector<token_t>> sjd_decode_batch(
         const auto i = static_cast<std::size_t>(r);
         return detail::sjd_task(detail::member<Model>{&m, r}, prompts[i],
                                 detail::request_options(options, control, r), rngs[i], verify, st,
-                                out[i]);
+                                out[i], detail::sjd_fault_of(options));
       },
       control, m.vocab_size());
   return out;
