@@ -88,9 +88,11 @@ register_targets() {
     TARGETS=()
     TARGET_PATHS=()
     for t in "${!names[@]}"; do
-      [[ " $GPU_CHECK_TARGETS " == *" ${names[$t]} "* ]] && target "${names[$t]}" "${paths[$t]}"
+      if [[ " $GPU_CHECK_TARGETS " == *" ${names[$t]} "* ]]; then
+        target "${names[$t]}" "${paths[$t]}"
+      fi
     done
-    return
+    return 0
   fi
   register_targets_all
 }
