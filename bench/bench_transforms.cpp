@@ -176,8 +176,8 @@ void transforms_case(benchmark::State& state, filter f, impl which, index_t v, i
 void chain_logits_case(benchmark::State& state, bool fused, index_t v, index_t batch) {
   constexpr index_t length = 8;
   const index_t drafts = batch * length;
-  const std::vector<float> draft = normal_logits(drafts, v);
-  const std::vector<float> noise = normal_logits(drafts + batch, v);
+  const std::vector<float> draft = bench::normal_logits(drafts, v);
+  const std::vector<float> noise = bench::normal_logits(drafts + batch, v);
   std::vector<float> target(static_cast<std::size_t>((drafts + batch) * v));
   std::vector<index_t> offsets = {0};
   std::vector<token_t> tokens;
