@@ -48,7 +48,7 @@ TEST_CASE("speculative decoding with a dynamic draft length is lossless", "[deco
                              &fixed_st);
   }
   INFO("step compression " << dynamic_st.step_compression() << " against "
-                            << fixed_st.step_compression());
+                           << fixed_st.step_compression());
   CHECK(dynamic_st.step_compression() < fixed_st.step_compression());
   CHECK(dynamic_st.step_compression() > 1.0);
 }
