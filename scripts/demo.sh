@@ -115,7 +115,7 @@ rows_text_xl=(
   "ar|ar|ar|$XL"
   "sd, draft text-draft|ar|sd|$XL --draft-model text-draft --draft-length 4"
   "sd, draft text-target|ar|sd|$XL --draft-model text-target --draft-length 6"
-  "sd tree 2x4, draft text-target|ar|sd|$XL --draft-model text-target --draft-tree 2x4"
+  "sd tree 2x8/path, draft text-target|ar|sd|$XL --draft-model text-target --draft-tree 2x8/path"
   "cool-sd, draft text-draft|ar|cool-sd|$XL --draft-model text-draft --draft-length 4"
   "cool-sd, draft text-target|ar|cool-sd|$XL --draft-model text-target --draft-length 6"
   "sjd-pac|ar|sjd-pac|$XL"

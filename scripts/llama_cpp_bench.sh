@@ -72,6 +72,7 @@ best() {
   printf '%s\n' "$bestline"
 }
 
+cost=(--cost-curve)  # the target's c(n) over llama.cpp, printed once (with the first K)
 for k in $KS; do
   # Generation only: the CPU time of a run of N tokens minus that of a run of 1 token (model
   # loading, the prompt and the first step cancel).
@@ -82,5 +83,6 @@ for k in $KS; do
            k, (pn - p1) / (cn - c1), pn, d, a, 100 * a / d }'
   "$bench" --target "$BUILD_DIR/gguf/$TARGET.gguf" --draft "$BUILD_DIR/gguf/$DRAFT.gguf" \
            --prompt "$PROMPT" --n "$N" --draft-length "$k" --threads "$THREADS" \
-           --repeat "$REPEAT" | sed 's/^/  /'
+           --repeat "$REPEAT" "${cost[@]}" | sed 's/^/  /'
+  cost=()
 done

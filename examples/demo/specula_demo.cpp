@@ -168,6 +168,7 @@ struct demo_options {
   index_t draft_tree_width = 0;  // --draft-tree WxD: full W-ary draft tree of D levels (0: chain)
   index_t draft_tree_depth = 0;
   bool draft_tree_lantern = false;  // --draft-tree lantern: LANTERN's static naive_extend_57
+  bool draft_tree_path = false;     // --draft-tree WxD/path: W siblings per level on the first path
   std::string cool_schedule = "uniform";
   double delta = 2.0;
   double nu = 0.7;
@@ -597,6 +598,8 @@ std::vector<token_t> speculative(const run_input& in, decode_stats& st, sd_rule 
   so.draft_p_min = static_cast<float>(o.p_min);
   if (o.draft_tree_lantern)
     so.draft_tree = specula::trees::lantern_static();
+  else if (o.draft_tree_width > 0 && o.draft_tree_path)
+    so.draft_tree = specula::trees::first_path_siblings(o.draft_tree_width, o.draft_tree_depth);
   else if (o.draft_tree_width > 0)
     so.draft_tree = specula::trees::full(o.draft_tree_width, o.draft_tree_depth);
   demo_session target(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
@@ -670,10 +673,12 @@ json params_lookup(const demo_options& o) {
 json params_sd(const demo_options& o) {
   json p = {{"draft_model", o.draft_model},
             {"draft_length", o.draft_length},
-            {"draft_tree", o.draft_tree_lantern     ? json("lantern")
-                           : o.draft_tree_width > 0 ? json(std::to_string(o.draft_tree_width) +
-                                                           "x" + std::to_string(o.draft_tree_depth))
-                                                    : json("chain")},
+            {"draft_tree",
+             o.draft_tree_lantern ? json("lantern")
+             : o.draft_tree_width > 0
+                 ? json(std::to_string(o.draft_tree_width) + "x" +
+                        std::to_string(o.draft_tree_depth) + (o.draft_tree_path ? "/path" : ""))
+                 : json("chain")},
             {"greedy", o.greedy},
             {"draft", o.greedy || o.draft_greedy ? "greedy" : "sampled"}};
   if (o.p_min > 0.0) p["p_min"] = o.p_min;
@@ -994,6 +999,8 @@ void print_help() {
       "                       draft for --model text-target-xl only)\n"
       "  --draft-tree WxD     sd, cool-sd, lantern: draft a full W-ary tree of D levels per step\n"
       "                       instead of a chain (siblings without replacement; greedy: top W);\n"
+      "                       --draft-tree WxD/path: W siblings per level on the first path\n"
+      "                       only (1 + W*D nodes: a chain with alternatives)\n"
       "                       --draft-tree lantern: LANTERN's static 57-node tree\n"
       "  --window N           sjd (default 16), sjd-pac (64), jacobi (16): draft window; sjd,\n"
       "                       sjd-pac: a fixed budget of drafted nodes, PD tree included\n"
@@ -1196,8 +1203,13 @@ demo_options parse_args(int argc, char** argv) {
       const auto x = value.find('x');
       if (x == std::string::npos)
         throw usage_error("--draft-tree: expected WxD, got '" + value + "'");
+      std::string depth = value.substr(x + 1);
+      if (depth.ends_with("/path")) {
+        o.draft_tree_path = true;
+        depth.resize(depth.size() - 5);
+      }
       o.draft_tree_width = parse_int(flag, value.substr(0, x));
-      o.draft_tree_depth = parse_int(flag, value.substr(x + 1));
+      o.draft_tree_depth = parse_int(flag, depth);
     } else if (flag == "--window") {
       o.window = parse_int(flag, value);
     } else if (flag == "--init") {
@@ -1362,7 +1374,8 @@ void resolve(demo_options& o, const method_entry& m) {
             "depth D must be in [1, 16]");
     double nodes = 1.0, level = 1.0;
     for (index_t d = 0; d < o.draft_tree_depth; ++d)
-      nodes += (level *= static_cast<double>(o.draft_tree_width));
+      nodes += o.draft_tree_path ? static_cast<double>(o.draft_tree_width)
+                                 : (level *= static_cast<double>(o.draft_tree_width));
     require(nodes <= 512.0, "--draft-tree", "W^1 + ... + W^D must be at most 511 drafts");
   }
   if (o.greedy && o.draft_greedy) throw usage_error("--draft-greedy: implied by --greedy");

@@ -100,6 +100,69 @@ TEST_CASE("speculative decoding with tree drafts samples the target's sequence l
   CHECK(specula::testing::g_test(biased, law).p_value < 1e-6);
 }
 
+namespace {
+
+/// A toy session that records the node count of every evaluation (the draft's passes).
+struct counting_session : toy_model_session {
+  using toy_model_session::toy_model_session;
+  std::vector<index_t> pass_nodes, pass_widths;
+  void evaluate(const token_tree& nodes, batch_view<float> logits) {
+    pass_nodes.push_back(nodes.size());
+    pass_widths.push_back(nodes.max_width());
+    toy_model_session::evaluate(nodes, logits);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("narrow draft trees sample the target's sequence law and draft like chains",
+          "[decode][stats]") {
+  // Trees whose levels have one node with children (a chain with alternatives: SJD-PAC's
+  // first-path siblings) and a tree that branches, then narrows: the draft commits the nodes
+  // above the deepest common ancestor of each level's parents and evaluates only the rest.
+  const toy_ar_model target(4, 4, 101);
+  const toy_ar_model draft = toy_ar_model::perturbed(target, 0.5, 202);
+  const auto law = target.sequence_law();
+  // 0 -> {1, 2}; 1 -> {3, 4}; 2 -> {5}; 3 -> {6, 7}: level 1 branches (root is the common
+  // ancestor), level 2 narrows to node 3 (root and node 1 committed).
+  const token_tree narrowing = trees::from_parents({-1, 0, 0, 1, 1, 2, 3, 3});
+  for (const token_tree& shape : {trees::first_path_siblings(2, 3), narrowing}) {
+    speculative_options opt;
+    opt.draft_tree = shape;
+    decode_stats st;
+    const auto counts =
+        sd_sequence_counts(target, draft, opt, 1'000'000, 23, tree_verifier<>{}, &st);
+    decode_testing::check_sequence_law(counts, law, st, 4'000'000);
+    const auto biased = sd_sequence_counts(target, draft, opt, 200'000, 24,
+                                           decode_testing::first_path_verifier{}, nullptr);
+    CHECK(specula::testing::g_test(biased, law).p_value < 1e-6);
+  }
+
+  // The passes: a step's first (the tokens the draft lacks, ending at the root) is a chain, and
+  // a chain with alternatives then evaluates one node per level, never a leaf sibling: every
+  // pass is a chain, and at most one per step has more than one node.
+  toy_model_session t(target);
+  counting_session d(draft);
+  speculative_options opt;
+  opt.draft_tree = trees::first_path_siblings(3, 3);
+  opt.max_new_tokens = 4;
+  for (std::uint32_t r = 0; r < 200; ++r) {
+    d.pass_nodes.clear();
+    d.pass_widths.clear();
+    decode_stats st;
+    (void)speculative_decode(t, d, std::vector<token_t>{0}, opt, request_rng{5, r, 0},
+                             tree_verifier<>{}, &st);
+    index_t first_passes = 0;
+    for (std::size_t k = 0; k < d.pass_nodes.size(); ++k) {
+      if (d.pass_nodes[k] != 1) ++first_passes;
+      CHECK(d.pass_widths[k] <= 1);
+    }
+    CHECK(st.draft_forwards == static_cast<index_t>(d.pass_nodes.size()));
+    INFO("passes with more than one node: " << first_passes);
+    CHECK(first_passes <= st.steps);
+  }
+}
+
 TEST_CASE("chain-shaped draft trees reproduce chain drafts exactly", "[decode]") {
   // The tree drafter (one uncommitted draft pass per level) and the chain drafter (the draft's
   // cache extended token by token) draw from the same rows with the same draws.
@@ -168,11 +231,13 @@ TEST_CASE("greedy speculative decoding equals greedy decoding of the target mode
   speculative_options opt;
   opt.max_new_tokens = 40;
   opt.mode = draft_mode::greedy;
-  for (const index_t gamma : {1, 4, 7, -1, -2}) {
-    // gamma -1, -2: greedy draft trees (top-2 children at two levels; the SJD-PAC shape).
+  for (const index_t gamma : {1, 4, 7, -1, -2, -3}) {
+    // gamma -1, -2, -3: greedy draft trees (top-2 children at two levels; the SJD-PAC shape;
+    // two siblings per level on the first path, five levels).
     opt.draft_length = std::max<index_t>(gamma, 0);
     if (gamma == -1) opt.draft_tree = trees::full(2, 2);
     if (gamma == -2) opt.draft_tree = trees::sjd_pac(3, 1, 8);
+    if (gamma == -3) opt.draft_tree = trees::first_path_siblings(2, 5);
     decode_stats st;
     for (const auto& text : decode_testing::text_prompts()) {
       const auto prompt = decode_testing::bytes(text);

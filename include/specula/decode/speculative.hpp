@@ -157,8 +157,9 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
   buf.scratch.resize(sz(V));
   if (options.draft_p_min > 0.0f) buf.probs.resize(sz(V));
   std::vector<token_t> pending, chosen;
-  std::vector<index_t> parents, shape_map, all;
-  std::vector<token_t> tokens;
+  std::vector<index_t> parents, shape_map, all, pass_parents, row_of, depth_of, committed,
+      expanding, to_commit;
+  std::vector<token_t> tokens, pass_tokens;
   std::vector<float> draft_logits;
   token_tree tree;
 
@@ -232,26 +233,82 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
         }
       } else {
         // A tree, one level per draft pass. The first pass brings the draft's cache up to
-        // seq[0 .. n-1) and gives the root's row; later passes evaluate the tree drafted so far
-        // (uncommitted) for the rows of its deepest level.
+        // seq[0 .. n-1) and gives the root's row. Each later pass evaluates, on top of the
+        // cache, only what the level's rows need: the nodes of the level that get children
+        // (E) and their ancestors; the ancestors above the deepest common ancestor c of E are
+        // committed to the draft's cache first (they were in the previous pass), so that a
+        // chain with alternatives (one node per level with children) drafts with one-node
+        // passes like a chain, and a leaf sibling is never evaluated.
         const token_tree& shape = *options.draft_tree;
         shape_map.assign(sz(shape.size()), -1);
         shape_map[0] = 0;
+        depth_of.assign(1, 0);
+        committed.clear();
+        index_t chain_len = 0;
+        bool chain_committed = false;
         for (index_t d = 0; d < max_depth; ++d) {
           std::span<float> rows;
           if (d == 0) {
             const token_tree chain = trees::chain(pending);
             co_await draft_pass(chain, draft_logits, st);
-            all.resize(sz(chain.size() - 1));
-            for (index_t k = 0; k + 1 < chain.size(); ++k) all[sz(k)] = k;
-            draft.commit(all);
-            rows = std::span<float>(draft_logits.data() + (chain.size() - 1) * V, sz(V));
+            chain_len = chain.size();
+            row_of.assign(1, chain_len - 1);  // the root's row
+            rows = std::span<float>(draft_logits.data() + (chain_len - 1) * V, sz(V));
           } else {
+            // E, and c (-1: E is empty).
+            expanding.clear();
+            for (index_t s = 0; s < shape.size(); ++s) {
+              const index_t u = shape_map[sz(s)];
+              if (shape.depth(s) == d && u >= 0 && shape.num_children(s) > 0)
+                expanding.push_back(u);
+            }
+            index_t c = expanding.empty() ? -1 : expanding.front();
+            for (const index_t e : expanding) {
+              index_t a = e;
+              while (depth_of[sz(a)] > depth_of[sz(c)]) a = parents[sz(a)];
+              while (depth_of[sz(c)] > depth_of[sz(a)]) c = parents[sz(c)];
+              while (a != c) {
+                a = parents[sz(a)];
+                c = parents[sz(c)];
+              }
+            }
+            // Commit the nodes above c that the cache does not hold yet (root first), by their
+            // indices in the previous pass (the first pass: its whole chain but the root, and
+            // the root too when it lies above c).
+            const auto first_new = static_cast<index_t>(committed.size());
+            to_commit.clear();
+            for (index_t v = c < 0 ? -1 : parents[sz(c)]; v >= 0 && depth_of[sz(v)] >= first_new;
+                 v = parents[sz(v)])
+              to_commit.push_back(v);
+            std::reverse(to_commit.begin(), to_commit.end());
+            all.clear();
+            if (d == 1)
+              for (index_t k = 0; k + 1 < chain_len; ++k) all.push_back(k);
+            for (const index_t v : to_commit) all.push_back(row_of[sz(v)]);
+            if (d == 1 || !all.empty()) draft.commit(all);
+            chain_committed = true;
+            committed.insert(committed.end(), to_commit.begin(), to_commit.end());
+            if (expanding.empty()) break;
+            // The pass: c and the nodes between c and E (c is its root).
+            row_of.assign(parents.size(), -1);
+            for (const index_t e : expanding)
+              for (index_t v = e; row_of[sz(v)] < 0; v = parents[sz(v)]) {
+                row_of[sz(v)] = 0;
+                if (v == c) break;
+              }
+            pass_parents.clear();
+            pass_tokens.clear();
+            for (index_t v = c; v < static_cast<index_t>(parents.size()); ++v) {
+              if (row_of[sz(v)] < 0) continue;
+              row_of[sz(v)] = static_cast<index_t>(pass_parents.size());
+              pass_parents.push_back(v == c ? -1 : row_of[sz(parents[sz(v)])]);
+              pass_tokens.push_back(tokens[sz(v)]);
+            }
             tree_limits limits;
             limits.max_nodes = shape.size();
             limits.max_depth = shape.max_depth();
             limits.max_children = shape.max_width();
-            tree = token_tree(parents, tokens, limits);
+            tree = token_tree(pass_parents, pass_tokens, limits);
             co_await draft_pass(tree, draft_logits, st);
             rows = std::span<float>(draft_logits);
           }
@@ -259,16 +316,24 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
           for (index_t s = 0; s < shape.size(); ++s) {
             const index_t u = shape_map[sz(s)];
             if (shape.depth(s) != d || u < 0 || shape.num_children(s) == 0) continue;
-            draw_children(u, rows.subspan(d == 0 ? 0 : sz(u * V), sz(V)), shape.num_children(s));
+            draw_children(u, rows.subspan(d == 0 ? 0 : sz(row_of[sz(u)] * V), sz(V)),
+                          shape.num_children(s));
             index_t c = 0;
             for (index_t sc = shape.first_child(s);
                  sc >= 0 && c < static_cast<index_t>(chosen.size());
                  sc = shape.next_sibling(sc), ++c) {
               shape_map[sz(sc)] = add_node(u, chosen[sz(c)]);
+              depth_of.push_back(d + 1);
               grew = true;
             }
           }
           if (!grew) break;
+        }
+        if (!chain_committed) {
+          // No second pass took the first pass's chain: commit it but the root.
+          all.clear();
+          for (index_t k = 0; k + 1 < chain_len; ++k) all.push_back(k);
+          draft.commit(all);
         }
       }
     }
@@ -294,7 +359,17 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
     // --- Commit: the target keeps root + accepted drafts; the draft drops what it does not
     // hold from the accepted path (chain drafts) or its uncommitted tree (tree drafts).
     target.commit(std::span<const index_t>(buf.out_nodes.data(), sz(accepted + 1)));
-    if (max_depth > 0) draft.rollback(std::min(draft.context_size(), n + accepted));
+    if (max_depth > 0 && tree_drafts) {
+      // The draft holds seq[0 .. n-1) and the committed tree nodes (root first): it keeps
+      // those on the accepted path.
+      index_t keep = 0;
+      while (keep < static_cast<index_t>(committed.size()) && keep <= accepted &&
+             committed[sz(keep)] == buf.out_nodes[sz(keep)])
+        ++keep;
+      draft.rollback(std::min(draft.context_size(), n - 1 + keep));
+    } else if (max_depth > 0) {
+      draft.rollback(std::min(draft.context_size(), n + accepted));
+    }
     if (emit_step(buf.out_tokens, accepted, options.stop_token, seq, st)) break;
   }
   result.assign(seq.begin() + prompt_len, seq.end());
