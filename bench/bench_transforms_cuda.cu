@@ -17,6 +17,17 @@
 // Timing: CUDA events around each launch, reported with manual time. The kernel re-reads the
 // row once per pass (3 + 8 (top-k) + 8 (top-p) = 19 passes here), mostly from L2, with one CTA
 // per row, so B = 1 is latency bound. Without a GPU every case is skipped with "no CUDA device".
+//
+// One token per row (cuda/specula/cuda/sampling.cuh), V = 128256, B in {1, 32, 264, 1024}, the
+// same parameters and logits, each against the same streaming copy baseline:
+//   cuda_sample/logits/<f32|bf16>/V/B   sample_from_logits_async (fused: the transform's passes,
+//                                       then one pass summing the tile sums and a one-tile walk;
+//                                       no probability tensor); bytes = the logits read once
+//   cuda_sample/unfused/bf16/V/B        logits_to_probs_async + sample_from_probs_async (the
+//                                       fp32 tensor written and read back); bytes as the fused
+//                                       case, so frac_of_copy compares the two directly
+//   cuda_sample/probs/f32/V/B           sample_from_probs_async on fp32 rows; bytes = the rows
+//                                       read once
 
 #include <benchmark/benchmark.h>
 #include <cuda_bf16.h>
@@ -31,6 +42,7 @@
 
 #include "cuda_bench_util.cuh"
 #include "specula/cuda/error.cuh"
+#include "specula/cuda/sampling.cuh"
 #include "specula/cuda/transforms.cuh"
 
 using namespace specula;
@@ -39,13 +51,9 @@ namespace {
 
 using specula::bench::device_buffer;
 
+/// n logits N(0, 3^2) (fixed seed) as T (float or bf16, rounded to nearest).
 template <class T>
-void transforms_case(benchmark::State& state, index_t vocab, index_t batch) {
-  if (specula::cuda::device_count() == 0) {
-    state.SkipWithError("no CUDA device");
-    return;
-  }
-  const auto n = static_cast<std::size_t>(vocab * batch);
+std::vector<T> serving_logits(std::size_t n) {
   std::mt19937 gen(1234);
   std::normal_distribution<float> dist(0.0f, 3.0f);
   std::vector<T> logits(n);
@@ -55,10 +63,27 @@ void transforms_case(benchmark::State& state, index_t vocab, index_t batch) {
     else
       x = __float2bfloat16_rn(dist(gen));
   }
+  return logits;
+}
+
+/// Typical serving parameters: temperature 0.7, top-k 50, top-p 0.9, no min-p, no CFG.
+sampling_params serving_params() {
   sampling_params sp;
   sp.temperature = 0.7f;
   sp.top_k = 50;
   sp.top_p = 0.9f;
+  return sp;
+}
+
+template <class T>
+void transforms_case(benchmark::State& state, index_t vocab, index_t batch) {
+  if (specula::cuda::device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  const auto n = static_cast<std::size_t>(vocab * batch);
+  const std::vector<T> logits = serving_logits<T>(n);
+  const sampling_params sp = serving_params();
 
   device_buffer d_logits(n * sizeof(T)), d_probs(n * sizeof(float)),
       d_params(sizeof(sampling_params)),
@@ -83,7 +108,79 @@ void transforms_case(benchmark::State& state, index_t vocab, index_t batch) {
   specula::bench::time_against_copy(state, bytes, launch);
 }
 
+/// How a sampling case draws: fused from logits, logits -> probs -> draw, or from probabilities.
+enum class sample_kind { logits, unfused, probs };
+
+template <class T>
+void sample_case(benchmark::State& state, sample_kind kind, index_t vocab, index_t batch) {
+  if (specula::cuda::device_count() == 0) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  const auto n = static_cast<std::size_t>(vocab * batch);
+  const std::vector<T> logits = serving_logits<T>(n);
+  const sampling_params sp = serving_params();
+  std::vector<request_rng> rng;
+  for (index_t r = 0; r < batch; ++r) rng.push_back({7, static_cast<std::uint32_t>(r), 1});
+
+  device_buffer d_logits(n * sizeof(T)), d_probs(n * sizeof(float)),
+      d_params(sizeof(sampling_params)),
+      d_rng(static_cast<std::size_t>(batch) * sizeof(request_rng)),
+      d_out(static_cast<std::size_t>(batch) * sizeof(token_t));
+  specula::bench::upload(d_logits, logits);
+  specula::bench::upload(d_rng, rng);
+  specula::cuda::throw_on_error(
+      cudaMemcpy(d_params.ptr, &sp, sizeof(sampling_params), cudaMemcpyHostToDevice), "cudaMemcpy");
+
+  const auto pol = specula::cuda::par_on(nullptr);
+  const batch_view<const T> in{d_logits.as<const T>(), batch, vocab};
+  const row_view<const sampling_params> params{d_params.as<const sampling_params>(), 1};
+  const batch_view<float> probs{d_probs.as<float>(), batch, vocab};
+  const row_view<const request_rng> streams{d_rng.as<const request_rng>(), batch};
+  const row_view<token_t> out{d_out.as<token_t>(), batch};
+  if (kind == sample_kind::probs) {
+    // Rows to sample from: the probabilities of the same logits.
+    specula::cuda::throw_on_error(
+        specula::cuda::logits_to_probs_async<T>(pol, in, {}, params, probs), "logits_to_probs");
+    specula::cuda::throw_on_error(cudaDeviceSynchronize(), "logits_to_probs");
+  }
+  const auto launch = [&]() -> cudaError_t {
+    switch (kind) {
+      case sample_kind::logits:
+        return specula::cuda::sample_from_logits_async<T>(pol, in, params, streams, out);
+      case sample_kind::unfused:
+        if (const cudaError_t e =
+                specula::cuda::logits_to_probs_async<T>(pol, in, {}, params, probs);
+            e != cudaSuccess)
+          return e;
+        return specula::cuda::sample_from_probs_async<float>(pol, probs, streams, out);
+      case sample_kind::probs:
+        break;
+    }
+    return specula::cuda::sample_from_probs_async<float>(pol, probs, streams, out);
+  };
+  if (!specula::bench::warm_up(state, launch)) return;
+  const double row_bytes =
+      static_cast<double>(kind == sample_kind::probs ? sizeof(float) : sizeof(T));
+  specula::bench::time_against_copy(state, static_cast<double>(n) * row_bytes, launch);
+}
+
 int register_all() {
+  for (index_t b : {1, 32, 264, 1024}) {
+    const std::string suffix = "/V:128256/B:" + std::to_string(b);
+    specula::bench::add_case("cuda_sample/logits/f32" + suffix, [=](benchmark::State& s) {
+      sample_case<float>(s, sample_kind::logits, 128256, b);
+    });
+    specula::bench::add_case("cuda_sample/logits/bf16" + suffix, [=](benchmark::State& s) {
+      sample_case<__nv_bfloat16>(s, sample_kind::logits, 128256, b);
+    });
+    specula::bench::add_case("cuda_sample/unfused/bf16" + suffix, [=](benchmark::State& s) {
+      sample_case<__nv_bfloat16>(s, sample_kind::unfused, 128256, b);
+    });
+    specula::bench::add_case("cuda_sample/probs/f32" + suffix, [=](benchmark::State& s) {
+      sample_case<float>(s, sample_kind::probs, 128256, b);
+    });
+  }
   for (index_t v : {32000, 128256})
     for (index_t b : {1, 32, 264, 1024}) {
       const std::string suffix = "/V:" + std::to_string(v) + "/B:" + std::to_string(b);

@@ -1,11 +1,17 @@
 #pragma once
 
-// Helpers of the device tests: GPU detection with a skip message, and a device copy of a host
-// vector.
+// Helpers of the device tests: GPU detection with a skip message, a device copy of a host
+// vector, conversions of the logit types and the G-test of stats_bridge.cpp.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <catch2/catch.hpp>
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "specula/core/row.hpp"
@@ -56,6 +62,33 @@ struct device_vector {
   row_view<T> view() { return {ptr, static_cast<index_t>(n)}; }
   row_view<const T> cview() const { return {ptr, static_cast<index_t>(n)}; }
 };
+
+/// A logit of type T (float, __half or __nv_bfloat16) rounded from a float (to nearest even).
+template <class T>
+T from_float(float x) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(x);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(x);
+  else
+    return x;
+}
+
+/// The float value of a logit of type T (exact).
+template <class T>
+float to_float(T x) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __half2float(x);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(x);
+  else
+    return x;
+}
+
+/// G-test p-value of counts against a law, with a printable summary (stats_bridge.cpp: compiled
+/// by the host compiler, Boost.Math stays out of nvcc translation units).
+double g_test_p_value(const std::vector<std::uint64_t>& counts, const std::vector<double>& law,
+                      std::string& summary);
 
 /// Inverse-CDF draw from a probability row with uniform u (test data generation).
 template <class Row>

@@ -26,11 +26,6 @@
 
 using namespace specula;
 
-namespace specula::cuda_test {
-double g_test_p_value(const std::vector<std::uint64_t>& counts, const std::vector<double>& law,
-                      std::string& summary);
-}  // namespace specula::cuda_test
-
 namespace {
 
 bool have_gpu() { return cuda_test::have_gpu("device chain-verification checks"); }
@@ -78,7 +73,8 @@ struct results {
 };
 
 template <class Rule = exact_rule>
-results run_host(const batch& bt, bool one_hot, const Rule& rule = {}) {
+results run_host(const batch& bt, bool one_hot, const Rule& rule = {},
+                 const std::vector<std::uint8_t>& is_greedy = {}) {
   results r{std::vector<token_t>(static_cast<std::size_t>(bt.drafts() + bt.size())),
             std::vector<std::int32_t>(static_cast<std::size_t>(bt.size())),
             std::vector<std::uint8_t>(static_cast<std::size_t>(bt.drafts())),
@@ -91,6 +87,7 @@ results run_host(const batch& bt, bool one_hot, const Rule& rule = {}) {
                                   : batch_view<const float>{bt.draft.data(), bt.drafts(), bt.vocab},
                               {bt.target.data(), bt.drafts() + bt.size(), bt.vocab},
                               bt.rng};
+  in.is_greedy = is_greedy;
   verify_chain_unchecked(host::seq, in, chain_batch_output{r.tokens, r.n, r.acc, r.flags}, {},
                          rule);
   return r;
@@ -122,6 +119,8 @@ struct device_setup {
   index_t row_pad = 0;
   /// Receives the split path's workspace after the run (when not null).
   std::vector<std::byte>* workspace_after = nullptr;
+  /// Per-request greedy flags (chain_batch_input::is_greedy), or none.
+  std::vector<std::uint8_t> is_greedy = {};
 };
 
 /// Rows of `cols` entries laid out with a stride of cols + pad (pad entries NaN).
@@ -159,6 +158,8 @@ results run_device(const batch& bt, bool one_hot, const Rule& rule = {}, bool gr
                                   : batch_view<const float>{dr.ptr, bt.drafts(), bt.vocab, stride},
                               {tg.ptr, bt.drafts() + bt.size(), bt.vocab, stride},
                               {rng.ptr, bt.size()}};
+  device_vector<std::uint8_t> greedy_flags(setup.is_greedy);
+  if (!setup.is_greedy.empty()) in.is_greedy = greedy_flags.cview();
   const chain_batch_output o{out.view(), n.view(), acc.view(), fl.view()};
   // The workspace starts as all-ones bytes (NaN doubles), so a run shows whether it was written.
   device_vector<std::byte> ws(std::vector<std::byte>(
@@ -190,6 +191,35 @@ TEST_CASE("device chain verification equals the host backend", "[cuda][device]")
       INFO("vocab " << vocab << " seed " << seed);
       require_equal(run_device(bt, false), run_host(bt, false));
       require_equal(run_device(bt, true), run_host(bt, true));
+    }
+  }
+}
+
+TEST_CASE("device chain verification with per-request greedy flags equals the host",
+          "[cuda][device]") {
+  if (!have_gpu()) return;
+  const std::vector<std::uint8_t> mask = {1, 0, 1, 0, 0, 1};
+  for (index_t vocab : {300, 128256}) {
+    batch bt(vocab, {3, 0, 5, 1, 8, 2}, 41);
+    // Request 0 drafts the arg-max of its target rows (accepted greedily).
+    for (index_t i = 0; i < 3; ++i) {
+      const auto row = bt.target.begin() + i * vocab;
+      bt.tokens[static_cast<std::size_t>(i)] =
+          static_cast<token_t>(std::max_element(row, row + vocab) - row);
+    }
+    const auto host = run_host(bt, false, exact_rule{}, mask);
+    CHECK(host.n[0] == 3);
+    for (int split : {1, 0}) {  // one CTA per request; the split path where it applies
+      device_setup setup;
+      setup.is_greedy = mask;
+      INFO("vocab " << vocab << " split " << split);
+      require_equal(run_device(bt, false, exact_rule{}, false, split, setup), host);
+    }
+    // The sampled requests are those of the call without flags.
+    const auto plain = run_host(bt, false);
+    for (std::size_t b : {1u, 3u, 4u}) {
+      CHECK(host.n[b] == plain.n[b]);
+      CHECK(host.flags[b] == plain.flags[b]);
     }
   }
 }

@@ -1,7 +1,8 @@
 // Fused chain verification from logits against the unfused device pipeline
 // (logits_to_probs_async, then verify_chain_async): the same tokens, flags and counts, bit for
 // bit, for fp32, bf16 and fp16 logits, with CFG and every filter, dense and one-hot drafts; rows
-// that fail the transform; bad launches. Skips without a GPU.
+// that fail the transform; greedy and sampled requests in one launch (is_greedy). Skips without
+// a GPU.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -26,15 +27,8 @@ namespace {
 
 bool have_gpu() { return cuda_test::have_gpu("device fused-verification checks"); }
 
-template <class T>
-T from_float(float x) {
-  if constexpr (std::is_same_v<T, __half>)
-    return __float2half(x);
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __float2bfloat16(x);
-  else
-    return x;
-}
+using cuda_test::from_float;
+using cuda_test::to_float;
 
 /// A ragged batch with target logits and fp32 draft rows; drafts sampled from q.
 struct logit_batch {
@@ -84,7 +78,8 @@ struct results {
 /// fused = true: verify_chain_from_logits_async; false: logits_to_probs_async + verify_chain.
 template <class T, class Rule = exact_rule>
 results run(const logit_batch& bt, const std::vector<sampling_params>& params, bool cfg,
-            bool one_hot, bool fused, const Rule& rule = {}) {
+            bool one_hot, bool fused, const Rule& rule = {},
+            const std::vector<std::uint8_t>& is_greedy = {}) {
   std::vector<T> lg, un;
   for (float x : bt.logits) lg.push_back(from_float<T>(x));
   for (float x : bt.uncond) un.push_back(from_float<T>(x));
@@ -115,8 +110,10 @@ results run(const logit_batch& bt, const std::vector<sampling_params>& params, b
     device_vector<std::int32_t> off32(
         std::vector<std::int32_t>(bt.offsets.begin(), bt.offsets.end()));
     const index_view offsets = one_hot ? index_view(off32.cview()) : index_view(off.cview());
-    const sc::fused_chain_input<T> in{bt.vocab, offsets, tok.cview(),   q,
-                                      logits,   uncond,  d_par.cview(), rng.cview()};
+    sc::fused_chain_input<T> in{bt.vocab, offsets, tok.cview(),   q,
+                                logits,   uncond,  d_par.cview(), rng.cview()};
+    device_vector<std::uint8_t> greedy(is_greedy);
+    if (!is_greedy.empty()) in.is_greedy = greedy.cview();
     sc::throw_on_error(
         sc::verify_chain_from_logits_async(sc::par_on(nullptr).with_workspace(ws.ptr, ws.n), in, o,
                                            chain_options{}, rule, st.ptr),
@@ -199,3 +196,87 @@ TEST_CASE("fused verification: rows that fail the transform behave as in the unf
 }
 
 // Launch checks of the fused path run on the host: tests/cuda/test_launch_checks.cu.
+
+namespace {
+
+/// The arg-max (lowest on ties) of logit row `row` of T after the CFG mix with `scale`, each
+/// operation rounded to float on its own (volatile: never contracted), written apart from the
+/// library's cfg_mix_op.
+template <class T>
+token_t mixed_argmax(const logit_batch& bt, index_t row, bool cfg, float scale) {
+  const auto v = static_cast<std::size_t>(bt.vocab);
+  token_t best = 0;
+  float best_x = -std::numeric_limits<float>::infinity();
+  for (std::size_t y = 0; y < v; ++y) {
+    const std::size_t at = static_cast<std::size_t>(row) * v + y;
+    const float c = to_float(from_float<T>(bt.logits[at]));
+    float x = c;
+    if (cfg) {
+      const float u = to_float(from_float<T>(bt.uncond[at]));
+      const volatile float diff = c - u;
+      const volatile float scaled = scale * diff;
+      x = u + scaled;
+    }
+    if (x > best_x) {
+      best_x = x;
+      best = static_cast<token_t>(y);
+    }
+  }
+  return best;
+}
+
+template <class T>
+void check_mixed_greedy(index_t vocab) {
+  logit_batch bt(vocab, {3, 0, 5, 1, 8}, 21);
+  const std::vector<std::uint8_t> mask = {1, 1, 0, 1, 0};
+  for (const auto& params : settings(bt.rows()))
+    for (bool cfg : {false, true}) {
+      const auto scale = [&](index_t row) {
+        return params[params.size() == 1 ? 0 : static_cast<std::size_t>(row)].cfg_scale;
+      };
+      // Request 0 drafts the arg-max of its mixed rows; request 3 a token that is not.
+      for (index_t i = 0; i < 3; ++i)
+        bt.tokens[static_cast<std::size_t>(i)] = mixed_argmax<T>(bt, i, cfg, scale(i));
+      const index_t d3 = bt.offsets[3];  // request 3's draft; its target row is d3 + 3
+      bt.tokens[static_cast<std::size_t>(d3)] = static_cast<token_t>(
+          (mixed_argmax<T>(bt, d3 + 3, cfg, scale(d3 + 3)) + 1) % static_cast<token_t>(vocab));
+      INFO("vocab " << vocab << " params " << params.size() << " cfg " << cfg);
+      const auto mixed = run<T>(bt, params, cfg, false, true, exact_rule{}, mask);
+      const auto plain = run<T>(bt, params, cfg, false, true);
+      for (index_t b = 0; b < bt.batch(); ++b) {
+        const auto ub = static_cast<std::size_t>(b);
+        const index_t d0 = bt.offsets[ub], len = bt.offsets[ub + 1] - d0;
+        if (mask[ub] == 0) {  // sampled: bit for bit the call without flags
+          CHECK(mixed.n[ub] == plain.n[ub]);
+          CHECK(mixed.flags[ub] == plain.flags[ub]);
+          for (index_t i = 0; i <= len; ++i)
+            CHECK(mixed.tokens[static_cast<std::size_t>(d0 + b + i)] ==
+                  plain.tokens[static_cast<std::size_t>(d0 + b + i)]);
+          continue;
+        }
+        index_t n = 0;
+        while (n < len && bt.tokens[static_cast<std::size_t>(d0 + n)] ==
+                              mixed_argmax<T>(bt, d0 + b + n, cfg, scale(d0 + b + n)))
+          ++n;
+        CHECK(mixed.n[ub] == n);
+        CHECK(mixed.tokens[static_cast<std::size_t>(d0 + b + n)] ==
+              mixed_argmax<T>(bt, d0 + b + n, cfg, scale(d0 + b + n)));
+        CHECK(mixed.flags[ub] == (chain_valid | (n == len ? chain_bonus : 0u)));
+      }
+      CHECK(mixed.n[0] == 3);
+      CHECK(mixed.n[3] == 0);
+    }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "fused verification with per-request greedy flags: greedy requests take the arg-max "
+    "of their mixed logits, sampled ones are unchanged",
+    "[cuda][fused][device]") {
+  if (!have_gpu()) return;
+  for (index_t vocab : {300, 32000}) {
+    check_mixed_greedy<float>(vocab);
+    check_mixed_greedy<__nv_bfloat16>(vocab);
+  }
+}

@@ -104,6 +104,16 @@ TEST_CASE("chain launch checks refuse inconsistent arguments before any CUDA cal
   in.bonus_tokens = row_view<const token_t>(c.in.draft_tokens.data, 2);
   expect_refused(in, c.out);
   CHECK(sc::verify_chain_greedy_async(pol, in, c.out) == invalid);
+  // Per-request greedy flags: one per request (accepted by the checks), or refused when short
+  // or without data.
+  const std::array<std::uint8_t, 2> flags2{1, 0};
+  in = c.in;
+  in.is_greedy = row_view<const std::uint8_t>(flags2.data(), 2);
+  CHECK(sc::detail::check_flattened(in, c.out, true) == cudaSuccess);
+  in.is_greedy = row_view<const std::uint8_t>(flags2.data(), 1);
+  expect_refused(in, c.out);
+  in.is_greedy = row_view<const std::uint8_t>(nullptr, 2);
+  expect_refused(in, c.out);
   // A vocabulary beyond the kernels' limit, and no vocabulary.
   in = c.in;
   in.vocab_size = sc::chain_max_vocab + 1;
@@ -280,6 +290,13 @@ TEST_CASE("fused launch checks reuse the flattened layout's", "[cuda][fused][bad
   expect_refused(in32, out, pol);
   in32.draft_offsets = index_view(nullptr, 3);
   expect_refused(in32, c.out, pol);
+  // Greedy flags shorter than the batch, or without data.
+  const std::array<std::uint8_t, 2> flags2{1, 0};
+  bad = in;
+  bad.is_greedy = row_view<const std::uint8_t>(flags2.data(), 1);
+  expect_refused(bad, c.out, pol);
+  bad.is_greedy = row_view<const std::uint8_t>(nullptr, 2);
+  expect_refused(bad, c.out, pol);
   // A per_request rule array shorter than the batch.
   const std::vector<exact_rule> one(1);
   CHECK(sc::verify_chain_from_logits_async(pol, in, c.out, {},
@@ -388,6 +405,53 @@ TEST_CASE(
   // No rows: a no-op, as every other entry point's empty batch (no launch, so no CUDA error).
   CHECK(sc::sample_without_replacement_async(pol, batch_view<const float>{nullptr, 0, V}, k, {}, 0,
                                              {}, {}) == cudaSuccess);
+}
+
+TEST_CASE("row samplers refuse bad extents, null data and short arrays before any CUDA call",
+          "[cuda][sample][bad_input][host]") {
+  fake_arrays m;
+  const index_t rows = 3;
+  const batch_view<const float> probs{m.at<const float>(), rows, V};
+  const batch_view<const float> logits{m.at<const float>(), rows, V};
+  const row_view<const request_rng> rng{m.at<const request_rng>(), rows};
+  const row_view<token_t> out{m.at<token_t>(), rows};
+  const row_view<const sampling_params> params{m.at<const sampling_params>(), 1};
+  const row_view<const std::uint8_t> greedy{m.at<const std::uint8_t>(), rows};
+  const auto pol = sc::par_on(nullptr);
+  const auto probs_refused = [&](batch_view<const float> p, row_view<const request_rng> r,
+                                 row_view<token_t> o) {
+    CHECK(sc::sample_from_probs_async<float>(pol, p, r, o) == invalid);
+  };
+  const auto logits_refused = [&](batch_view<const float> l, row_view<const sampling_params> sp,
+                                  row_view<const request_rng> r, row_view<token_t> o,
+                                  row_view<const std::uint8_t> g) {
+    CHECK(sc::sample_from_logits_async<float>(pol, l, sp, r, o, g) == invalid);
+  };
+  // Rows: without data, of no entry, with a stride below the row length.
+  probs_refused({nullptr, rows, V}, rng, out);
+  probs_refused({probs.data, rows, 0}, rng, out);
+  probs_refused({probs.data, rows, V, V - 1}, rng, out);
+  logits_refused({nullptr, rows, V}, params, rng, out, {});
+  logits_refused({logits.data, rows, 0}, params, rng, out, {});
+  logits_refused({logits.data, rows, V, V - 1}, params, rng, out, {});
+  // Streams and outputs: shorter than the batch, or without data.
+  probs_refused(probs, {rng.data, rows - 1}, out);
+  probs_refused(probs, {nullptr, rows}, out);
+  probs_refused(probs, rng, {out.data, rows - 1});
+  probs_refused(probs, rng, {nullptr, rows});
+  logits_refused(logits, params, {rng.data, rows - 1}, out, {});
+  logits_refused(logits, params, rng, {nullptr, rows}, {});
+  // Parameters: neither 1 nor one per row, or without data; greedy flags short or without data.
+  logits_refused(logits, {params.data, 2}, rng, out, {});
+  logits_refused(logits, {nullptr, 1}, rng, out, {});
+  logits_refused(logits, params, rng, out, {greedy.data, rows - 1});
+  logits_refused(logits, params, rng, out, {nullptr, rows});
+  // A batch beyond the grid.
+  probs_refused({probs.data, index_t{1} << 31, V}, {rng.data, index_t{1} << 31},
+                {out.data, index_t{1} << 31});
+  // No rows: a no-op, whatever else the arguments hold.
+  CHECK(sc::sample_from_probs_async<float>(pol, {nullptr, 0, V}, {}, {}) == cudaSuccess);
+  CHECK(sc::sample_from_logits_async<float>(pol, {nullptr, 0, 0}, {}, {}, {}) == cudaSuccess);
 }
 
 TEST_CASE("rules pointing to host memory are refused on the device and to_device copies them",

@@ -33,11 +33,6 @@ using namespace specula;
 using cuda_test::device_vector;
 namespace sc = specula::cuda;  // CUB brings a top-level ::cuda namespace
 
-namespace specula::cuda_test {
-double g_test_p_value(const std::vector<std::uint64_t>& counts, const std::vector<double>& law,
-                      std::string& summary);
-}  // namespace specula::cuda_test
-
 namespace {
 
 bool have_gpu() { return cuda_test::have_gpu("device tree-verification checks"); }

@@ -311,3 +311,162 @@ TEST_CASE("chain verification from logits rejects bad input", "[verify][bad_inpu
                                  Catch::Contains("zero proposal probability"));
   }
 }
+
+namespace {
+
+/// The requests `keep` of a problem, in order, with their rows, parameters and streams.
+template <class T>
+logits_problem<T> subset(const logits_problem<T>& pb, const std::vector<index_t>& keep) {
+  logits_problem<T> s;
+  s.vocab = pb.vocab;
+  s.dense = pb.dense;
+  s.cfg = pb.cfg;
+  s.per_request = pb.per_request;
+  s.offsets = {0};
+  const auto v = static_cast<std::size_t>(pb.vocab);
+  const auto copy_rows = [v](const std::vector<T>& from, index_t first, index_t n,
+                             std::vector<T>& to) {
+    if (from.empty()) return;
+    const auto at = [&](index_t row) {
+      return from.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(row) * v);
+    };
+    to.insert(to.end(), at(first), at(first + n));
+  };
+  for (const index_t b : keep) {
+    const auto ub = static_cast<std::size_t>(b);
+    const index_t d0 = pb.offsets[ub], len = pb.offsets[ub + 1] - d0;
+    s.offsets.push_back(s.offsets.back() + len);
+    s.tokens.insert(s.tokens.end(), pb.tokens.begin() + d0, pb.tokens.begin() + d0 + len);
+    copy_rows(pb.target, d0 + b, len + 1, s.target);
+    copy_rows(pb.target_uncond, d0 + b, len + 1, s.target_uncond);
+    copy_rows(pb.draft, d0, len, s.draft);
+    if (pb.per_request) {
+      s.target_params.push_back(pb.target_params[ub]);
+      if (!pb.draft_params.empty()) s.draft_params.push_back(pb.draft_params[ub]);
+    } else {
+      for (index_t i = 0; i <= len; ++i)
+        s.target_params.push_back(pb.target_params[static_cast<std::size_t>(d0 + b + i)]);
+      if (!pb.draft_params.empty())
+        for (index_t i = 0; i < len; ++i)
+          s.draft_params.push_back(pb.draft_params[static_cast<std::size_t>(d0 + i)]);
+    }
+    s.rng.push_back(pb.rng[ub]);
+  }
+  return s;
+}
+
+/// The arg-max (lowest on ties) of target row `row` after the CFG mix with `scale`:
+/// uncond + scale (cond - uncond), each operation rounded to float on its own (volatile: never
+/// contracted), written here apart from the library's cfg_mix_op.
+template <class T>
+token_t mixed_argmax(const logits_problem<T>& pb, index_t row, float scale) {
+  const auto v = static_cast<std::size_t>(pb.vocab);
+  token_t best = 0;
+  float best_x = -std::numeric_limits<float>::infinity();
+  for (std::size_t y = 0; y < v; ++y) {
+    const float c = to_float(pb.target[static_cast<std::size_t>(row) * v + y]);
+    float x = c;
+    if (pb.cfg) {
+      const float u = to_float(pb.target_uncond[static_cast<std::size_t>(row) * v + y]);
+      const volatile float diff = c - u;
+      const volatile float scaled = scale * diff;
+      x = u + scaled;
+    }
+    if (x > best_x) {
+      best_x = x;
+      best = static_cast<token_t>(y);
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("greedy and sampled requests in one verify_chain_from_logits call",
+                   "[verify][law]", float, bfloat16) {
+  // Requests 0, 1 and 3 greedy (1 has no drafts); 2 and 4 sampled. Request 0 drafts the
+  // arg-max everywhere (all accepted, bonus), request 3's draft is not the arg-max (rejected).
+  const std::vector<std::uint8_t> mask = {1, 1, 0, 1, 0};
+  std::uint32_t seed = 40;
+  for (const index_t vocab : {index_t{40}, index_t{3000}})
+    for (const bool dense : {false, true})
+      for (const bool cfg : {false, true})
+        for (const bool per_request : {false, true}) {
+          auto pb = make_problem<TestType>(seed++, vocab, dense, cfg, per_request);
+          INFO("vocab " << vocab << " dense " << dense << " cfg " << cfg << " per_request "
+                        << per_request);
+          const auto row_scale = [&](index_t b, index_t row) {
+            return pb.target_params[static_cast<std::size_t>(per_request ? b : row)].cfg_scale;
+          };
+          for (const index_t b : {index_t{0}, index_t{3}}) {
+            const auto ub = static_cast<std::size_t>(b);
+            for (index_t i = pb.offsets[ub]; i < pb.offsets[ub + 1]; ++i) {
+              const token_t best = mixed_argmax(pb, i + b, row_scale(b, i + b));
+              pb.tokens[static_cast<std::size_t>(i)] =
+                  b == 0 ? best : static_cast<token_t>((best + 1) % vocab);
+            }
+          }
+          // A greedy request may share a sampled request's stream: it makes no draw.
+          pb.rng[1] = pb.rng[2];
+          auto in = pb.input();
+          in.is_greedy = mask;
+          chain_result mixed(pb.num_draft(), pb.batch());
+          verify_chain_from_logits(host::par, in, mixed.output());
+
+          // Greedy requests: the hand-written greedy rule on the mixed logits.
+          for (const index_t b : {index_t{0}, index_t{1}, index_t{3}}) {
+            const auto ub = static_cast<std::size_t>(b);
+            const index_t d0 = pb.offsets[ub], len = pb.offsets[ub + 1] - d0;
+            index_t n = 0;
+            while (n < len && pb.tokens[static_cast<std::size_t>(d0 + n)] ==
+                                  mixed_argmax(pb, d0 + b + n, row_scale(b, d0 + b + n)))
+              ++n;
+            CHECK(mixed.accepted_count[ub] == n);
+            CHECK(mixed.tokens[static_cast<std::size_t>(d0 + b + n)] ==
+                  mixed_argmax(pb, d0 + b + n, row_scale(b, d0 + b + n)));
+            for (index_t i = 0; i < n; ++i)
+              CHECK(mixed.tokens[static_cast<std::size_t>(d0 + b + i)] ==
+                    pb.tokens[static_cast<std::size_t>(d0 + i)]);
+            CHECK(mixed.flags[ub] == (chain_valid | (n == len ? chain_bonus : 0u)));
+          }
+          CHECK(mixed.accepted_count[0] == pb.offsets[1]);  // all of request 0's drafts
+          CHECK(mixed.accepted_count[3] == 0);
+
+          // Sampled requests: bit for bit the call without the greedy ones.
+          const auto alone = subset(pb, {2, 4});
+          chain_result solo(alone.num_draft(), alone.batch());
+          verify_chain_from_logits(host::seq, alone.input(), solo.output());
+          for (std::size_t k = 0; k < 2; ++k) {
+            const index_t b = k == 0 ? 2 : 4;
+            const auto ub = static_cast<std::size_t>(b);
+            const index_t d0 = pb.offsets[ub], len = pb.offsets[ub + 1] - d0;
+            const index_t s0 = alone.offsets[k];
+            CHECK(mixed.accepted_count[ub] == solo.accepted_count[k]);
+            CHECK(mixed.flags[ub] == solo.flags[k]);
+            for (index_t i = 0; i <= len; ++i)
+              CHECK(mixed.tokens[static_cast<std::size_t>(d0 + b + i)] ==
+                    solo.tokens[static_cast<std::size_t>(s0 + static_cast<index_t>(k) + i)]);
+            for (index_t i = 0; i < len; ++i)
+              CHECK(mixed.accepted[static_cast<std::size_t>(d0 + i)] ==
+                    solo.accepted[static_cast<std::size_t>(s0 + i)]);
+          }
+        }
+}
+
+TEST_CASE("verify_chain_from_logits: is_greedy bad input", "[verify][bad_input]") {
+  const auto pb = make_problem<float>(7, 30, true, false, false);
+  chain_result r(pb.num_draft(), pb.batch());
+  auto in = pb.input();
+  const std::vector<std::uint8_t> short_mask(static_cast<std::size_t>(pb.batch() - 1), 1);
+  in.is_greedy = short_mask;
+  CHECK_THROWS_WITH(verify_chain_from_logits(host::seq, in, r.output()),
+                    Catch::Contains("is_greedy") && Catch::Contains("length mismatch"));
+  // Sampled requests still may not share a stream.
+  auto shared = pb;
+  shared.rng[2] = shared.rng[4];
+  in = shared.input();
+  const std::vector<std::uint8_t> mask = {1, 0, 0, 0, 0};
+  in.is_greedy = mask;
+  CHECK_THROWS_WITH(verify_chain_from_logits(host::seq, in, r.output()),
+                    Catch::Contains("random stream shared") && Catch::Contains("requests 2 and 4"));
+}

@@ -164,6 +164,35 @@ __device__ inline void write_invalid(index_t length, token_t* out_tokens, std::u
   if (flags != nullptr) *flags = chain_invalid_input;
 }
 
+/// The checks every segment passes before a verifier reads it: offsets that point outside the
+/// arrays flag the request and write -1 to its output slots that are in bounds (so no stale
+/// token reads as this round's), drafts outside [0, vocab) flag it with no tokens. Returns
+/// whether the segment may be verified (in every thread).
+__device__ inline bool segment_checked(const specula::detail::chain_segment& s, index_t vocab,
+                                       const token_t* tokens, token_t* out_tokens,
+                                       std::uint8_t* accepted, std::int32_t* num_accepted,
+                                       std::uint32_t* flags, index_t num_drafts,
+                                       index_t num_target_rows, index_t num_out_tokens) {
+  if (!segment_in_bounds(s, num_drafts, num_target_rows)) {
+    write_out_of_bounds(s.target_row, s.length, out_tokens, num_out_tokens, num_accepted, flags);
+    return false;
+  }
+  if (!drafts_in_range(tokens + s.draft_row, s.length, vocab)) {
+    write_invalid(s.length, out_tokens + s.target_row,
+                  accepted == nullptr ? nullptr : accepted + s.draft_row, num_accepted, flags);
+    return false;
+  }
+  return true;
+}
+
+/// Writes a request's count and flags (thread 0).
+__device__ inline void write_request_result(const chain_request_result& r,
+                                            std::int32_t* num_accepted, std::uint32_t* flags) {
+  if (threadIdx.x != 0) return;
+  *num_accepted = r.num_accepted;
+  if (flags != nullptr) *flags = r.flags;
+}
+
 /// One segment with the whole CTA: the host's run_segment with CTA-wide passes. Outputs are the
 /// batch's arrays (run_segment offsets them by the segment).
 template <class Rule, class T, class TargetRows, class Passes>
@@ -175,23 +204,39 @@ __device__ void block_chain_segment(const Rule& rule, const request_rng& rng,
                                     std::int32_t* num_accepted, std::uint32_t* flags,
                                     const Passes& passes, index_t num_drafts,
                                     index_t num_target_rows, index_t num_out_tokens) {
-  // Offsets that point outside the arrays: flag the request and write -1 to its output slots
-  // that are in bounds (so no stale token reads as this round's), nothing else.
-  if (!segment_in_bounds(s, num_drafts, num_target_rows)) {
-    write_out_of_bounds(s.target_row, s.length, out_tokens, num_out_tokens, num_accepted, flags);
+  if (!segment_checked(s, vocab, tokens, out_tokens, accepted, num_accepted, flags, num_drafts,
+                       num_target_rows, num_out_tokens))
     return;
-  }
-  if (!drafts_in_range(tokens + s.draft_row, s.length, vocab)) {
-    write_invalid(s.length, out_tokens + s.target_row,
-                  accepted == nullptr ? nullptr : accepted + s.draft_row, num_accepted, flags);
+  write_request_result(specula::detail::run_segment(rule, rng, s, tokens, draft_probs, target_rows,
+                                                    residual_floor, out_tokens, accepted, passes),
+                       num_accepted, flags);
+}
+
+/// One segment verified greedily with the whole CTA: the host's greedy_chain_request with a
+/// CTA-wide argmax over `score_rows.row(r)` (probability or logit rows), after the checks of
+/// block_chain_segment.
+template <class ScoreRows, class Passes>
+__device__ void block_greedy_segment(const specula::detail::chain_segment& s, index_t vocab,
+                                     const token_t* tokens, const ScoreRows& score_rows,
+                                     token_t* out_tokens, std::uint8_t* accepted,
+                                     std::int32_t* num_accepted, std::uint32_t* flags,
+                                     const Passes& passes, index_t num_drafts,
+                                     index_t num_target_rows, index_t num_out_tokens) {
+  if (!segment_checked(s, vocab, tokens, out_tokens, accepted, num_accepted, flags, num_drafts,
+                       num_target_rows, num_out_tokens))
     return;
-  }
-  const chain_request_result r = specula::detail::run_segment(
-      rule, rng, s, tokens, draft_probs, target_rows, residual_floor, out_tokens, accepted, passes);
-  if (threadIdx.x == 0) {
-    *num_accepted = r.num_accepted;
-    if (flags != nullptr) *flags = r.flags;
-  }
+  write_request_result(
+      greedy_chain_request(
+          s.length, tokens + s.draft_row,
+          [&](index_t i) { return score_rows.row(s.target_row + i); }, out_tokens + s.target_row,
+          accepted == nullptr ? nullptr : accepted + s.draft_row, passes),
+      num_accepted, flags);
+}
+
+/// Whether request b of a flattened batch is verified greedily (chain_batch_input::is_greedy).
+template <class T>
+__device__ inline bool greedy_request(const chain_batch_input<T>& in, index_t b) {
+  return !in.is_greedy.empty() && in.is_greedy[b] != 0;
 }
 
 /// Request blockIdx.x of a flattened batch with the whole CTA.
@@ -200,6 +245,15 @@ __device__ void flattened_request(const Rule& rule, const chain_batch_input<T>& 
                                   const chain_batch_output& out, double residual_floor,
                                   const Passes& passes) {
   const auto b = static_cast<index_t>(blockIdx.x);
+  if (greedy_request(in, b)) {
+    block_greedy_segment(specula::detail::flattened_segment(in.draft_offsets, b), in.vocab_size,
+                         in.draft_tokens.data, in.target_probs, out.output_tokens.data,
+                         out.accepted.empty() ? nullptr : out.accepted.data,
+                         out.num_accepted.data + b,
+                         out.flags.empty() ? nullptr : out.flags.data + b, passes,
+                         in.draft_tokens.size, in.target_probs.rows, out.output_tokens.size);
+    return;
+  }
   block_chain_segment(specula::detail::request_rule(rule, b), in.rng[b],
                       specula::detail::flattened_segment(in.draft_offsets, b), in.vocab_size,
                       in.draft_tokens.data, in.draft_probs, in.target_probs, residual_floor,
@@ -256,6 +310,7 @@ SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
   const capture_passes passes{chain_passes(storage), tile_sums + b * tiles, part * tiles / split,
                               (part + 1) * tiles / split};
   const auto s = specula::detail::flattened_segment(in.draft_offsets, b);
+  if (greedy_request(in, b)) return;  // verified by the second kernel alone (argmax passes)
   if (!segment_in_bounds(s, in.draft_tokens.size, in.target_probs.rows)) return;
   if (!drafts_in_range(in.draft_tokens.data + s.draft_row, s.length, in.vocab_size)) return;
   (void)specula::detail::run_segment(specula::detail::request_rule(rule, b), in.rng[b], s,
@@ -280,29 +335,12 @@ template <class T>
 SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
     greedy_chain_kernel(chain_batch_input<T> in, chain_batch_output out) {
   __shared__ chain_storage storage;
-  const chain_passes passes(storage);
   const auto b = static_cast<index_t>(blockIdx.x);
-  const auto s = specula::detail::flattened_segment(in.draft_offsets, b);
-  token_t* outp = out.output_tokens.data + s.target_row;
-  std::uint8_t* acc = out.accepted.empty() ? nullptr : out.accepted.data + s.draft_row;
-  std::uint32_t* fl = out.flags.empty() ? nullptr : out.flags.data + b;
-  const token_t* drafts = in.draft_tokens.data + s.draft_row;
-  if (!segment_in_bounds(s, in.draft_tokens.size, in.target_probs.rows)) {
-    write_out_of_bounds(s.target_row, s.length, out.output_tokens.data, out.output_tokens.size,
-                        out.num_accepted.data + b, fl);
-    return;
-  }
-  if (!drafts_in_range(drafts, s.length, in.vocab_size)) {
-    write_invalid(s.length, outp, acc, out.num_accepted.data + b, fl);
-    return;
-  }
-  const auto r = greedy_chain_request(
-      s.length, drafts, [&](index_t i) { return in.target_probs.row(s.target_row + i); }, outp, acc,
-      passes);
-  if (threadIdx.x == 0) {
-    out.num_accepted[b] = r.num_accepted;
-    if (fl != nullptr) *fl = r.flags;
-  }
+  block_greedy_segment(
+      specula::detail::flattened_segment(in.draft_offsets, b), in.vocab_size, in.draft_tokens.data,
+      in.target_probs, out.output_tokens.data, out.accepted.empty() ? nullptr : out.accepted.data,
+      out.num_accepted.data + b, out.flags.empty() ? nullptr : out.flags.data + b,
+      chain_passes(storage), in.draft_tokens.size, in.target_probs.rows, out.output_tokens.size);
 }
 
 inline cudaError_t check_vocab(index_t vocab) {
@@ -344,10 +382,10 @@ cudaError_t check_flattened(const chain_batch_input<T>& in, const chain_batch_ou
   // chain_batch_input::bonus_tokens, vLLM's layout) are not supported on the device yet, and
   // ignoring them would misread the target rows.
   if (in.bonus_tokens.size != 0) return cudaErrorInvalidValue;
-  // Per-request greedy verification (chain_batch_input::is_greedy) is host-only too.
-  if (in.is_greedy.size != 0) return cudaErrorInvalidValue;
+  // Per-request greedy flags (chain_batch_input::is_greedy): empty, or one per request.
   return check_flattened_layout(in.vocab_size, in.draft_offsets, in.draft_tokens, in.draft_probs,
                                 in.target_probs, in.rng, out, sampled)
+      .optional_array(in.is_greedy, in.draft_offsets.size - 1)
       .status();
 }
 

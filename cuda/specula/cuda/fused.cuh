@@ -17,7 +17,8 @@
 /// at least once).
 ///
 /// Rules: scalar acceptance rules (exact_rule, relaxed_rule, scheduled_relaxed_rule, or
-/// per_request of one). Drafts: dense fp32 q rows or one-hot (no rows).
+/// per_request of one). Drafts: dense fp32 q rows or one-hot (no rows). Greedy and sampled
+/// requests mix in one launch through fused_chain_input::is_greedy (vLLM's is_greedy).
 
 #include <cuda_runtime_api.h>
 
@@ -50,6 +51,13 @@ struct fused_chain_input {
   batch_view<const T> uncond_logits;       ///< same shape for CFG, or no rows
   row_view<const sampling_params> params;  ///< 1 entry, or one per target row
   row_view<const request_rng> rng;         ///< B
+  /// B flags (device), or empty (every request sampled): request b with is_greedy[b] != 0 is
+  /// verified greedily in the same launch (vLLM's is_greedy): drafts accepted while each equals
+  /// the arg-max of its target logits after the CFG mix (temperature and the filters do not move
+  /// it and are not applied; ties: lowest id), then that arg-max is emitted — what
+  /// verify_chain_greedy_async returns on the mixed logit rows. Its draft rows and stream are
+  /// not read.
+  row_view<const std::uint8_t> is_greedy = {};
 };
 
 /// Workspace bytes of verify_chain_from_logits_async for `target_rows` target rows.
@@ -66,6 +74,16 @@ SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
   __shared__ chain_storage storage;
   const chain_passes passes(storage);
   const auto b = static_cast<index_t>(blockIdx.x);
+  if (!in.is_greedy.empty() && in.is_greedy[b] != 0) {
+    block_greedy_segment(
+        specula::detail::flattened_segment(in.draft_offsets, b), in.vocab_size,
+        in.draft_tokens.data,
+        transforms_detail::mixed_logit_rows<T>{in.target_logits, in.uncond_logits, in.params},
+        out.output_tokens.data, out.accepted.empty() ? nullptr : out.accepted.data,
+        out.num_accepted.data + b, out.flags.empty() ? nullptr : out.flags.data + b, passes,
+        in.draft_tokens.size, in.target_logits.rows, out.output_tokens.size);
+    return;
+  }
   const transforms_detail::transformed_rows<T> rows{in.target_logits, in.uncond_logits, in.params,
                                                     transforms};
   block_chain_segment(specula::detail::request_rule(rule, b), in.rng[b],
@@ -81,6 +99,9 @@ SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
 /// Enqueues fused chain verification from logits (see file comment) on policy.stream.
 ///
 /// - `policy` must carry a workspace of fused_chain_workspace_bytes(target rows);
+/// - `in.is_greedy`: empty, or one flag per request (device): flagged requests are verified
+///   greedily on their mixed logits (see fused_chain_input); the others as without it, bit for
+///   bit (a request's result depends on its own rows and stream only);
 /// - `row_status`: device array of one entry per target row receiving the transform's status
 ///   (0 = ok, see logits_to_probs_async), or null. A request whose rows failed the transform
 ///   sees NaN probabilities there, exactly as with the unfused path (no chain_valid flag when no
@@ -108,6 +129,7 @@ cudaError_t verify_chain_from_logits_async(const par_policy& policy, const fused
       .require(in.uncond_logits.rows == 0 || in.uncond_logits.rows == rows)
       .require(in.params.size == 1 || in.params.size == rows)
       .array(in.params, 1)
+      .optional_array(in.is_greedy, batch)
       .require(policy.workspace != nullptr &&
                policy.workspace_bytes >= fused_chain_workspace_bytes(rows))
       .aligned(policy.workspace, alignof(transforms_detail::row_transform));

@@ -1,7 +1,21 @@
 #pragma once
 
 /// @file
-/// Sampling without replacement on the GPU: the device counterpart of
+/// Sampling on the GPU.
+///
+/// **One token per row** (the device counterparts of include/specula/sample/sampling.hpp):
+/// sample_from_probs_async (FlashInfer's sampling_from_probs) and sample_from_logits_async
+/// (top_k_top_p_sampling_from_logits: the logits_to_probs_async pipeline with per-row
+/// sampling_params, then the draw; rows flagged in is_greedy take the arg-max of their logits).
+/// One CTA per row runs the host's own sampling step, detail::sample_weights, with CTA-wide
+/// passes (block_passes.cuh: the host's summation order): the row's tile sums, then the
+/// inverse-CDF index of the uniform at sample_draw of the row's stream. So
+/// sample_from_probs_async returns the host sample_from_probs's tokens, bit for bit, and
+/// sample_from_logits_async the tokens of logits_to_probs_async followed by
+/// sample_from_probs_async (the probabilities are computed by the same device function, one
+/// entry at a time, without a probability tensor).
+///
+/// **Without replacement** (below): the device counterpart of
 /// specula::sample_without_replacement_keys (include/specula/sample/without_replacement.hpp).
 ///
 /// Each category i with weight w_i > 0 gets the exponential key E_i / w_i, E_i from the
@@ -29,11 +43,16 @@
 
 #include "specula/core/rng.hpp"
 #include "specula/core/row.hpp"
+#include "specula/core/status.hpp"
 #include "specula/core/types.hpp"
+#include "specula/cuda/block_passes.cuh"
 #include "specula/cuda/config.cuh"
 #include "specula/cuda/error.cuh"
 #include "specula/cuda/launch_checks.cuh"
 #include "specula/cuda/policy.cuh"
+#include "specula/cuda/transforms.cuh"
+#include "specula/sample/random_source.hpp"
+#include "specula/sample/sampling.hpp"
 #include "specula/sample/without_replacement.hpp"
 
 SPECULA_CUDA_NAMESPACE_BEGIN
@@ -221,6 +240,174 @@ cudaError_t sample_without_replacement_async(const par_policy& pol, batch_view<c
   detail::wor_merge_kernel<>
       <<<static_cast<unsigned>(weights.rows), sample_block_threads, 0, pol.stream>>>(
           k, split, slices, out_tokens.data, out_counts.data);
+  return cudaGetLastError();
+}
+
+/// Threads per CTA of sample_from_probs_async (one CTA per row).
+inline constexpr int sample_rows_threads = 256;
+/// Tile sums the row samplers keep in shared memory (rows up to sample_rows_max_tiles * 256
+/// entries walk recorded sums; longer rows recompute the rest during the draw, as the host).
+inline constexpr index_t sample_rows_max_tiles = 4096;
+
+namespace detail {
+
+/// Writes row r's token and status (thread 0).
+__device__ inline void write_sampled(index_t r, token_t token, std::uint32_t status_code,
+                                     token_t* out, std::uint32_t* row_status) {
+  if (threadIdx.x != 0) return;
+  out[r] = token;
+  if (row_status != nullptr) row_status[r] = status_code;
+}
+
+template <class T>
+SPECULA_KERNEL void __launch_bounds__(sample_rows_threads)
+    sample_probs_kernel(batch_view<const T> probs, row_view<const request_rng> rng, token_t* out,
+                        std::uint32_t* row_status) {
+  __shared__ block_passes_storage<sample_rows_threads, sample_rows_max_tiles> storage;
+  const block_passes<sample_rows_threads> passes(storage);
+  const auto r = static_cast<index_t>(blockIdx.x);
+  const row_view<const T> row = probs.row(r);
+  // The weights of the host's sampler; each thread also notes whether an entry it summed is
+  // NaN, infinite or negative (the summing pass covers every entry once).
+  bool bad = false;
+  const auto w = [&](index_t i) {
+    const double v = static_cast<double>(row[i]);
+    bad = bad || !(v >= 0.0 && v - v == 0.0);
+    return specula::detail::row_weights<T>{row}(i);
+  };
+  philox_source src{rng[r]};
+  const index_t token = specula::detail::sample_weights(src, row.size, w, passes);
+  if (__syncthreads_or(bad ? 1 : 0) != 0 || token < 0) {
+    // The failure path: the first offending entry decides, as on the host (every thread scans
+    // the row; only a failing row pays for it).
+    const diagnostic d = specula::detail::check_weight_row(row, r);
+    write_sampled(r, no_token, static_cast<std::uint32_t>(d.ok() ? status::no_mass : d.code), out,
+                  row_status);
+    return;
+  }
+  write_sampled(r, static_cast<token_t>(token), 0u, out, row_status);
+}
+
+/// Shared memory of sample_logits_kernel: the transform's passes, then the sampling passes.
+template <int Block>
+union sample_logits_shared {
+  transforms_detail::transform_shared<Block> transform;
+  block_passes_storage<Block, sample_rows_max_tiles> passes;
+};
+
+template <class T, int Block>
+SPECULA_KERNEL void __launch_bounds__(Block)
+    sample_logits_kernel(batch_view<const T> logits, row_view<const sampling_params> params,
+                         row_view<const request_rng> rng, const std::uint8_t* is_greedy,
+                         token_t* out, std::uint32_t* row_status) {
+  __shared__ sample_logits_shared<Block> sh;
+  const auto r = static_cast<index_t>(blockIdx.x);
+  const index_t n = logits.cols;  // > 0 (launch check)
+  const sampling_params sp = params.data[params.size == 1 ? 0 : r];
+  if (is_greedy != nullptr && is_greedy[r] != 0) {
+    // The arg-max of the logits as given (the host's greedy rows), ties to the lowest id; NaN,
+    // +Inf, rows of -Inf only and invalid parameters fail as in the sampled rows.
+    const transforms_detail::logit_source<T> src{logits.data + r * logits.row_stride, nullptr,
+                                                 cfg_mix_op{1.0f}, temperature_op{1.0f}, false};
+    std::uint32_t code = static_cast<std::uint32_t>(status::invalid_parameter);
+    if (transforms_detail::valid_params(sp))
+      code = transforms_detail::scan_status(
+          transforms_detail::scan_row<Block>(src, n, sh.transform), n);
+    __syncthreads();  // the scan's shared memory becomes the passes'
+    if (code != 0u) {
+      write_sampled(r, no_token, code, out, row_status);
+      return;
+    }
+    const block_passes<Block> passes(sh.passes);
+    const index_t best = passes.argmax(transforms_detail::mixed_logit_row<T>{src, n});
+    write_sampled(r, static_cast<token_t>(best), 0u, out, row_status);
+    return;
+  }
+  const auto src = transforms_detail::row_source(logits, batch_view<const T>{}, sp, r);
+  const transforms_detail::row_transform t =
+      transforms_detail::compute_row_transform<T, Block>(src, sp, n, sh.transform);
+  __syncthreads();  // the transform's shared memory becomes the passes'
+  if (t.status != 0u) {
+    write_sampled(r, no_token, t.status, out, row_status);
+    return;
+  }
+  // The probabilities logits_to_probs_async would write, one entry at a time.
+  const transforms_detail::transformed_row<T> row{src, t, n};
+  const block_passes<Block> passes(sh.passes);
+  philox_source ps{rng[r]};
+  const index_t token = specula::detail::sample_weights(
+      ps, n, specula::detail::row_weights<float, transforms_detail::transformed_row<T>>{row},
+      passes);
+  write_sampled(r, static_cast<token_t>(token), 0u, out, row_status);
+}
+
+/// Launch checks shared by the row samplers: a grid of `rows` CTAs, rows of 1 .. 2^31 - 1
+/// entries with data and a stride of at least the row length, one stream and one output per
+/// row.
+template <class T>
+launch_check check_sample_rows(batch_view<const T> input, row_view<const request_rng> rng,
+                               row_view<token_t> out) {
+  launch_check c;
+  c.grid(input.rows)
+      .require(input.cols >= 1 && input.cols <= max_grid_x)
+      .rows(input, input.cols, input.rows)
+      .array(rng, input.rows)
+      .array(out, input.rows);
+  return c;
+}
+
+}  // namespace detail
+
+/// Enqueues one draw per row of `probs` (device rows of non-negative weights, float or double;
+/// they need not sum to 1): out[r] is drawn from row r with `rng[r]` at sample_draw, the token
+/// the host's sample_from_probs returns for the same row and stream. `row_status` (device, one
+/// per row, or null) receives specula::status as std::uint32_t: 0, or nan_value / inf_value /
+/// negative_value for the row's first bad entry, or no_mass; a failed row's token is -1.
+///
+/// No rows: a no-op. Otherwise returns cudaErrorInvalidValue without launching for rows of 0 or
+/// more than 2^31 - 1 entries, missing data, a row stride below the row length, or rng / out
+/// shorter than the batch; cudaGetLastError() after the launch otherwise. Does not synchronise.
+template <class T>
+requires(std::is_same_v<T, float> || std::is_same_v<T, double>) cudaError_t
+    sample_from_probs_async(const par_policy& pol, batch_view<const T> probs,
+                            row_view<const request_rng> rng, row_view<token_t> out,
+                            std::uint32_t* row_status = nullptr) {
+  if (probs.rows == 0) return cudaSuccess;  // an empty batch is a no-op, as everywhere
+  if (const cudaError_t e = detail::check_sample_rows(probs, rng, out).status(); e != cudaSuccess)
+    return e;
+  detail::sample_probs_kernel<T>
+      <<<static_cast<unsigned>(probs.rows), sample_rows_threads, 0, pol.stream>>>(
+          probs, rng, out.data, row_status);
+  return cudaGetLastError();
+}
+
+/// Enqueues one draw per row of `logits` (device rows of float, __half or __nv_bfloat16) after
+/// the logits_to_probs_async pipeline with `params[r]` (device; 1 entry, or one per row):
+/// temperature, top-k, softmax, top-p, min-p, then a draw with `rng[r]` at sample_draw — the
+/// token sample_from_probs_async returns on the probabilities logits_to_probs_async writes.
+/// Rows with `is_greedy[r] != 0` (device, one flag per row, or empty: none) take the arg-max of
+/// their logits instead (ties: lowest id), with no draw, as the host's sample_from_logits.
+/// `row_status`: as logits_to_probs_async's (invalid_parameter, nan_value, inf_value, no_mass),
+/// the token of a failed row is -1.
+///
+/// No rows: a no-op. Otherwise returns cudaErrorInvalidValue without launching for the extents
+/// sample_from_probs_async refuses, `params` of neither 1 entry nor one per row (or without
+/// data), or a non-empty `is_greedy` shorter than the batch.
+template <logit_element T>
+cudaError_t sample_from_logits_async(const par_policy& pol, batch_view<const T> logits,
+                                     row_view<const sampling_params> params,
+                                     row_view<const request_rng> rng, row_view<token_t> out,
+                                     row_view<const std::uint8_t> is_greedy = {},
+                                     std::uint32_t* row_status = nullptr) {
+  if (logits.rows == 0) return cudaSuccess;
+  detail::launch_check c = detail::check_sample_rows(logits, rng, out);
+  c.require(params.size == 1 || params.size == logits.rows)
+      .array(params, 1)
+      .optional_array(is_greedy, logits.rows);
+  if (const cudaError_t e = c.status(); e != cudaSuccess) return e;
+  detail::sample_logits_kernel<T, transforms_block_size>
+      <<<static_cast<unsigned>(logits.rows), transforms_block_size, 0, pol.stream>>>(
+          logits, params, rng, is_greedy.empty() ? nullptr : is_greedy.data, out.data, row_status);
   return cudaGetLastError();
 }
 

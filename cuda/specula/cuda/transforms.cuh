@@ -462,6 +462,33 @@ struct transform_shared {
   float cand[transforms_candidates];  ///< the radix selects' gathered candidates
 };
 
+/// The first pass of a row (every thread gets the result): the max over the non-NaN logits, the
+/// first NaN and the first +Inf index (n when none).
+template <int Block, class T>
+__device__ scan_acc scan_row(const logit_source<T>& src, index_t n, transform_shared<Block>& sh) {
+  scan_acc s{neg_inf(), n, n};
+  strided_pass<Block>(src, n, [&](index_t i, float x) {
+    if (x != x) {
+      if (s.first_nan == n) s.first_nan = i;
+    } else if (x == pos_inf()) {
+      if (s.first_inf == n) s.first_inf = i;
+    } else if (x > s.max) {
+      s.max = x;
+    }
+  });
+  return block_all_reduce<Block>(s, scan_combine{}, sh.tmp.scan, sh.slots.scan);
+}
+
+/// The row's status after its first pass (as the host's scan_logits: the first NaN or +Inf,
+/// whichever comes first; no_mass for a row of -Inf only), as std::uint32_t (0 = ok).
+__device__ inline std::uint32_t scan_status(const scan_acc& s, index_t n) {
+  if (s.first_nan < n || s.first_inf < n)
+    return static_cast<std::uint32_t>(s.first_nan < s.first_inf ? status::nan_value
+                                                                : status::inf_value);
+  if (s.max == neg_inf()) return static_cast<std::uint32_t>(status::no_mass);
+  return 0u;
+}
+
 /// Runs the passes of one row with the whole block (see file comment); every thread returns the
 /// same constants. n > 0.
 template <class T, int Block>
@@ -476,26 +503,9 @@ __device__ row_transform compute_row_transform(const logit_source<T>& src,
     return t;
   }
   // Pass 1: max, first NaN, first +Inf (the host's softmax reports the first offender).
-  scan_acc s{neg_inf(), n, n};
-  strided_pass<Block>(src, n, [&](index_t i, float x) {
-    if (x != x) {
-      if (s.first_nan == n) s.first_nan = i;
-    } else if (x == pos_inf()) {
-      if (s.first_inf == n) s.first_inf = i;
-    } else if (x > s.max) {
-      s.max = x;
-    }
-  });
-  s = block_all_reduce<Block>(s, scan_combine{}, tmp.scan, slots.scan);
-  if (s.first_nan < n || s.first_inf < n) {
-    t.status = static_cast<std::uint32_t>(s.first_nan < s.first_inf ? status::nan_value
-                                                                    : status::inf_value);
-    return t;
-  }
-  if (s.max == neg_inf()) {
-    t.status = static_cast<std::uint32_t>(status::no_mass);
-    return t;
-  }
+  const scan_acc s = scan_row<Block>(src, n, sh);
+  t.status = scan_status(s, n);
+  if (t.status != 0u) return t;
   t.max = s.max;  // top-k always keeps the max, so this is also the filtered max
 
   // Top-k threshold on the logits (keep x >= thr_k; -Inf keeps everything).
@@ -628,6 +638,30 @@ struct transformed_rows {
   __device__ transformed_row<T> row(index_t r) const {
     const sampling_params sp = params.data[params.size == 1 ? 0 : r];
     return {row_source(logits, uncond, sp, r), transforms[r], logits.cols};
+  }
+};
+
+/// A row of logits after the CFG mix only (no temperature, no filters: they do not move the
+/// arg-max), read by greedy verification and greedy sampling.
+template <class T>
+struct mixed_logit_row {
+  using value_type = float;
+  logit_source<T> src;
+  index_t size;
+  __device__ float operator[](index_t i) const { return src(i); }
+};
+
+/// Row r of `logits` (mixed with `uncond` by the row's cfg_scale when it has rows) as a
+/// mixed_logit_row.
+template <class T>
+struct mixed_logit_rows {
+  batch_view<const T> logits;
+  batch_view<const T> uncond;
+  row_view<const sampling_params> params;
+  __device__ mixed_logit_row<T> row(index_t r) const {
+    logit_source<T> src = row_source(logits, uncond, params.data[params.size == 1 ? 0 : r], r);
+    src.apply_temperature = false;
+    return {src, logits.cols};
   }
 };
 

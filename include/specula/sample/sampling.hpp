@@ -36,33 +36,51 @@
 #include "specula/core/validate.hpp"
 #include "specula/sample/categorical.hpp"
 #include "specula/sample/random_source.hpp"
+#include "specula/sample/row_passes.hpp"
 #include "specula/sample/transforms.hpp"
 
 namespace specula {
 
-/// The draw point the samplers of this header use in each row's stream.
-inline constexpr draw_id sample_draw{0, 0};
+/// The draw point the samplers use in each row's stream (a function: device code reads it too).
+SPECULA_HOST_DEVICE constexpr draw_id sample_draw_point() noexcept { return {0, 0}; }
+/// sample_draw_point(), as a constant.
+inline constexpr draw_id sample_draw = sample_draw_point();
 
 namespace detail {
 
-/// Draws one token from row `w` (n non-negative weights with positive mass) with `src`.
-template <class Source, class WeightFn>
-index_t sample_weights(Source& src, index_t n, const WeightFn& w) {
-  weight_summary summary;
-  summarize_weights(n, w, summary);
-  return src.categorical(n, w, summary, sample_draw);
+/// Draws one token from n non-negative weights `w` (positive mass) with `src`: the weights'
+/// mass and tile sums by `passes` (the host's sequential passes, or the device's CTA-wide ones,
+/// which sum in the same order), then the inverse-CDF index of the uniform at sample_draw. The
+/// sampling step of every backend's samplers, host and device.
+template <class Source, class WeightFn, class Passes = sequential_passes>
+SPECULA_HOST_DEVICE index_t sample_weights(Source& src, index_t n, const WeightFn& w,
+                                           const Passes& passes = {}) {
+  typename Passes::summary_type summary;
+  passes.summarize(n, w, summary);
+  return src.categorical(n, w, summary, sample_draw_point());
+}
+
+/// The first problem of a row of sampling weights (host and device): a NaN, infinite or
+/// negative entry (its column), or no positive mass (sum in double, in index order).
+template <class Row>
+SPECULA_HOST_DEVICE constexpr diagnostic check_weight_row(const Row& row, index_t r) noexcept {
+  double mass = 0.0;
+  for (index_t i = 0; i < row.size; ++i) {
+    const double v = static_cast<double>(row[i]);
+    if (is_nan(v)) return {status::nan_value, r, i, v};
+    if (!is_finite(v)) return {status::inf_value, r, i, v};
+    if (v < 0.0) return {status::negative_value, r, i, v};
+    mass += v;
+  }
+  if (!(mass > 0.0)) return {status::no_mass, r, -1, mass};
+  return {};
 }
 
 /// Checks row r of weights for sample_from_probs: finite, non-negative, positive mass.
 template <class T>
 void check_sampling_row(row_view<const T> row, index_t r, const char* argument) {
-  double mass = 0.0;
-  for (index_t i = 0; i < row.size; ++i) {
-    const double v = static_cast<double>(row[i]);
-    check_entry(v, argument, r, i);
-    mass += v;
-  }
-  if (!(mass > 0.0)) throw_if_failed({status::no_mass, r, -1, mass}, argument, "every entry is 0");
+  const diagnostic d = check_weight_row(row, r);
+  throw_if_failed(d, argument, d.code == status::no_mass ? "every entry is 0" : "");
 }
 
 /// Shape checks shared by the samplers: `rows` rows, `rng` and `out` of one entry per row.

@@ -80,8 +80,9 @@ struct chain_batch_input {
   /// greedily in the same call (vLLM's is_greedy): its drafts are accepted while each equals the
   /// argmax of its target row (ties: lowest id) and it emits the argmax after the last accepted
   /// one (or its bonus token), as verify_chain_greedy would; its draft_probs rows and rng are
-  /// not used. Its target rows are validated in full before verification. Host entry points
-  /// only (verify_chain, verify_chain_unchecked).
+  /// not used. Its target rows are validated in full before verification (checked entry
+  /// points). Taken by verify_chain, verify_chain_unchecked and the device's verify_chain_async
+  /// (flags in device memory).
   row_view<const std::uint8_t> is_greedy = {};
 };
 

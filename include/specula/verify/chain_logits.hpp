@@ -12,7 +12,8 @@
 /// made by the same row code as the batched logits_to_probs into a per-request buffer of V
 /// floats (two with draft logits), and verified by verify_chain_request exactly as
 /// verify_chain runs it, so the result is bit for bit that of logits_to_probs followed by
-/// verify_chain (tested).
+/// verify_chain (tested). Greedy and sampled requests mix in one call through
+/// chain_logits_input::is_greedy (vLLM's is_greedy).
 
 #include <cstdint>
 #include <memory>
@@ -52,6 +53,13 @@ struct chain_logits_input {
   row_view<const request_rng> rng;  ///< B random streams
   /// Whether params with more than one entry have one per request instead of one per row.
   bool params_per_request = false;
+  /// B flags, or empty (every request sampled): request b with is_greedy[b] != 0 is verified
+  /// greedily in the same call (vLLM's is_greedy): its drafts are accepted while each equals the
+  /// arg-max of its target logits after the CFG mix (temperature and the filters do not move
+  /// the arg-max and are not applied; ties: lowest id), and it emits that arg-max after the last
+  /// accepted one — verify_chain_greedy on the mixed logit rows. Its draft rows and stream are
+  /// not read (its stream may repeat another request's).
+  row_view<const std::uint8_t> is_greedy = {};
 };
 
 namespace detail {
@@ -125,6 +133,41 @@ struct lazy_prob_row {
   }
 };
 
+/// One request's target logit rows after the CFG mix (greedy requests), converted on first use
+/// into a buffer of one row of floats.
+template <class T>
+struct lazy_mixed_row {
+  batch_view<const T> logits;
+  batch_view<const T> uncond;
+  row_view<const sampling_params> params;
+  bool per_request;
+  index_t request;
+  std::unique_ptr<float[]> buffer;
+  index_t held = -1;
+
+  row_view<const float> get(index_t row) {
+    if (!buffer)
+      buffer = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(logits.cols));
+    if (held != row) {
+      sampling_params sp;  // the CFG scale only: no temperature
+      sp.cfg_scale = row_params(params, per_request, request, row).cfg_scale;
+      float* out = buffer.get();
+      with_logit_source(logits.row(row).data, uncond.rows > 0 ? uncond.row(row).data : nullptr, sp,
+                        [&](const auto& src) {
+                          for (index_t i = 0; i < logits.cols; ++i) out[i] = src(i);
+                        });
+      held = row;
+    }
+    return {buffer.get(), logits.cols};
+  }
+};
+
+/// Whether request b of a logits batch is verified greedily.
+template <class T>
+[[nodiscard]] bool greedy_request(const chain_logits_input<T>& in, index_t b) noexcept {
+  return !in.is_greedy.empty() && in.is_greedy[b] != 0;
+}
+
 }  // namespace detail
 
 /// Validates inputs and outputs of chain verification from logits; throws invalid_input on the
@@ -138,7 +181,14 @@ void validate_chain_logits(const Policy& policy, const chain_logits_input<T>& in
   const index_t batch = detail::validate_flattened_shape(
       chain_batch_input<float>{in.vocab_size, in.draft_offsets, in.draft_tokens, {}, {}, in.rng});
   const index_t num_draft = in.draft_offsets[batch];
-  detail::require_streams(in.rng, batch);
+  if (!in.is_greedy.empty()) {
+    detail::require_size(in.is_greedy.size, batch, "is_greedy", "one flag per request, or empty");
+    if (in.is_greedy.data == nullptr)
+      throw_if_failed({status::empty_input, -1, -1, 0.0}, "is_greedy", "null data pointer");
+    detail::require_streams(in.rng, batch, in.is_greedy);  // greedy requests make no draw
+  } else {
+    detail::require_streams(in.rng, batch);
+  }
   detail::require_size(in.target_logits.rows, num_draft + batch, "target_logits",
                        "number of rows must be num_draft + B");
   detail::require_size(in.target_logits.cols, in.vocab_size, "target_logits",
@@ -199,6 +249,17 @@ void verify_chain_from_logits(const Policy& policy, const chain_logits_input<T>&
   std::uint8_t* accepted = out.accepted.empty() ? nullptr : out.accepted.data;
   host::for_each_index(policy, batch, [&](index_t b) {
     const auto s = detail::flattened_segment(in.draft_offsets, b);
+    if (detail::greedy_request(in, b)) {
+      detail::lazy_mixed_row<T> mixed{
+          in.target_logits, in.target_uncond, in.target_params, in.params_per_request, b, nullptr};
+      const auto r = greedy_chain_request(
+          s.length, in.draft_tokens.data + s.draft_row,
+          [&](index_t i) { return mixed.get(s.target_row + i); },
+          out.output_tokens.data + s.target_row,
+          accepted == nullptr ? nullptr : accepted + s.draft_row);
+      detail::write_result(r, b, out.num_accepted, out.flags);
+      return;
+    }
     detail::lazy_prob_row<T> target{
         in.target_logits, in.target_uncond, in.target_params, in.params_per_request, b,
         "target_logits",  nullptr};
