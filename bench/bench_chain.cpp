@@ -32,8 +32,9 @@
 // Names: chain/<checked|unchecked>/<policy>/<scenario>/V:<V>/L:<L>/B:<B>;
 // chain_policies/<checked|unchecked>/<scenario>/V:<V>/L:<L>/B:<B>: seq, par, on_pool and spawn
 // called in turn in every iteration (31), counters <policy>_us (median per call) and
-// <policy>_over_seq; smoke/chain (tiny case for ctest) and stream_read/bytes:<n> (the baseline
-// alone).
+// <policy>_over_seq; chain_mixed_greedy/<checked|unchecked>/seq/<scenario>/V:<V>/L:4/B:16: every
+// other request verified greedily in the same call (is_greedy); smoke/chain (tiny case for
+// ctest) and stream_read/bytes:<n> (the baseline alone).
 
 #include <benchmark/benchmark.h>
 
@@ -270,6 +271,42 @@ void run_case(benchmark::State& state, case_spec c) {
       static_cast<double>(c.batch);
 }
 
+/// Greedy and sampled requests in one call (chain_batch_input::is_greedy, vLLM's mask): every
+/// other request greedy, on the calling thread. Bytes: a sampled request's as in run_case; a
+/// greedy one reads its target rows through the argmax up to its stopping position ((accepted
+/// + 1) rows of 4V bytes), and a checked call validates all its L + 1 target rows in full.
+void mixed_greedy_case(benchmark::State& state, case_spec c) {
+  chain_fixture& f = fixture_for(c);
+  std::vector<std::uint8_t> mask(static_cast<std::size_t>(c.batch));
+  for (std::size_t r = 0; r < mask.size(); ++r) mask[r] = static_cast<std::uint8_t>(r % 2);
+  auto in = f.input();
+  in.is_greedy = mask;
+  const auto out = f.output();
+  auto call = [&] {
+    if (c.checked)
+      verify_chain(host::seq, in, out);
+    else
+      verify_chain_unchecked(host::seq, in, out);
+  };
+  call();
+  const auto V = static_cast<double>(c.vocab);
+  double bytes = 0;
+  for (index_t r = 0; r < c.batch; ++r) {
+    const auto n = f.num_accepted[static_cast<std::size_t>(r)];
+    bytes += 4.0 * static_cast<double>(c.length) * 2 + 16;  // tokens, outputs, rng
+    if (mask[static_cast<std::size_t>(r)] != 0) {
+      bytes += 4.0 * V * static_cast<double>(c.checked ? c.length + 1 : n + 1);
+      continue;
+    }
+    bytes += 8.0 * n + (n == c.length ? 4.0 : 8.0) * V;
+    if (c.checked) bytes += 8.0 * static_cast<double>(c.length - n);
+  }
+  bench::run_against_stream(state, bytes, call);
+  state.counters["accepted_mean"] =
+      static_cast<double>(std::accumulate(f.num_accepted.begin(), f.num_accepted.end(), 0)) /
+      static_cast<double>(c.batch);
+}
+
 /// Side by side: each iteration calls seq, par, on_pool and spawn once each, in turn, so that
 /// the four see the same machine load; reports the median time per call of each (µs) and the
 /// ratios to seq. (The OpenMP executor is left out: libgomp's threads spin after a region and
@@ -367,6 +404,18 @@ int register_all() {
                 ->UseManualTime()
                 ->Unit(benchmark::kMicrosecond);
           }
+  // Greedy and sampled requests in one call, beside chain/<...>/seq/<scenario>/V/L:4/B:16.
+  for (index_t v : {32000, 128256})
+    for (scenario sc : {scenario::accept_all, scenario::reject_mid})
+      for (bool checked : {false, true}) {
+        const case_spec c{v, 4, 16, sc, checked, policy_kind::seq};
+        const std::string name = std::string("chain_mixed_greedy/") +
+                                 (checked ? "checked/" : "unchecked/") + "seq/" +
+                                 (sc == scenario::accept_all ? "accept_all" : "reject_mid") +
+                                 "/V:" + std::to_string(v) + "/L:4/B:16";
+        benchmark::RegisterBenchmark(name.c_str(), mixed_greedy_case, c)
+            ->Unit(benchmark::kMicrosecond);
+      }
   // The checked entry points' shared-stream check alone (distinct streams: the whole scan),
   // to set against the checked calls above at the same B.
   for (index_t b : {16, 64, 256, 1024, 4096})
