@@ -49,7 +49,7 @@ __attribute__((target("sse2"))) void exp_sse2_16(const float* x, float* y) {
   for (int j = 0; j < 16; j += 4)
     _mm_storeu_ps(y + j, specula::detail::exp_sse2(_mm_loadu_ps(x + j)));
 }
-__attribute__((target("avx2"))) void exp_avx2_16(const float* x, float* y) {
+__attribute__((target("avx2,fma"))) void exp_avx2_16(const float* x, float* y) {
   for (int j = 0; j < 16; j += 8)
     _mm256_storeu_ps(y + j, specula::detail::exp_avx2(_mm256_loadu_ps(x + j)));
 }

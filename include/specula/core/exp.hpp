@@ -25,8 +25,17 @@
 /// e = 1.
 ///
 /// The SIMD versions (exp_sse2, exp_avx2, exp_avx512) apply the same operations lane by lane,
-/// except that AVX-512 scales by 2^n in one instruction (vscalefps: y * 2^n rounded once, the
-/// value the two products give).
+/// except for three instructions that give the same values in fewer operations:
+/// - AVX2 and AVX-512 round x * log2(e) to the nearest integer, ties to even, with vroundps /
+///   vrndscaleps: the shifter's addition and subtraction give that integer too (the sum lies in
+///   [2^23, 2^24), where the float spacing is 1, and 1.5 * 2^23 is even), except that the
+///   rounding instruction keeps the sign of a zero, which changes no later value (the sign of
+///   nf * ln2_hi and nf * ln2_lo never reaches a nonzero r, and 2^(+-0) = 1);
+/// - AVX2 and AVX-512 compute x - nf * ln2_hi with one fused negative multiply-add: the product
+///   is exact (at most 9 + 8 significant bits), so the fused and the separate forms round the
+///   same exact difference once;
+/// - AVX-512 scales by 2^n in one instruction (vscalefps: y * 2^n rounded once, the value the
+///   two products give).
 /// Products go through an empty asm statement before the addition they feed, so that no
 /// compiler contracts them into an FMA (GCC does so in functions compiled for AVX-512, and in
 /// any function of a translation unit built with -mfma or -march=native), which keeps the bits
@@ -152,16 +161,14 @@ template <bool NonPositive = false>
 /// exp_f32 on eight lanes. With NonPositive, for arguments <= 0 (or -inf) only, the upper clamp,
 /// which cannot change them, is left out.
 template <bool NonPositive = false>
-[[nodiscard]] __attribute__((target("avx2"))) inline __m256 exp_avx2(__m256 x) noexcept {
+[[nodiscard]] __attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) noexcept {
   using k = exp_f32_constants;
   x = _mm256_max_ps(_mm256_set1_ps(k::lo), x);
   if constexpr (!NonPositive) x = _mm256_min_ps(_mm256_set1_ps(k::hi), x);
-  const __m256 shifter = _mm256_set1_ps(k::shifter);
-  const __m256 t =
-      _mm256_add_ps(SPECULA_EXP_ROUNDED(_mm256_mul_ps(x, _mm256_set1_ps(k::log2e))), shifter);
-  const __m256 nf = _mm256_sub_ps(t, shifter);
-  const __m256 rh =
-      _mm256_sub_ps(x, SPECULA_EXP_ROUNDED(_mm256_mul_ps(nf, _mm256_set1_ps(k::ln2_hi))));
+  // nf = n as a float (the file comment); x - nf * ln2_hi fused (its product is exact).
+  const __m256 nf = _mm256_round_ps(SPECULA_EXP_ROUNDED(_mm256_mul_ps(x, _mm256_set1_ps(k::log2e))),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 rh = _mm256_fnmadd_ps(nf, _mm256_set1_ps(k::ln2_hi), x);
   const __m256 r =
       _mm256_sub_ps(rh, SPECULA_EXP_ROUNDED(_mm256_mul_ps(nf, _mm256_set1_ps(k::ln2_lo))));
   const __m256 z = _mm256_mul_ps(r, r);
@@ -173,8 +180,7 @@ template <bool NonPositive = false>
   y = _mm256_add_ps(SPECULA_EXP_ROUNDED(_mm256_mul_ps(y, r)), _mm256_set1_ps(k::c5));
   y = _mm256_add_ps(_mm256_add_ps(SPECULA_EXP_ROUNDED(_mm256_mul_ps(y, z)), r),
                     _mm256_set1_ps(1.0f));
-  const __m256i n = _mm256_sub_epi32(_mm256_castps_si256(t),
-                                     _mm256_set1_epi32(static_cast<int>(k::shifter_bits)));
+  const __m256i n = _mm256_cvtps_epi32(nf);  // exact: nf is an integer, |nf| <= 150
   const __m256i n1 = _mm256_srai_epi32(n, 1);
   const __m256i n2 = _mm256_sub_epi32(n, n1);
   const __m256i bias = _mm256_set1_epi32(127);
@@ -193,12 +199,11 @@ template <bool NonPositive = false>
   using k = exp_f32_constants;
   x = _mm512_max_ps(_mm512_set1_ps(k::lo), x);
   if constexpr (!NonPositive) x = _mm512_min_ps(_mm512_set1_ps(k::hi), x);
-  const __m512 shifter = _mm512_set1_ps(k::shifter);
-  const __m512 t =
-      _mm512_add_ps(SPECULA_EXP_ROUNDED(_mm512_mul_ps(x, _mm512_set1_ps(k::log2e))), shifter);
-  const __m512 nf = _mm512_sub_ps(t, shifter);
-  const __m512 rh =
-      _mm512_sub_ps(x, SPECULA_EXP_ROUNDED(_mm512_mul_ps(nf, _mm512_set1_ps(k::ln2_hi))));
+  // nf = n as a float (the file comment); x - nf * ln2_hi fused (its product is exact).
+  const __m512 nf =
+      _mm512_roundscale_ps(SPECULA_EXP_ROUNDED(_mm512_mul_ps(x, _mm512_set1_ps(k::log2e))),
+                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 rh = _mm512_fnmadd_ps(nf, _mm512_set1_ps(k::ln2_hi), x);
   const __m512 r =
       _mm512_sub_ps(rh, SPECULA_EXP_ROUNDED(_mm512_mul_ps(nf, _mm512_set1_ps(k::ln2_lo))));
   const __m512 z = _mm512_mul_ps(r, r);

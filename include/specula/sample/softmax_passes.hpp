@@ -10,11 +10,23 @@
 ///   maximum does not depend on the order; the sign of a zero maximum does, and does not change
 ///   any result: exp(+0) = exp(-0) = 1);
 /// - `exp_pass`: e_i = exp_f32(x_i * s - m) for x_i * s >= thr, else 0, written to out[i], and
-///   the sum of the e_i in double in the fixed order of the row passes (tiles of
-///   detail::sum_tile elements, eight interleaved lanes per tile combined pairwise, tile sums
-///   added left to right), so every path adds the same doubles in the same order;
-/// - `probability_pass`: out[i] = float(double(e_i) * inv_sum), then the top-p and min-p cuts
+///   their sum S in a fixed order: tiles of detail::sum_tile elements; in a tile, element j is
+///   added to float lane j mod 16 (sixteen float sums in index order, each of at most 16
+///   entries); lanes k and k + 8 are added in double and the eight results combined pairwise
+///   (combine_lanes); tile sums are added left to right in double. Every path adds the same
+///   numbers in the same order;
+/// - `probability_pass`: out[i] = e_i * inv_sum, one float product, with inv_sum = float(1 / S)
+///   (1 / S in double, rounded to float), then the top-p and min-p cuts
 ///   p < thr ? 0 : float(double(p) * inv) (element by element: the order does not matter).
+///
+/// Error of the softmax (the exp's own error aside: e_i is within 1 ulp of exp(x_i * s - m)):
+/// every e_i >= 0, so each float lane is within 15 u of its exact sum (u = 2^-24; at most 15
+/// additions of non-negative terms), the double steps add at most about 2^-50 relatively, and
+/// S = S* (1 + d) with |d| <= 15.01 u, S* the exact sum of the e_i. The probability
+/// e_i * inv_sum then carries two more roundings (inv_sum and the product), so
+/// p_i = (e_i / S*) (1 + t_i) with |t_i| <= 17.1 u (about 1.02e-6), and the row sums to 1 within
+/// the same bound. The factor (1 + d) is common to the row: the ratios p_i / p_j are those of
+/// the e_i within 2 u.
 
 #include <limits>
 #include <type_traits>
@@ -36,7 +48,7 @@ struct logit_extent {
 /// e_i = exp(x_i - max) (0 for logits dropped by top-k), what the exp pass stored: softmax, then
 /// top-p's cut and renormalisation, then min-p's (see probability_pass).
 struct probability_cuts {
-  double inv_sum = 1.0;  ///< 1 / sum of e
+  float inv_sum = 1.0f;  ///< float(1 / sum of e), the sum as exp_pass returns it
   bool top_p = false;
   float thr_p = 0.0f;  ///< top-p keeps softmax probabilities >= thr_p
   double inv_p = 1.0;  ///< 1 / their mass (1 when it is 0: the row stays as it is)
@@ -44,9 +56,10 @@ struct probability_cuts {
   float thr_m = 0.0f;  ///< min-p keeps probabilities >= thr_m
   double inv_m = 1.0;
 
-  [[nodiscard]] float softmax(float e) const noexcept {
-    return static_cast<float>(static_cast<double>(e) * inv_sum);
-  }
+  [[nodiscard]] float softmax(float e) const noexcept { return fmul_rn(e, inv_sum); }
+
+  /// inv_sum from the sum exp_pass returned.
+  void set_sum(double sum) noexcept { inv_sum = static_cast<float>(1.0 / sum); }
   [[nodiscard]] float after_top_p(float e) const noexcept {
     float p = softmax(e);
     if (top_p) p = p < thr_p ? 0.0f : static_cast<float>(static_cast<double>(p) * inv_p);
@@ -54,10 +67,32 @@ struct probability_cuts {
   }
 };
 
-/// One element of exp_pass.
+/// One element of exp_pass (rounded on its own: never fused into the lane sum it feeds).
 [[nodiscard]] inline float softmax_exp(float x, float s, float m, float thr) noexcept {
   const float xs = exp_rounded(x * s);  // never fused with the subtraction
-  return xs >= thr ? exp_f32(xs - m) : 0.0f;
+  return exp_rounded(xs >= thr ? exp_f32(xs - m) : 0.0f);
+}
+
+/// The float lanes of a tile of exp_pass's sum.
+inline constexpr int softmax_lanes = 16;
+
+/// A tile's sum from its sixteen float lanes: lanes k and k + 8 added in double, then the eight
+/// combined pairwise.
+[[nodiscard]] inline double combine_softmax_lanes(const float* lane) noexcept {
+  double d[8];
+  for (int k = 0; k < 8; ++k)
+    d[k] = static_cast<double>(lane[k]) + static_cast<double>(lane[k + 8]);
+  return combine_lanes(d);
+}
+
+/// The scalar end of a tile of exp_pass: elements i .. end (i - t a multiple of 16 or not)
+/// into `lane`, which holds the tile's lanes so far.
+inline void exp_tail(const float* x, index_t t, index_t i, index_t end, float s, float m, float thr,
+                     float* out, float* lane) noexcept {
+  for (; i < end; ++i) {
+    out[i] = softmax_exp(x[i], s, m, thr);
+    lane[(i - t) % softmax_lanes] += out[i];
+  }
 }
 
 /// One element of probability_pass.
@@ -83,13 +118,9 @@ struct probability_cuts {
   double total = 0.0;
   for (index_t t = 0; t < n; t += sum_tile) {
     const index_t end = t + sum_tile < n ? t + sum_tile : n;
-    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (index_t i = t; i < end; ++i) {
-      const float e = softmax_exp(x[i], s, m, thr);
-      out[i] = e;
-      lane[(i - t) % 8] += static_cast<double>(e);
-    }
-    total += combine_lanes(lane);
+    float lane[softmax_lanes] = {};
+    exp_tail(x, t, t, end, s, m, thr, out, lane);
+    total += combine_softmax_lanes(lane);
   }
   return total;
 }
@@ -125,33 +156,25 @@ inline void probability_pass_scalar(float* out, index_t n, const probability_cut
                                                                           float thr,
                                                                           float* out) noexcept {
   const __m128 vs = _mm_set1_ps(s), vm = _mm_set1_ps(m), vt = _mm_set1_ps(thr);
-  const __m128d zero = _mm_setzero_pd();
   double total = 0.0;
   for (index_t t = 0; t < n; t += sum_tile) {
     const index_t end = t + sum_tile < n ? t + sum_tile : n;
-    __m128d a[4] = {zero, zero, zero, zero};  // lanes 0-1, 2-3, 4-5, 6-7
+    __m128 a[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
     index_t i = t;
-    for (; i + 8 <= end; i += 8) {
-      __m128 e[2];
-      for (int h = 0; h < 2; ++h) {
+    for (; i + 16 <= end; i += 16)
+      for (int h = 0; h < 4; ++h) {  // lanes 4h .. 4h + 3
         const __m128 xs = SPECULA_EXP_ROUNDED(_mm_mul_ps(_mm_loadu_ps(x + i + 4 * h), vs));
         const __m128 keep = _mm_cmpge_ps(xs, vt);
-        e[h] = _mm_movemask_ps(keep) == 0 ? _mm_setzero_ps()
-                                          : _mm_and_ps(exp_sse2<true>(_mm_sub_ps(xs, vm)), keep);
-        _mm_storeu_ps(out + i + 4 * h, e[h]);
+        const __m128 e = _mm_movemask_ps(keep) == 0
+                             ? _mm_setzero_ps()
+                             : _mm_and_ps(exp_sse2<true>(_mm_sub_ps(xs, vm)), keep);
+        _mm_storeu_ps(out + i + 4 * h, e);
+        a[h] = _mm_add_ps(a[h], e);
       }
-      a[0] = _mm_add_pd(a[0], _mm_cvtps_pd(e[0]));
-      a[1] = _mm_add_pd(a[1], _mm_cvtps_pd(_mm_movehl_ps(e[0], e[0])));
-      a[2] = _mm_add_pd(a[2], _mm_cvtps_pd(e[1]));
-      a[3] = _mm_add_pd(a[3], _mm_cvtps_pd(_mm_movehl_ps(e[1], e[1])));
-    }
-    alignas(16) double lane[8];
-    for (int h = 0; h < 4; ++h) _mm_store_pd(lane + 2 * h, a[h]);
-    for (int k = 0; i < end; ++i, ++k) {
-      out[i] = softmax_exp(x[i], s, m, thr);
-      lane[k] += static_cast<double>(out[i]);
-    }
-    total += combine_lanes(lane);
+    alignas(16) float lane[softmax_lanes];
+    for (int h = 0; h < 4; ++h) _mm_store_ps(lane + 4 * h, a[h]);
+    exp_tail(x, t, i, end, s, m, thr, out, lane);
+    total += combine_softmax_lanes(lane);
   }
   return total;
 }
@@ -178,39 +201,60 @@ inline void probability_pass_scalar(float* out, index_t n, const probability_cut
 }
 
 /// exp_pass's eight elements at x + i on AVX2 (stored to out + i), as a vector.
-[[nodiscard]] __attribute__((target("avx2"))) inline __m256 exp_group_avx2(const float* x,
-                                                                           __m256 vs, __m256 vm,
-                                                                           __m256 vt) noexcept {
+[[nodiscard]] __attribute__((target("avx2,fma"))) inline __m256 exp_group_avx2(const float* x,
+                                                                               __m256 vs, __m256 vm,
+                                                                               __m256 vt) noexcept {
   const __m256 xs = SPECULA_EXP_ROUNDED(_mm256_mul_ps(_mm256_loadu_ps(x), vs));
   const __m256 keep = _mm256_cmp_ps(xs, vt, _CMP_GE_OQ);
   if (_mm256_movemask_ps(keep) == 0) return _mm256_setzero_ps();
   return _mm256_and_ps(exp_avx2<true>(_mm256_sub_ps(xs, vm)), keep);
 }
 
-[[nodiscard]] __attribute__((target("avx2"))) inline double exp_pass_avx2(const float* x, index_t n,
-                                                                          float s, float m,
-                                                                          float thr,
-                                                                          float* out) noexcept {
+/// A tile's sum from its sixteen float lanes held as two vectors (lanes 0-7, 8-15): the double
+/// steps of combine_softmax_lanes.
+[[nodiscard]] __attribute__((target("avx2,fma"))) inline double combine_softmax_lanes_avx2(
+    __m256 lo, __m256 hi) noexcept {
+  alignas(32) double d[8];
+  _mm256_store_pd(d, _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(lo)),
+                                   _mm256_cvtps_pd(_mm256_castps256_ps128(hi))));
+  _mm256_store_pd(d + 4, _mm256_add_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1)),
+                                       _mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1))));
+  return combine_lanes(d);
+}
+
+[[nodiscard]] __attribute__((target("avx2,fma"))) inline double exp_pass_avx2(const float* x,
+                                                                              index_t n, float s,
+                                                                              float m, float thr,
+                                                                              float* out) noexcept {
   const __m256 vs = _mm256_set1_ps(s), vm = _mm256_set1_ps(m), vt = _mm256_set1_ps(thr);
   double total = 0.0;
   for (index_t t = 0; t < n; t += sum_tile) {
     const index_t end = t + sum_tile < n ? t + sum_tile : n;
-    __m256d lo = _mm256_setzero_pd(), hi = lo;  // lanes 0-3 and 4-7
+    __m256 lo = _mm256_setzero_ps(), hi = lo;  // lanes 0-7 and 8-15
     index_t i = t;
-    for (; i + 8 <= end; i += 8) {
-      const __m256 e = exp_group_avx2(x + i, vs, vm, vt);
-      _mm256_storeu_ps(out + i, e);
-      lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-      hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    for (; i + 16 <= end; i += 16) {
+      const __m256 e0 = exp_group_avx2(x + i, vs, vm, vt);
+      _mm256_storeu_ps(out + i, e0);
+      const __m256 e1 = exp_group_avx2(x + i + 8, vs, vm, vt);
+      _mm256_storeu_ps(out + i + 8, e1);
+      lo = _mm256_add_ps(lo, e0);
+      hi = _mm256_add_ps(hi, e1);
     }
-    alignas(32) double lane[8];
-    _mm256_store_pd(lane, lo);
-    _mm256_store_pd(lane + 4, hi);
-    for (int k = 0; i < end; ++i, ++k) {
-      out[i] = softmax_exp(x[i], s, m, thr);
-      lane[k] += static_cast<double>(out[i]);
+    if (i < end) {
+      if (i + 8 <= end) {
+        const __m256 e = exp_group_avx2(x + i, vs, vm, vt);
+        _mm256_storeu_ps(out + i, e);
+        lo = _mm256_add_ps(lo, e);
+        i += 8;
+      }
+      alignas(32) float lane[softmax_lanes];
+      _mm256_store_ps(lane, lo);
+      _mm256_store_ps(lane + 8, hi);
+      exp_tail(x, t, i, end, s, m, thr, out, lane);
+      lo = _mm256_load_ps(lane);
+      hi = _mm256_load_ps(lane + 8);
     }
-    total += combine_lanes(lane);
+    total += combine_softmax_lanes_avx2(lo, hi);
   }
   return total;
 }
@@ -229,7 +273,7 @@ inline void probability_pass_scalar(float* out, index_t n, const probability_cut
 template <bool TopP, bool MinP>
 [[nodiscard]] __attribute__((target("avx2"))) inline __m256 probabilities_avx2(
     __m256 e, const probability_cuts& c) noexcept {
-  __m256 p = scale_avx2(e, c.inv_sum);
+  __m256 p = _mm256_mul_ps(e, _mm256_set1_ps(c.inv_sum));
   if constexpr (TopP)
     p = _mm256_and_ps(scale_avx2(p, c.inv_p),
                       _mm256_cmp_ps(p, _mm256_set1_ps(c.thr_p), _CMP_GE_OQ));
@@ -279,8 +323,7 @@ template <bool Scale, bool Cut>
   double total = 0.0;
   for (index_t t = 0; t < n; t += sum_tile) {
     const index_t end = t + sum_tile < n ? t + sum_tile : n;
-    __m512d acc = _mm512_setzero_pd();  // lane k: elements k, k + 8, ... of the tile
-    const __m512d one = _mm512_set1_pd(1.0);
+    __m512 acc = _mm512_setzero_ps();  // lane k: elements k, k + 16, ... of the tile
     index_t i = t;
     for (; i + 16 <= end; i += 16) {
       __m512 xs = _mm512_loadu_ps(x + i);
@@ -294,24 +337,26 @@ template <bool Scale, bool Cut>
         e = exp_avx512<true>(_mm512_sub_ps(xs, vm));
       }
       _mm512_storeu_ps(out + i, e);
-      // acc + x as fmadd(x, 1, acc): the same sum, on the FMA pipes.
-      acc = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)), one, acc);
-      acc = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)), one, acc);
+      acc = _mm512_add_ps(acc, e);
     }
-    if (i + 8 <= end) {
-      const __m256 e =
-          exp_group_avx2(x + i, _mm256_set1_ps(s), _mm256_set1_ps(m), _mm256_set1_ps(thr));
-      _mm256_storeu_ps(out + i, e);
-      acc = _mm512_add_pd(acc, _mm512_cvtps_pd(e));
-      i += 8;
+    if (i < end) {
+      if (i + 8 <= end) {  // lanes 0-7
+        const __m256 e =
+            exp_group_avx2(x + i, _mm256_set1_ps(s), _mm256_set1_ps(m), _mm256_set1_ps(thr));
+        _mm256_storeu_ps(out + i, e);
+        acc = _mm512_mask_add_ps(acc, 0x00FF, acc, _mm512_castps256_ps512(e));
+        i += 8;
+      }
+      alignas(64) float lane[softmax_lanes];
+      _mm512_store_ps(lane, acc);
+      exp_tail(x, t, i, end, s, m, thr, out, lane);
+      acc = _mm512_load_ps(lane);
     }
-    alignas(64) double lane[8];
-    _mm512_store_pd(lane, acc);
-    for (int k = 0; i < end; ++i, ++k) {
-      out[i] = softmax_exp(x[i], s, m, thr);
-      lane[k] += static_cast<double>(out[i]);
-    }
-    total += combine_lanes(lane);
+    // combine_softmax_lanes: lanes k and k + 8 in double, then pairwise.
+    alignas(64) double d[8];
+    _mm512_store_pd(d, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(acc)),
+                                     _mm512_cvtps_pd(_mm512_extractf32x8_ps(acc, 1))));
+    total += combine_lanes(d);
   }
   return total;
 }
@@ -328,19 +373,12 @@ template <bool Scale, bool Cut>
 template <bool TopP, bool MinP>
 __attribute__((target(SPECULA_AVX512_TARGET))) inline void probability_pass_avx512(
     float* out, index_t n, const probability_cuts& c) noexcept {
-  const __m512d inv_sum = _mm512_set1_pd(c.inv_sum), inv_p = _mm512_set1_pd(c.inv_p),
-                inv_m = _mm512_set1_pd(c.inv_m);
+  const __m512 inv_sum = _mm512_set1_ps(c.inv_sum);
+  const __m512d inv_p = _mm512_set1_pd(c.inv_p), inv_m = _mm512_set1_pd(c.inv_m);
   const __m512 thr_p = _mm512_set1_ps(c.thr_p), thr_m = _mm512_set1_ps(c.thr_m);
   index_t i = 0;
-  if constexpr (!TopP && !MinP) {
-    // Softmax alone: eight entries per conversion, read and written as two halves (no
-    // extraction or insertion of the upper half).
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(out + i, _mm512_cvtpd_ps(_mm512_mul_pd(
-                                    _mm512_cvtps_pd(_mm256_loadu_ps(out + i)), inv_sum)));
-  }
   for (; i + 16 <= n; i += 16) {
-    __m512 p = scale_avx512(_mm512_loadu_ps(out + i), inv_sum);
+    __m512 p = _mm512_mul_ps(_mm512_loadu_ps(out + i), inv_sum);
     if constexpr (TopP)
       p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(p, thr_p, _CMP_GE_OQ), scale_avx512(p, inv_p));
     if constexpr (MinP)

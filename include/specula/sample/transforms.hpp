@@ -22,10 +22,13 @@
 /// the passes. The results are bit for bit those of the sort-based definitions
 /// (specula::testing::reference_logits_to_probs; tests compare them): top-k keeps the logits >=
 /// the k-th largest; top-p keeps the probabilities >= the one at which the descending running
-/// sum (double) first reaches top_p times the descending total; sums are in double, in index
-/// order unless said otherwise. A top-p row whose threshold depends on the rounding of the
-/// descending sums (top_p within about V * 2^-29 of 1, or a partial sum within about
-/// V * 2^-52 of the target) takes the sort instead; it is rare and gives the same bits.
+/// sum (double) first reaches top_p times the descending total; the softmax is
+/// e_i * float(1 / S) with S the sum of the e_i = exp(x_i - max) in float lanes and double
+/// (sample/softmax_passes.hpp states the order and the error bound, about 1e-6 relative);
+/// the other sums are in double, in index order unless said otherwise. A top-p row whose threshold
+/// depends on the rounding of the descending sums (top_p within about V * 2^-29 of 1, or a partial
+/// sum within about V * 2^-52 of the target) takes the sort instead; it is rare and gives the same
+/// bits.
 ///
 /// Cost per row (passes over V elements): softmax alone 3 (max, exp, write); top-k adds 2 to 4
 /// cheap counting passes and skips exp for the dropped logits; top-p adds 2 to 4; min-p adds 1.
@@ -307,12 +310,10 @@ void transform_row(const sampling_params& sp, const Source& src, index_t n, floa
   constexpr float e_max = 1.0f;
   const auto run_exp_pass = [&] { return exp_pass(x, n, s, m, thr_k, out); };
   probability_cuts c;
-  c.inv_sum = 1.0 / run_exp_pass();
+  c.set_sum(run_exp_pass());
 
   if (sp.top_p < 1.0f) {
-    const auto softmax_at = [out, inv_sum = c.inv_sum](index_t i) {
-      return static_cast<float>(static_cast<double>(out[i]) * inv_sum);
-    };
+    const auto softmax_at = [out, &c](index_t i) { return c.softmax(out[i]); };
     nucleus_cut cut;
     if (!nucleus_threshold_selected(n, sp.top_p, softmax_at, cut)) {
       // The sort-based definition itself, on a copy (or in `out`, whose e values are then
@@ -371,7 +372,8 @@ inline void apply_temperature(std::span<float> logits, float temperature) {
   for (float& v : logits) v = op(v);
 }
 
-/// Numerically stable softmax (max subtracted, sum in double). -Inf logits get probability 0.
+/// Numerically stable softmax (max subtracted; sample/softmax_passes.hpp gives the order of the
+/// sum and the error bound). -Inf logits get probability 0.
 /// Throws invalid_input if a logit is NaN or +Inf, or if every logit is -Inf. `probs` may
 /// alias `logits`.
 inline void softmax(std::span<const float> logits, std::span<float> probs) {

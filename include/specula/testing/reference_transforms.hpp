@@ -32,9 +32,10 @@ inline void reference_top_k(std::span<float> logits, index_t k, std::span<float>
 }
 
 /// Softmax: max subtracted, e = exp_f32(x - max) in float (core/exp.hpp: specula's exp, the same
-/// bits on every instruction set), summed in double in the fixed order of the row passes (tiles
-/// of 256 entries, entry i of a tile added to lane i mod 8, the eight lanes combined pairwise,
-/// tile sums added left to right), then e * (1 / sum). Throws std::domain_error for NaN or +Inf
+/// bits on every instruction set); the sum S in the fixed order of the row passes: tiles of 256
+/// entries, entry j of a tile added in float to lane j mod 16, lanes k and k + 8 added in double,
+/// those eight combined pairwise, tile sums added left to right in double; then each
+/// probability is the float product e * float(1 / S). Throws std::domain_error for NaN or +Inf
 /// logits or a row of -Inf only.
 inline void reference_softmax(std::span<const float> logits, std::span<float> probs) {
   float m = -std::numeric_limits<float>::infinity();
@@ -47,17 +48,20 @@ inline void reference_softmax(std::span<const float> logits, std::span<float> pr
     throw std::domain_error("reference_softmax: every logit is -inf");
   double sum = 0.0;
   for (std::size_t t = 0; t < logits.size(); t += 256) {
-    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float lane[16] = {};
     for (std::size_t i = t; i < logits.size() && i < t + 256; ++i) {
-      const float e = specula::detail::exp_f32(logits[i] - m);
+      // exp_rounded: no compiler may fuse the exp's last product into the addition.
+      const float e = specula::detail::exp_rounded(specula::detail::exp_f32(logits[i] - m));
       probs[i] = e;
-      lane[(i - t) % 8] += e;
+      lane[(i - t) % 16] += e;
     }
-    sum +=
-        ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    double d[8];
+    for (int k = 0; k < 8; ++k)
+      d[k] = static_cast<double>(lane[k]) + static_cast<double>(lane[k + 8]);
+    sum += ((d[0] + d[1]) + (d[2] + d[3])) + ((d[4] + d[5]) + (d[6] + d[7]));
   }
-  const double inv = 1.0 / sum;
-  for (float& v : probs) v = static_cast<float>(v * inv);
+  const auto inv = static_cast<float>(1.0 / sum);
+  for (float& v : probs) v = v * inv;
 }
 
 /// The top-p threshold by the definition: sort descending, total = the descending double sum,
