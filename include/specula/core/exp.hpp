@@ -199,10 +199,15 @@ template <bool NonPositive = false>
   using k = exp_f32_constants;
   x = _mm512_max_ps(_mm512_set1_ps(k::lo), x);
   if constexpr (!NonPositive) x = _mm512_min_ps(_mm512_set1_ps(k::hi), x);
-  // nf = n as a float (the file comment); x - nf * ln2_hi fused (its product is exact).
+    // nf = n as a float (the file comment); x - nf * ln2_hi fused (its product is exact).
+    // (GCC's _mm512_roundscale_ps macro converts the all-ones mask to a signed type.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsign-conversion"
+#pragma GCC diagnostic ignored "-Wconversion"
   const __m512 nf =
       _mm512_roundscale_ps(SPECULA_EXP_ROUNDED(_mm512_mul_ps(x, _mm512_set1_ps(k::log2e))),
                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#pragma GCC diagnostic pop
   const __m512 rh = _mm512_fnmadd_ps(nf, _mm512_set1_ps(k::ln2_hi), x);
   const __m512 r =
       _mm512_sub_ps(rh, SPECULA_EXP_ROUNDED(_mm512_mul_ps(nf, _mm512_set1_ps(k::ln2_lo))));
