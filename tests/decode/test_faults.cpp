@@ -10,7 +10,12 @@
 // - resuming from them gives the uninterrupted greedy output, or the target's law (G-tests,
 //   with a control that resumes from a corrupted token and must fail);
 // - batched with isolation, a faulty request is dropped and the others' outputs equal a run
-//   without the fault; cancellation and per-request limits; bad controls are refused.
+//   without the fault (under CFG too: a batch without the faulty request); resuming the
+//   faulted requests of a batch keeps the target's law (G-test with a control);
+// - cancellation before the first pass and between steps, a throwing cancel callback;
+//   per-request limits and stop-token lists; bad controls and limits are refused, naming the
+//   request and index, before any model is touched;
+// - SSD and stepwise diffusion decoding, uncached and through the dual cache.
 // Models are faulty_session / faulty_masked wrappers around the toy models.
 
 #include <algorithm>
@@ -78,16 +83,18 @@ bool is_greedy(loop_id id) {
   return id == loop_id::sd_greedy || id == loop_id::jacobi || id == loop_id::multiblock;
 }
 
-speculative_options sd_options(loop_id id, index_t n) {
+speculative_options sd_options(loop_id id, index_t n, std::span<const token_t> stops = {}) {
   speculative_options o;
+  o.stop_tokens.assign(stops.begin(), stops.end());
   o.draft_length = 3;
   o.max_new_tokens = n;
   if (id == loop_id::sd_tree) o.draft_tree = trees::full(2, 2);
   if (id == loop_id::sd_greedy) o.mode = draft_mode::greedy;
   return o;
 }
-sjd_options sjd_opts(loop_id id, index_t n) {
+sjd_options sjd_opts(loop_id id, index_t n, std::span<const token_t> stops = {}) {
   sjd_options o;
+  o.stop_tokens.assign(stops.begin(), stops.end());
   o.window = 4;
   o.max_new_tokens = n;
   if (id == loop_id::sjd_pac) {
@@ -97,14 +104,16 @@ sjd_options sjd_opts(loop_id id, index_t n) {
   }
   return o;
 }
-jacobi_options jacobi_opts(index_t n) {
+jacobi_options jacobi_opts(index_t n, std::span<const token_t> stops = {}) {
   jacobi_options o;
+  o.stop_tokens.assign(stops.begin(), stops.end());
   o.window = 3;
   o.max_new_tokens = n;
   return o;
 }
-multiblock_options mb_opts(loop_id id, index_t n) {
+multiblock_options mb_opts(loop_id id, index_t n, std::span<const token_t> stops = {}) {
   multiblock_options o;
+  o.stop_tokens.assign(stops.begin(), stops.end());
   o.block_size = 3;
   o.max_blocks = 2;
   o.spawn_ratio = 0.5;
@@ -115,27 +124,29 @@ multiblock_options mb_opts(loop_id id, index_t n) {
 }
 using cool_verifier = tree_verifier<host::sequential_policy, scheduled_relaxed_rule>;
 
-/// Runs loop `id` on one request (models: session_model; the draft unused by draft-free loops).
+/// Runs loop `id` on one request (models: session_model; the draft unused by draft-free loops);
+/// `stops`: the options' stop_tokens.
 template <class T, class D>
 std::vector<token_t> run_one(loop_id id, T& target, D& draft, std::span<const token_t> prompt,
-                             index_t n, request_rng rng) {
+                             index_t n, request_rng rng, std::span<const token_t> stops = {}) {
   switch (id) {
     case loop_id::sd_chain:
     case loop_id::sd_tree:
-      return speculative_decode(target, draft, prompt, sd_options(id, n), rng);
+      return speculative_decode(target, draft, prompt, sd_options(id, n, stops), rng);
     case loop_id::sd_greedy:
-      return speculative_decode(target, draft, prompt, sd_options(id, n), rng,
+      return speculative_decode(target, draft, prompt, sd_options(id, n, stops), rng,
                                 greedy_tree_verifier<>{});
     case loop_id::cool_sd:
-      return speculative_decode(target, draft, prompt, sd_options(id, n), rng, cool_verifier{});
+      return speculative_decode(target, draft, prompt, sd_options(id, n, stops), rng,
+                                cool_verifier{});
     case loop_id::sjd:
     case loop_id::sjd_pac:
-      return sjd_decode(target, prompt, sjd_opts(id, n), rng);
+      return sjd_decode(target, prompt, sjd_opts(id, n, stops), rng);
     case loop_id::jacobi:
-      return jacobi_decode(target, prompt, jacobi_opts(n), rng);
+      return jacobi_decode(target, prompt, jacobi_opts(n, stops), rng);
     case loop_id::multiblock:
     case loop_id::multiblock_stochastic:
-      return multiblock_decode(target, prompt, mb_opts(id, n), rng);
+      return multiblock_decode(target, prompt, mb_opts(id, n, stops), rng);
   }
   return {};
 }
@@ -145,28 +156,29 @@ template <class T, class D>
 std::vector<std::vector<token_t>> run_many(loop_id id, T& target, D& draft,
                                            std::span<const std::vector<token_t>> prompts, index_t n,
                                            std::span<const request_rng> rngs,
-                                           const batch_control& control = {}) {
+                                           const batch_control& control = {},
+                                           std::span<const token_t> stops = {}) {
   switch (id) {
     case loop_id::sd_chain:
     case loop_id::sd_tree:
-      return speculative_decode_batch(target, draft, prompts, sd_options(id, n), rngs,
+      return speculative_decode_batch(target, draft, prompts, sd_options(id, n, stops), rngs,
                                       tree_verifier<>{}, {}, control);
     case loop_id::sd_greedy:
-      return speculative_decode_batch(target, draft, prompts, sd_options(id, n), rngs,
+      return speculative_decode_batch(target, draft, prompts, sd_options(id, n, stops), rngs,
                                       greedy_tree_verifier<>{}, {}, control);
     case loop_id::cool_sd:
-      return speculative_decode_batch(target, draft, prompts, sd_options(id, n), rngs,
+      return speculative_decode_batch(target, draft, prompts, sd_options(id, n, stops), rngs,
                                       cool_verifier{}, {}, control);
     case loop_id::sjd:
     case loop_id::sjd_pac:
-      return sjd_decode_batch(target, prompts, sjd_opts(id, n), rngs, tree_verifier<>{}, {},
+      return sjd_decode_batch(target, prompts, sjd_opts(id, n, stops), rngs, tree_verifier<>{}, {},
                               control);
     case loop_id::jacobi:
-      return jacobi_decode_batch(target, prompts, jacobi_opts(n), rngs, {}, control);
+      return jacobi_decode_batch(target, prompts, jacobi_opts(n, stops), rngs, {}, control);
     case loop_id::multiblock:
     case loop_id::multiblock_stochastic:
-      return multiblock_decode_batch(target, prompts, mb_opts(id, n), rngs, tree_verifier<>{}, {},
-                                     control);
+      return multiblock_decode_batch(target, prompts, mb_opts(id, n, stops), rngs,
+                                     tree_verifier<>{}, {}, control);
   }
   return {};
 }
@@ -236,6 +248,13 @@ std::string operation_of(fault_kind kind) {
     default:
       return "evaluate";
   }
+}
+
+/// CFG's unconditional prompt in these tests: a longer one (class token 1 in front).
+std::vector<token_t> cfg_uncond(std::span<const token_t> p) {
+  std::vector<token_t> u(p.begin(), p.end());
+  u.insert(u.begin(), 1);
+  return u;
 }
 
 std::int64_t calls_of(const fsession& s, fault_kind kind) {
@@ -585,61 +604,6 @@ TEST_CASE("decode faults: bad batch controls are refused", "[decode][faults][bat
   CHECK_THROWS_WITH(ssd_decode_batch(masked, prompts, so, {}, s), Catch::Contains("limits"));
 }
 
-TEST_CASE("decode faults: SSD and stepwise diffusion decoding", "[decode][faults]") {
-  ssd_options o;
-  o.gen_length = 8;
-  o.block_size = 4;
-  o.draft_length = 3;
-  const std::vector<token_t> prompt{1, 2};
-  const faulty_masked<toy_masked_model> clean{toy_masked_model(6, 9)};
-  const auto reference = ssd_decode(clean, prompt, o);
-  for (const fault_kind kind :
-       {fault_kind::evaluate_throws, fault_kind::nan_logit, fault_kind::empty_row}) {
-    for (std::int64_t at = 1; at <= 4; ++at) {
-      INFO("fault " << static_cast<int>(kind) << " at " << at);
-      faulty_masked<toy_masked_model> m{toy_masked_model(6, 9), {kind, at, 3, 2, false}};
-      try {
-        (void)ssd_decode(m, prompt, o);
-        FAIL("no decode_error");
-      } catch (const decode_error& e) {
-        CHECK(e.source() == fault_source::target);
-        CHECK(e.operation() == "evaluate");
-        // The decoded positions so far are the reference's; the others still masked.
-        const auto& part = e.committed()[0];
-        REQUIRE(part.size() == reference.size());
-        index_t decoded = 0;
-        for (std::size_t i = 0; i < part.size(); ++i) {
-          if (part[i] == m.mask_token()) continue;
-          ++decoded;
-          CHECK(part[i] == reference[i]);
-        }
-        CHECK(decoded < o.gen_length);
-      }
-      // Batched with isolation: the faulty request alone is dropped.
-      const std::vector<std::vector<token_t>> prompts{prompt, {3}, {4, 1, 2}};
-      const auto clean_out = ssd_decode_batch(clean, prompts, o);
-      faulty_masked<toy_masked_model> b{toy_masked_model(6, 9), {kind, at, 0, 2, false}};
-      std::vector<request_outcome> outcomes(3);
-      batch_control c;
-      c.isolate = true;
-      c.outcomes = outcomes;
-      // Prompts of different lengths: one evaluate_sequences call per request, so the fault
-      // hits one request (a throw inside a round of several is retried and succeeds).
-      const auto out = ssd_decode_batch(b, prompts, o, {}, c);
-      index_t failed = 0;
-      for (std::size_t r = 0; r < 3; ++r) {
-        if (outcomes[r].status == request_status::failed) {
-          ++failed;
-          continue;
-        }
-        CHECK(outcomes[r].status == request_status::completed);
-        CHECK(out[r] == clean_out[r]);
-      }
-      CHECK(failed == (kind == fault_kind::evaluate_throws ? 0 : 1));
-    }
-  }
-}
-
 TEST_CASE(
     "decode faults: under classifier-free guidance both streams stay at the committed "
     "tokens",
@@ -648,11 +612,7 @@ TEST_CASE(
   const toy_pair t{toy_ar_model(4, 7, 11, 0.0),
                    toy_ar_model::perturbed(toy_ar_model(4, 7, 11, 0.0), 0.5, 12, 0.0)};
   const std::vector<token_t> prompt{0, 2};
-  const auto uncond = [](std::span<const token_t> p) {
-    std::vector<token_t> u(p.begin(), p.end());
-    u.insert(u.begin(), 1);  // a longer unconditional prompt
-    return u;
-  };
+  const auto uncond = cfg_uncond;
   for (const loop_id id : {loop_id::sd_chain, loop_id::sjd_pac, loop_id::jacobi}) {
     fbatch inner(std::vector<fsession>(2, fsession{toy_model_session(t.target)}));
     cfg_model<fbatch> guided(inner, 1.5f, uncond);
@@ -743,4 +703,472 @@ TEST_CASE("decode faults: resuming after a fault keeps the target's law (G-test)
     INFO("control " << bad);
     CHECK((bad.impossible_observations > 0 || bad.p_value < 1e-6));
   }
+}
+
+namespace {
+
+/// The first `stops` token in `out` ends it (kept); the rest is cut.
+std::vector<token_t> cut_at_stop(const std::vector<token_t>& out, std::span<const token_t> stops) {
+  const auto at = std::find_first_of(out.begin(), out.end(), stops.begin(), stops.end());
+  return {out.begin(), at == out.end() ? at : at + 1};
+}
+
+/// A guided batch of `b` requests: 2 b inner sessions (request r conditional, r + b its
+/// unconditional twin) under cfg_model, and a plain draft batch.
+struct cfg_batch {
+  fbatch inner, draft;
+  cfg_model<fbatch> guided;
+  cfg_batch(const toy_pair& t, index_t b)
+      : inner(std::vector<fsession>(static_cast<std::size_t>(2 * b),
+                                    fsession{toy_model_session(t.target)})),
+        draft(std::vector<fsession>(static_cast<std::size_t>(b),
+                                    fsession{toy_model_session(t.draft)})),
+        guided(inner, 1.5f, cfg_uncond) {}
+  cfg_batch(const cfg_batch&) = delete;
+  cfg_batch& operator=(const cfg_batch&) = delete;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "decode faults: batched under classifier-free guidance, every stream at its request's "
+    "committed tokens, the others bit-identical",
+    "[decode][faults][batch][cfg]") {
+  // No zero probabilities: CFG mixes two -inf logits into NaN.
+  const toy_pair t{toy_ar_model(4, 7, 11, 0.0),
+                   toy_ar_model::perturbed(toy_ar_model(4, 7, 11, 0.0), 0.5, 12, 0.0)};
+  const index_t n = 8, B = 4;
+  const auto& prompts = batch_prompts();
+  const auto rngs = rngs_for(4, 31);
+  // The batch without request 1: the reference of the other requests.
+  const std::vector<std::vector<token_t>> others{prompts[0], prompts[2], prompts[3]};
+  const std::vector<request_rng> others_rngs{rngs[0], rngs[2], rngs[3]};
+  for (const loop_id id : {loop_id::sd_chain, loop_id::sd_tree, loop_id::sjd_pac, loop_id::jacobi,
+                           loop_id::multiblock_stochastic}) {
+    cfg_batch clean(t, B);
+    const auto reference = run_many(id, clean.guided, clean.draft, prompts, n, rngs);
+    cfg_batch without(t, 3);
+    const auto without_1 = run_many(id, without.guided, without.draft, others, n, others_rngs);
+    const std::vector<std::vector<token_t>> others_reference{reference[0], reference[2],
+                                                             reference[3]};
+    REQUIRE(without_1 == others_reference);
+    for (const fault_kind kind : {fault_kind::evaluate_throws, fault_kind::nan_logit,
+                                  fault_kind::commit_ignored, fault_kind::commit_throws}) {
+      for (const bool uncond_stream : {false, true}) {
+        for (std::int64_t at = 1; at <= 5; ++at) {
+          for (const bool isolate : {false, true}) {
+            INFO(name_of(id) << (uncond_stream ? " unconditional" : " conditional") << " fault "
+                             << static_cast<int>(kind) << " at " << at
+                             << (isolate ? " isolated" : ""));
+            cfg_batch m(t, B);
+            // Request 1's stream breaks for good.
+            m.inner.session(uncond_stream ? 1 + B : 1).plan() = {kind, at, 0, 1, true};
+            std::vector<request_outcome> outcomes(4);
+            batch_control control;
+            control.isolate = isolate;
+            control.outcomes = outcomes;
+            std::vector<std::vector<token_t>> out;
+            try {
+              out = run_many(id, m.guided, m.draft, prompts, n, rngs, control);
+              if (!isolate) CHECK(out == reference);  // request 1 finished before its fault
+              for (const index_t r : {0, 2, 3}) {
+                CHECK(outcomes[static_cast<std::size_t>(r)].status == request_status::completed);
+                CHECK(out[static_cast<std::size_t>(r)] ==
+                      without_1[static_cast<std::size_t>(r == 0 ? 0 : r - 1)]);
+              }
+              if (outcomes[1].status == request_status::completed) {
+                CHECK(out[1] == reference[1]);  // finished before its faulty call
+              } else {
+                REQUIRE(outcomes[1].status == request_status::failed);
+                try {
+                  std::rethrow_exception(outcomes[1].error);
+                } catch (const decode_error& e) {
+                  CHECK(e.request() == 1);
+                  CHECK(e.source() == fault_source::target);
+                  CHECK(e.caches_consistent());
+                  CHECK(e.committed().at(0) == out[1]);
+                }
+              }
+            } catch (const decode_error& e) {
+              REQUIRE_FALSE(isolate);
+              INFO(e.what());
+              CHECK(
+                  (e.request() == 1 || (kind == fault_kind::evaluate_throws && e.request() == -1)));
+              CHECK(e.source() == fault_source::target);
+              CHECK(e.caches_consistent());
+              out = e.committed();
+            }
+            REQUIRE(out.size() == 4);
+            m.inner.session(uncond_stream ? 1 + B : 1).plan() = {};
+            // Every stream of every request at the request's committed tokens (checked against
+            // a fresh model prefilled with them).
+            for (index_t r = 0; r < B; ++r) {
+              const auto& o = out[static_cast<std::size_t>(r)];
+              const auto& p = prompts[static_cast<std::size_t>(r)];
+              REQUIRE(is_prefix(o, reference[static_cast<std::size_t>(r)]));
+              check_cache(t.target, m.inner.session(r).inner(), concat(p, o));
+              check_cache(t.target, m.inner.session(r + B).inner(), concat(cfg_uncond(p), o));
+              if (has_draft(id))
+                check_cache(t.draft, m.draft.session(r).inner(), concat(p, o), true);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+/// Sequences of `law.horizon()` tokens from `calls` batched calls of loop `id` over `B` fresh
+/// requests (BOS prompts): request r's target returns a NaN at a random pass (at most one per
+/// request); even calls isolate (the faulty requests are dropped), odd ones do not (the first
+/// fault ends the call, every request keeps its committed tokens). Every unfinished request is
+/// then resumed from its committed tokens in one batched call with new streams and its own
+/// token limit; `corrupt`: the control, which resumes after changing the last committed token.
+std::vector<std::uint64_t> batched_resumed_counts(loop_id id, const toy_pair& t,
+                                                  std::uint32_t calls, bool corrupt) {
+  const toy_ar_model& law = t.target;
+  const index_t n = law.horizon(), V = law.vocab_size();
+  constexpr index_t B = 8;
+  std::vector<std::uint64_t> counts(static_cast<std::size_t>(law.num_sequences()), 0);
+  constexpr auto b = static_cast<std::size_t>(B);
+  fbatch target(std::vector<fsession>(b, fsession{toy_model_session(law)}));
+  fbatch draft(std::vector<fsession>(b, fsession{toy_model_session(t.draft)}));
+  const std::vector<token_t> bos{0};
+  const std::vector<std::vector<token_t>> prompts(b, bos);
+  for (std::uint32_t c = 0; c < calls; ++c) {
+    std::vector<request_rng> rngs;
+    for (index_t r = 0; r < B; ++r) {
+      const auto id_r = static_cast<std::uint32_t>(c * B + r);
+      rngs.push_back({7, id_r, 0});
+      const auto at = static_cast<std::int64_t>(
+          1 + uniform_at(request_rng{99, id_r, 0}, draw_id{0, 0}) * static_cast<double>(n));
+      target.session(r).reset_counts();
+      target.session(r).plan() = {fault_kind::nan_logit, at, 0, 0, false};
+    }
+    batch_control control;
+    control.isolate = c % 2 == 0;
+    std::vector<std::vector<token_t>> out;
+    try {
+      out = run_many(id, target, draft, prompts, n, rngs, control);
+    } catch (const decode_error& e) {
+      REQUIRE_FALSE(control.isolate);
+      out = e.committed();
+    }
+    REQUIRE(out.size() == b);
+    std::vector<std::vector<token_t>> resume;
+    std::vector<request_rng> resume_rngs;
+    std::vector<request_limits> limits;
+    std::vector<std::size_t> which;
+    for (std::size_t r = 0; r < out.size(); ++r) {
+      target.session(static_cast<index_t>(r)).plan() = {};
+      auto& o = out[r];
+      if (static_cast<index_t>(o.size()) == n) continue;
+      if (corrupt && !o.empty()) o.back() = static_cast<token_t>((o.back() + 1) % V);
+      resume.push_back(concat(bos, o));
+      resume_rngs.push_back({8, static_cast<std::uint32_t>(c * B + static_cast<index_t>(r)), 0});
+      limits.emplace_back().max_new_tokens = n - static_cast<index_t>(o.size());
+      which.push_back(r);
+    }
+    if (!resume.empty()) {
+      batch_control resumed;
+      resumed.limits = limits;
+      const auto rest = run_many(id, target, draft, resume, n, resume_rngs, resumed);
+      for (std::size_t i = 0; i < which.size(); ++i)
+        out[which[i]].insert(out[which[i]].end(), rest[i].begin(), rest[i].end());
+    }
+    for (const auto& o : out) ++counts[static_cast<std::size_t>(law.sequence_index(o))];
+  }
+  return counts;
+}
+
+}  // namespace
+
+TEST_CASE("decode faults: resuming faulted requests of a batch keeps the target's law (G-test)",
+          "[decode][faults][batch][stats]") {
+  const toy_pair t{toy_ar_model(3, 4, 31),
+                   toy_ar_model::perturbed(toy_ar_model(3, 4, 31), 0.6, 32)};
+  const auto law = t.target.sequence_law();
+  for (const loop_id id :
+       {loop_id::sd_chain, loop_id::sd_tree, loop_id::sjd_pac, loop_id::multiblock_stochastic}) {
+    INFO(name_of(id));
+    const auto g = specula::testing::g_test(batched_resumed_counts(id, t, 500, false), law);
+    INFO(g);
+    CHECK(g.impossible_observations == 0);
+    CHECK(g.p_value > 1e-4);
+    const auto bad = specula::testing::g_test(batched_resumed_counts(id, t, 500, true), law);
+    INFO("control " << bad);
+    CHECK((bad.impossible_observations > 0 || bad.p_value < 1e-6));
+  }
+}
+
+TEST_CASE("decode faults: stop-token lists in the options and per request",
+          "[decode][faults][batch]") {
+  const auto& t = toys();
+  const auto rngs = rngs_for(4, 8);
+  const std::vector<token_t> prompt{0, 2};
+  for (const loop_id id : all_loops) {
+    INFO(name_of(id));
+    // One request: the output ends at the first token of the list, as with a single stop token.
+    {
+      fsession target{toy_model_session(t.target)}, draft{toy_model_session(t.draft)};
+      const auto full = run_one(id, target, draft, prompt, 8, rngs[0]);
+      const std::vector<token_t> stops{full.at(5), full.at(2)};
+      CHECK(run_one(id, target, draft, prompt, 8, rngs[0], stops) == cut_at_stop(full, stops));
+    }
+    batch_models m(t);
+    const auto reference = run_many(id, m.target, m.draft, batch_prompts(), 8, rngs);
+    // The options' list: every request stops at its first token of it.
+    const std::vector<token_t> common{reference[3].at(4)};
+    m.clear();
+    const auto listed = run_many(id, m.target, m.draft, batch_prompts(), 8, rngs, {}, common);
+    for (std::size_t r = 0; r < 4; ++r) CHECK(listed[r] == cut_at_stop(reference[r], common));
+    // Per request: request 0 its own list (replacing the options'), request 1 none (an empty
+    // list), request 2 a stop token and a list, request 3 the options' list with its own limit.
+    std::vector<request_limits> limits(4);
+    limits[0].stop_tokens = std::vector<token_t>{reference[0].at(6), reference[0].at(3)};
+    limits[1].stop_tokens = std::vector<token_t>{};
+    limits[2].stop_token = reference[2].at(5);
+    limits[2].stop_tokens = std::vector<token_t>{reference[2].at(3)};
+    limits[3].max_new_tokens = 3;
+    batch_control control;
+    control.limits = limits;
+    m.clear();
+    const auto per = run_many(id, m.target, m.draft, batch_prompts(), 8, rngs, control, common);
+    CHECK(per[0] == cut_at_stop(reference[0], *limits[0].stop_tokens));
+    CHECK(per[1] == reference[1]);
+    const std::vector<token_t> two{reference[2].at(5), reference[2].at(3)};
+    CHECK(per[2] == cut_at_stop(reference[2], two));
+    // A token limit can change a loop's drafts near the end: the reference is request 3 alone.
+    fsession solo_t{toy_model_session(t.target)}, solo_d{toy_model_session(t.draft)};
+    CHECK(per[3] == run_one(id, solo_t, solo_d, batch_prompts()[3], 3, rngs[3], common));
+  }
+}
+
+TEST_CASE("decode faults: bad stop tokens and limits are refused naming the request and index",
+          "[decode][faults][batch][bad_input]") {
+  const auto& t = toys();
+  const std::vector<token_t> prompt{0, 2};
+  const std::vector<token_t> bad_list{1, 4};  // V = 4
+  for (const loop_id id : all_loops) {
+    INFO(name_of(id));
+    fsession target{toy_model_session(t.target)}, draft{toy_model_session(t.draft)};
+    CHECK_THROWS_WITH(run_one(id, target, draft, prompt, 4, request_rng{}, bad_list),
+                      Catch::Contains("stop_tokens[column 1]: token id out of range (value 4)"));
+    CHECK(target.prefills() == 0);
+    batch_models m(t);
+    const auto rngs = rngs_for(4, 1);
+    const auto refused = [&](std::vector<request_limits> limits, const char* message) {
+      m.clear();
+      batch_control c;
+      c.limits = limits;
+      CHECK_THROWS_WITH(run_many(id, m.target, m.draft, batch_prompts(), 4, rngs, c),
+                        Catch::Contains(message));
+      for (index_t r = 0; r < 4; ++r) {
+        CHECK(m.target.session(r).prefills() == 0);  // refused before any model is touched
+        CHECK(m.draft.session(r).prefills() == 0);
+      }
+    };
+    std::vector<request_limits> l(4);
+    l[2].stop_tokens = std::vector<token_t>{0, 2, -3};
+    refused(l, "limits.stop_tokens[row 2][column 2]: token id out of range (value -3)");
+    l = std::vector<request_limits>(4);
+    l[1].max_new_tokens = 0;
+    refused(l, "limits.max_new_tokens[row 1]");
+    l = std::vector<request_limits>(4);
+    l[3].stop_token = 4;
+    refused(l, "limits.stop_token[row 3]: token id out of range (value 4)");
+    l[3].stop_token = -7;
+    refused(l, "limits.stop_token[row 3]");
+    m.clear();
+    CHECK_THROWS_WITH(run_many(id, m.target, m.draft, batch_prompts(), 4, rngs, {}, bad_list),
+                      Catch::Contains("stop_tokens[column 1]"));
+  }
+  // SSD has no stop tokens: a list in the limits is refused too.
+  const toy_masked_model masked(6, 4);
+  std::vector<request_limits> two(2);
+  two[1].stop_tokens = std::vector<token_t>{1};
+  batch_control s;
+  s.limits = two;
+  ssd_options so;
+  so.gen_length = 4;
+  so.block_size = 2;
+  const std::vector<std::vector<token_t>> prompts{{1, 2}, {3}};
+  CHECK_THROWS_WITH(ssd_decode_batch(masked, prompts, so, {}, s), Catch::Contains("limits[row 1]"));
+}
+
+TEST_CASE(
+    "decode faults: cancellation of one request between steps, and a cancel callback that "
+    "throws",
+    "[decode][faults][batch]") {
+  const auto& t = toys();
+  const auto rngs = rngs_for(4, 8);
+  for (const loop_id id : all_loops) {
+    INFO(name_of(id));
+    batch_models m(t);
+    const auto reference = run_many(id, m.target, m.draft, batch_prompts(), 8, rngs);
+    // Request 3 cancelled before its first pass: no token, caches at the prompt; then request 0
+    // once it has committed tokens (between steps).
+    m.clear();
+    std::vector<request_outcome> outcomes(4);
+    batch_control control;
+    control.outcomes = outcomes;
+    control.cancel = [&](index_t r) {
+      return r == 3 || (r == 0 && m.target.session(0).commits() >= 1);
+    };
+    const auto out = run_many(id, m.target, m.draft, batch_prompts(), 8, rngs, control);
+    CHECK(out[3].empty());
+    CHECK(outcomes[3].status == request_status::cancelled);
+    CHECK(outcomes[0].status == request_status::cancelled);
+    CHECK(is_prefix(out[0], reference[0]));
+    CHECK_FALSE(out[0].empty());
+    CHECK(out[1] == reference[1]);
+    CHECK(out[2] == reference[2]);
+    for (const index_t r : {0, 3}) {
+      const auto seq =
+          concat(batch_prompts()[static_cast<std::size_t>(r)], out[static_cast<std::size_t>(r)]);
+      check_cache(t.target, m.target.session(r).inner(), seq);
+      if (has_draft(id)) check_cache(t.draft, m.draft.session(r).inner(), seq, true);
+    }
+    // A callback that throws for request 2: a fault of request 2 (source loop, operation
+    // "cancel"); without isolation the call ends, with it request 2 alone is dropped.
+    for (const bool isolate : {false, true}) {
+      m.clear();
+      std::vector<request_outcome> o(4);
+      batch_control c;
+      c.isolate = isolate;
+      c.outcomes = o;
+      c.cancel = [&](index_t r) {
+        if (r == 2 && m.target.session(2).evaluates() >= 1)
+          throw std::runtime_error("cancel lookup failed");
+        return false;
+      };
+      std::vector<std::vector<token_t>> got;
+      try {
+        got = run_many(id, m.target, m.draft, batch_prompts(), 8, rngs, c);
+        REQUIRE(isolate);
+        REQUIRE(o[2].status == request_status::failed);
+        for (const std::size_t r : {0u, 1u, 3u}) CHECK(got[r] == reference[r]);
+        try {
+          std::rethrow_exception(o[2].error);
+        } catch (const decode_error& e) {
+          CHECK(e.request() == 2);
+          CHECK(e.source() == fault_source::loop);
+          CHECK(e.operation() == "cancel");
+        }
+      } catch (const decode_error& e) {
+        REQUIRE_FALSE(isolate);
+        CHECK(e.request() == 2);
+        CHECK(e.source() == fault_source::loop);
+        CHECK(e.operation() == "cancel");
+        CHECK_THAT(e.what(), Catch::Contains("in request 2 at step") &&
+                                 Catch::Contains("cancel: cancel lookup failed"));
+        CHECK(e.caches_consistent());
+        got = e.committed();
+      }
+      for (index_t r = 0; r < 4; ++r) {
+        const auto seq =
+            concat(batch_prompts()[static_cast<std::size_t>(r)], got[static_cast<std::size_t>(r)]);
+        REQUIRE(
+            is_prefix(got[static_cast<std::size_t>(r)], reference[static_cast<std::size_t>(r)]));
+        check_cache(t.target, m.target.session(r).inner(), seq);
+        if (has_draft(id)) check_cache(t.draft, m.draft.session(r).inner(), seq, true);
+      }
+    }
+  }
+}
+
+namespace {
+
+/// Faults of a masked model at each of its first passes, in `decode` (one request) and
+/// `decode_batch` (three, with isolation): the decoded positions reported are the clean run's
+/// (the others still masked), and with isolation only the faulty request is dropped, the
+/// others equal the clean batch.
+template <class Inner, class Decode, class DecodeBatch>
+void check_masked_faults(const Inner& inner, const ssd_options& o, Decode decode,
+                         DecodeBatch decode_batch) {
+  using faulty = faulty_masked<Inner>;
+  const std::vector<token_t> prompt{1, 2};
+  const faulty clean{inner};
+  const auto reference = decode(clean, prompt, o);
+  const std::vector<std::vector<token_t>> prompts{prompt, {3}, {4, 1, 2}};
+  const auto clean_out = decode_batch(clean, prompts, o, batch_control{});
+  for (const fault_kind kind :
+       {fault_kind::evaluate_throws, fault_kind::nan_logit, fault_kind::empty_row}) {
+    for (std::int64_t at = 1; at <= 4; ++at) {
+      INFO("fault " << static_cast<int>(kind) << " at " << at);
+      const faulty m{inner, {kind, at, 3, 2, false}};
+      try {
+        (void)decode(m, prompt, o);
+        FAIL("no decode_error");
+      } catch (const decode_error& e) {
+        INFO(e.what());
+        CHECK(e.source() == fault_source::target);
+        CHECK(e.operation() == "evaluate");
+        CHECK(e.step() >= 0);
+        CHECK(e.caches_consistent());
+        const auto& part = e.committed()[0];
+        REQUIRE(part.size() == reference.size());
+        index_t decoded = 0;
+        for (std::size_t i = 0; i < part.size(); ++i) {
+          if (part[i] == m.mask_token()) continue;
+          ++decoded;
+          CHECK(part[i] == reference[i]);
+        }
+        CHECK(decoded < o.gen_length);
+      }
+      const faulty b{inner, {kind, at, 0, 2, false}};
+      std::vector<request_outcome> outcomes(3);
+      batch_control c;
+      c.isolate = true;
+      c.outcomes = outcomes;
+      const auto out = decode_batch(b, prompts, o, c);
+      index_t failed = 0;
+      for (std::size_t r = 0; r < 3; ++r) {
+        if (outcomes[r].status == request_status::failed) {
+          ++failed;
+          continue;
+        }
+        CHECK(outcomes[r].status == request_status::completed);
+        CHECK(out[r] == clean_out[r]);
+      }
+      // A throwing call of several requests is retried request by request and succeeds.
+      CHECK(failed == (kind == fault_kind::evaluate_throws ? 0 : 1));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "decode faults: stepwise diffusion decoding (SSD's baseline) and SSD, uncached and "
+    "through the dual cache",
+    "[decode][faults]") {
+  ssd_options o;
+  o.gen_length = 8;
+  o.block_size = 4;
+  o.draft_length = 3;
+  const auto stepwise = [](const auto& m, std::span<const token_t> p, const ssd_options& opt) {
+    return diffusion_stepwise_decode(m, p, opt);
+  };
+  const auto stepwise_batch = [](const auto& m, const std::vector<std::vector<token_t>>& ps,
+                                 const ssd_options& opt, const batch_control& c) {
+    return diffusion_stepwise_decode_batch(m, ps, opt, {}, c);
+  };
+  const auto ssd = [](const auto& m, std::span<const token_t> p, const ssd_options& opt) {
+    return ssd_decode(m, p, opt);
+  };
+  const auto ssd_batch = [](const auto& m, const std::vector<std::vector<token_t>>& ps,
+                            const ssd_options& opt,
+                            const batch_control& c) { return ssd_decode_batch(m, ps, opt, {}, c); };
+  SECTION("stepwise, uncached") {
+    check_masked_faults(toy_masked_model(6, 9), o, stepwise, stepwise_batch);
+  }
+  SECTION("SSD, uncached") { check_masked_faults(toy_masked_model(6, 9), o, ssd, ssd_batch); }
+  o.cache = ssd_cache::dual;
+  o.refresh_interval = 2;
+  const decode_testing::toy_dual_cache_model dual(6, 9);
+  SECTION("stepwise, dual cache") { check_masked_faults(dual, o, stepwise, stepwise_batch); }
+  SECTION("SSD, dual cache") { check_masked_faults(dual, o, ssd, ssd_batch); }
 }

@@ -2,8 +2,9 @@
 //
 // The input picks a loop (SD chain / tree / greedy, SJD, SJD-PAC, Jacobi, multi-block greedy
 // and stochastic), a toy target and draft model (vocabulary, horizon, seeds), one request or a
-// batch of up to 4 (with or without isolation), a token budget and up to four faults (kind,
-// call, row, column, which model and request, transient or sticky). Whatever happens, the loop
+// batch of up to 4 (with or without isolation, per-request stop-token lists, a cancellation, a
+// cancel callback that throws), a token budget and up to four faults (kind, call, row, column,
+// which model and request, transient or sticky). Whatever happens, the loop
 // must either finish or throw specula::decode_error (bad arguments: invalid_input), and then:
 // every reported token is in range and the committed tokens are a prefix of the clean run's
 // output; every model whose caches are reported consistent holds its request's committed
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "specula/decode/batch.hpp"
@@ -109,6 +111,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint8_t flags = in.next();
   const bool isolate = (flags & 1) != 0;
   const bool cancel_one = (flags & 2) != 0;
+  const bool stop_lists = (flags & 4) != 0;
+  const bool cancel_throws = (flags & 8) != 0;
   const index_t n = 1 + in.next() % 8;
   const testing::toy_ar_model target_law(V, horizon, seed);
   const auto draft_law = testing::toy_ar_model::perturbed(target_law, 0.5, seed + 1);
@@ -124,8 +128,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto make = [&](const testing::toy_ar_model& law) {
     return fbatch(std::vector<fsession>(B, fsession{testing::toy_model_session(law)}));
   };
+  // Per-request stop-token lists (the clean run has the same).
+  std::vector<request_limits> limits(stop_lists ? B : 0);
+  for (std::size_t r = 0; r < limits.size(); ++r) {
+    limits[r].stop_tokens = std::vector<token_t>{static_cast<token_t>((seed + r) % V)};
+    if (r % 2 == 1) limits[r].stop_tokens->push_back(static_cast<token_t>((seed + 2 * r) % V));
+  }
+  batch_control clean_control;
+  clean_control.limits = limits;
   fbatch clean_t = make(target_law), clean_d = make(draft_law);
-  const auto clean = run(loop, clean_t, clean_d, prompts, n, rngs, {});
+  const auto clean = run(loop, clean_t, clean_d, prompts, n, rngs, clean_control);
 
   fbatch target = make(target_law), draft = make(draft_law);
   std::vector<bool> faulty(B, false);
@@ -144,8 +156,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   batch_control control;
   control.isolate = isolate;
   control.outcomes = outcomes;
-  if (cancel_one)
-    control.cancel = [&](index_t r) { return r == 0 && target.session(0).evaluates() >= 2; };
+  control.limits = limits;
+  const auto last = static_cast<index_t>(B - 1);
+  if (cancel_throws) faulty[B - 1] = true;
+  if (cancel_one || cancel_throws)
+    control.cancel = [&](index_t r) {
+      if (cancel_throws && r == last && target.session(last).evaluates() >= 3)
+        throw std::runtime_error("cancel callback fault");
+      return cancel_one && r == 0 && target.session(0).evaluates() >= 2;
+    };
   std::vector<std::vector<token_t>> committed;
   bool consistent = true;
   try {

@@ -35,6 +35,9 @@ struct autoregressive_options {
   sampling_params params{};       ///< logits -> probabilities (ignored with `greedy`)
   bool greedy = false;            ///< argmax instead of sampling
   token_t stop_token = no_token;  ///< generation ends after emitting it (-1: never)
+  /// More tokens that end generation once emitted, as `stop_token` does (e.g. a model's
+  /// several end-of-turn tokens); each in [0, vocab_size).
+  std::vector<token_t> stop_tokens;
 };
 
 namespace detail {
@@ -52,6 +55,7 @@ decode_task autoregressive_task(Handle m, std::span<const token_t> prompt,
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
   check_prompt(prompt, V);
+  check_stop_tokens(options.stop_tokens, V);
   const auto prompt_len = static_cast<index_t>(prompt.size());
   // seq (prompt, then the committed output) lives in the task's promise (decode/task.hpp).
   task_state& published = co_await publish(prompt, result, st);
@@ -82,7 +86,9 @@ decode_task autoregressive_task(Handle m, std::span<const token_t> prompt,
       }
     }
     m.commit(root_path);
-    if (emit_step(std::span<const token_t>(next, 1), 0, options.stop_token, seq, st)) break;
+    if (emit_step(std::span<const token_t>(next, 1), 0,
+                  stop_set{options.stop_token, options.stop_tokens}, seq, st))
+      break;
   }
   result.assign(seq.begin() + prompt_len, seq.end());
 }

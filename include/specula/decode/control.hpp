@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -109,11 +110,18 @@ struct request_outcome {
   std::exception_ptr error;
 };
 
-/// Per-request overrides of a batched call's options (`batch_control::limits`).
+/// Per-request overrides of a batched call's options (`batch_control::limits`). Checked before
+/// any model is touched; a bad entry is refused naming the request (`limits.max_new_tokens[row
+/// r]`, `limits.stop_token[row r]`, `limits.stop_tokens[row r][column i]`).
 struct request_limits {
-  index_t max_new_tokens = -1;  ///< the request's token limit; < 0: the options' (SSD: unused)
-  /// The request's stop token; `inherit_stop` (the default): the options'; `no_token`: none.
+  /// The request's token limit, >= 1; < 0 (the default): the options' (SSD has none).
+  index_t max_new_tokens = -1;
+  /// The request's stop token, in [0, vocab_size); `inherit_stop` (the default): the options';
+  /// `no_token`: none.
   token_t stop_token = inherit_stop;
+  /// The request's further stop tokens (the options' `stop_tokens`), each in [0, vocab_size);
+  /// unset (the default): the options'; set, even to an empty list: replaces them.
+  std::optional<std::vector<token_t>> stop_tokens;
   static constexpr token_t inherit_stop = -2;
 };
 
@@ -131,7 +139,8 @@ struct batch_control {
   /// request by request, to find the faulty ones.
   bool isolate = false;
   /// Polled for every running request before each of its forward passes: true cancels it
-  /// (its caches are brought back to its committed tokens; `request_status::cancelled`).
+  /// (its caches are brought back to its committed tokens; `request_status::cancelled`). An
+  /// exception from it is a fault of that request (`fault_source::loop`, operation "cancel").
   std::function<bool(index_t request)> cancel;
   /// Empty, or one per prompt.
   std::span<const request_limits> limits;

@@ -64,6 +64,9 @@ struct jacobi_options {
   index_t max_new_tokens = 64;  ///< >= 1
   jacobi_init init = jacobi_init::repeat_last;
   token_t stop_token = no_token;  ///< generation ends after emitting it (-1: never)
+  /// More tokens that end generation once emitted, as `stop_token` does (e.g. a model's
+  /// several end-of-turn tokens); each in [0, vocab_size).
+  std::vector<token_t> stop_tokens;
   /// Iterate fixed blocks of `window` positions (root included) to convergence instead of a
   /// sliding window (see file comment).
   bool block_mode = false;
@@ -89,6 +92,7 @@ decode_task jacobi_task(Handle m, std::span<const token_t> prompt, jacobi_option
 
   const auto prompt_len = static_cast<index_t>(prompt.size());
   check_prompt(prompt, V);
+  check_stop_tokens(options.stop_tokens, V);
   // seq (prompt, then the committed output) lives in the task's promise, which outlives the
   // loop's locals when a fault unwinds them.
   task_state& published = co_await publish(prompt, result, st);
@@ -161,7 +165,8 @@ decode_task jacobi_task(Handle m, std::span<const token_t> prompt, jacobi_option
             static_cast<token_t>(argmax_lowest(row_view<const float>(logits.data() + j * V, V))));
     }
     m.commit(std::span<const index_t>(out_nodes.data(), sz(k + 1)));
-    const bool stopped = emit_step(out_tokens, k, options.stop_token, seq, st);
+    const bool stopped =
+        emit_step(out_tokens, k, stop_set{options.stop_token, options.stop_tokens}, seq, st);
     if (options.block_mode) {
       // Every guess of the block accepted: it has converged and the bonus token starts the next
       // block. Or the block's last position is the last token to generate: it has converged and

@@ -13,9 +13,9 @@
 /// the output law is the target's (a deterministic draft x is accepted with probability p(x));
 /// with `greedy_tree_verifier<>` the output equals greedy decoding. A stochastic proposal
 /// returns true and writes one row per node (the row its children were drawn from), as a draft
-/// model's q rows. Of `speculative_options` the loop uses `max_new_tokens`, `target` and
-/// `stop_token`; the draft-model fields are ignored. Levels of the draft deeper than the tokens
-/// still to generate are dropped.
+/// model's q rows. Of `speculative_options` the loop uses `max_new_tokens`, `target`,
+/// `stop_token` and `stop_tokens`; the draft-model fields are ignored. Levels of the draft deeper
+/// than the tokens still to generate are dropped.
 ///
 /// `ngram_proposal`: an index of the context's n-grams (n from `min_ngram` to `max_ngram`),
 /// updated incrementally as the context grows and rebuilt when it is not an extension of the
@@ -186,6 +186,7 @@ decode_task proposal_task(TargetHandle target, Proposal& draft, std::span<const 
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
   check_prompt(prompt, V);
+  check_stop_tokens(options.stop_tokens, V);
   const auto prompt_len = static_cast<index_t>(prompt.size());
   // seq (prompt, then the committed output) lives in the task's promise (decode/task.hpp).
   task_state& published = co_await publish(prompt, result, st);
@@ -225,7 +226,9 @@ decode_task proposal_task(TargetHandle target, Proposal& draft, std::span<const 
                              request_rng{rng.seed, rng.request_id, step});
     }
     target.commit(std::span<const index_t>(buf.out_nodes.data(), sz(accepted + 1)));
-    if (emit_step(buf.out_tokens, accepted, options.stop_token, seq, st)) break;
+    if (emit_step(buf.out_tokens, accepted, stop_set{options.stop_token, options.stop_tokens}, seq,
+                  st))
+      break;
   }
   result.assign(seq.begin() + prompt_len, seq.end());
 }

@@ -108,8 +108,11 @@ struct multiblock_options {
   index_t max_new_tokens = 64;  ///< >= 1
   jacobi_init init = jacobi_init::repeat_last;
   token_t stop_token = no_token;  ///< generation ends after emitting it (-1: never)
-  bool stochastic = false;        ///< the lossless sampling variant (needs recycling = false)
-  sampling_params target{};       ///< target logits -> p (stochastic variant)
+  /// More tokens that end generation once emitted, as `stop_token` does (e.g. a model's
+  /// several end-of-turn tokens); each in [0, vocab_size).
+  std::vector<token_t> stop_tokens;
+  bool stochastic = false;   ///< the lossless sampling variant (needs recycling = false)
+  sampling_params target{};  ///< target logits -> p (stochastic variant)
   multiblock_pool pool = multiblock_pool::fifo;             ///< the released code's pool
   multiblock_spawn spawn = multiblock_spawn::newest_block;  ///< the released code's rule
   /// Greedy verification may accept past the RA block into pseudo-active blocks (true, the
@@ -225,6 +228,7 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
 
   const auto prompt_len = static_cast<index_t>(prompt.size());
   check_prompt(prompt, V);
+  check_stop_tokens(options.stop_tokens, V);
   // seq (prompt, then the committed output) lives in the task's promise, which outlives the
   // loop's locals when a fault unwinds them.
   task_state& published = co_await publish(prompt, result, st);
@@ -349,7 +353,8 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
       }
     }
     m.commit(std::span<const index_t>(out_nodes.data(), sz(k + 1)));
-    const bool stop = detail::emit_step(out_tokens, k, options.stop_token, seq, st);
+    const bool stop = detail::emit_step(out_tokens, k,
+                                        stop_set{options.stop_token, options.stop_tokens}, seq, st);
     if (stop) break;
 
     detail::scoped_timer timer(st.draft_seconds);

@@ -119,6 +119,9 @@ struct sjd_options {
   index_t image_first = 0;
   sampling_params target{};       ///< target logits -> p
   token_t stop_token = no_token;  ///< generation ends after emitting it (-1: never)
+  /// More tokens that end generation once emitted, as `stop_token` does (e.g. a model's
+  /// several end-of-turn tokens); each in [0, vocab_size).
+  std::vector<token_t> stop_tokens;
   /// Reproduces the SJD-PAC authors' code where Proactive Drafting follows Adaptive
   /// Continuation: the first path's extra siblings are drawn from the AC residual
   /// max(R - q_old, 0) but verified as draws from R. **Not lossless** (docs/decoding.md, "Where
@@ -349,6 +352,7 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
 
   const auto prompt_len = static_cast<index_t>(prompt.size());
   check_prompt(prompt, V);
+  check_stop_tokens(options.stop_tokens, V);
   // seq (prompt, then the committed output) lives in the task's promise, which outlives the
   // loop's locals when a fault unwinds them.
   task_state& published = co_await publish(prompt, result, st);
@@ -449,7 +453,9 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
         rows_first += drop;
       }
     }
-    if (detail::emit_step(out_tokens, k, options.stop_token, seq, st)) break;
+    if (detail::emit_step(out_tokens, k, stop_set{options.stop_token, options.stop_tokens}, seq,
+                          st))
+      break;
 
     // --- 3. The next draft below the emitted token, from the stale rows.
     detail::scoped_timer timer(st.draft_seconds);

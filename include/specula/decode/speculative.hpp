@@ -59,6 +59,9 @@ struct speculative_options {
   sampling_params draft{};      ///< draft logits -> q (mode sample)
   draft_mode mode = draft_mode::sample;
   token_t stop_token = no_token;  ///< generation ends after emitting it (-1: never)
+  /// More tokens that end generation once emitted, as `stop_token` does (e.g. a model's
+  /// several end-of-turn tokens); each in [0, vocab_size).
+  std::vector<token_t> stop_tokens;
   /// Dynamic draft length (llama.cpp's `p_min`), chain drafts only: drafting of a step stops
   /// before position i when the draft's most likely token there has probability below this
   /// (its row transformed by `draft`), so a step drafts 0 .. draft_length tokens. The decision
@@ -141,6 +144,7 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
                       "draft_sampling", static_cast<double>(options.draft_sampling),
                       "must equal the verifier's tree_options::sampling");
   check_prompt(prompt, V);
+  check_stop_tokens(options.stop_tokens, V);
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
   // seq: prompt and generated tokens. The target holds seq[0 .. n-1) (the root seq.back() is
@@ -370,7 +374,9 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
     } else if (max_depth > 0) {
       draft.rollback(std::min(draft.context_size(), n + accepted));
     }
-    if (emit_step(buf.out_tokens, accepted, options.stop_token, seq, st)) break;
+    if (emit_step(buf.out_tokens, accepted, stop_set{options.stop_token, options.stop_tokens}, seq,
+                  st))
+      break;
   }
   result.assign(seq.begin() + prompt_len, seq.end());
 }

@@ -6,6 +6,7 @@
 /// (a sample from a row; Adaptive Continuation's keep-or-resample draw). Used by
 /// speculative.hpp, sjd.hpp, jacobi.hpp and multiblock.hpp.
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -31,10 +32,21 @@ inline void rows_to_probs(const sampling_params& params, std::span<float> logits
     logits_to_probs(params, logits.subspan(r * V, V), {}, probs.subspan(r * V, V), scratch);
 }
 
+/// The tokens that end a request's generation once emitted: `token` (`no_token`: none) and
+/// every entry of `more` (a loop's `stop_tokens` option).
+struct stop_set {
+  token_t token = no_token;
+  std::span<const token_t> more{};
+  [[nodiscard]] bool contains(token_t t) const noexcept {
+    return (token != no_token && t == token) ||
+           std::find(more.begin(), more.end(), t) != more.end();
+  }
+};
+
 /// Appends a step's output (the accepted path's tokens, then the emitted one: out_tokens[0..k])
-/// to `seq`, counting them in `st` (and in `st.step_tokens`); returns true when `stop_token` was
-/// emitted (tokens after it are dropped).
-inline bool emit_step(std::span<const token_t> out_tokens, index_t k, token_t stop_token,
+/// to `seq`, counting them in `st` (and in `st.step_tokens`); returns true when a token of
+/// `stops` was emitted (tokens after it are dropped).
+inline bool emit_step(std::span<const token_t> out_tokens, index_t k, const stop_set& stops,
                       std::vector<token_t>& seq, decode_stats& st) {
   st.record_step(k);
   index_t emitted = 0;
@@ -44,10 +56,16 @@ inline bool emit_step(std::span<const token_t> out_tokens, index_t k, token_t st
     seq.push_back(t);
     ++st.tokens;
     ++emitted;
-    stopped = t == stop_token;
+    stopped = stops.contains(t);
   }
   st.step_tokens.push_back(emitted);
   return stopped;
+}
+
+/// emit_step with one stop token (`no_token`: none).
+inline bool emit_step(std::span<const token_t> out_tokens, index_t k, token_t stop_token,
+                      std::vector<token_t>& seq, decode_stats& st) {
+  return emit_step(out_tokens, k, stop_set{stop_token, {}}, seq, st);
 }
 
 /// Verifies one request's tree with `verify`: rows are nodes x V (q may be empty for one-hot

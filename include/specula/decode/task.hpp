@@ -311,6 +311,17 @@ inline void check_prompt(std::span<const token_t> prompt, index_t vocab, index_t
                       request >= 0 ? "prompts" : "prompt", "token outside [0, vocab_size)");
 }
 
+/// Refuses a stop-token list entry outside [0, vocab): `argument[column i]`, or
+/// `argument[row request][column i]` when `request` >= 0.
+inline void check_stop_tokens(std::span<const token_t> stops, index_t vocab,
+                              const char* argument = "stop_tokens", index_t request = -1) {
+  for (std::size_t i = 0; i < stops.size(); ++i)
+    if (stops[i] < 0 || stops[i] >= vocab)
+      throw_if_failed({status::token_out_of_range, request, static_cast<index_t>(i),
+                       static_cast<double>(stops[i])},
+                      argument, "a stop token must be in [0, vocab_size)");
+}
+
 /// A single request's model as the handle a loop uses for everything but evaluation. Every
 /// call is guarded (a failure names `source`) and checked: `prefill` leaves prompt - 1 tokens,
 /// `commit` adds the path's nodes, `rollback(n)` leaves n.
@@ -454,8 +465,10 @@ inline decode_error make_decode_error(std::exception_ptr error, index_t request,
     msg += request >= 0 ? " in request " + std::to_string(request) : " in a batched call";
   if (d.step >= 0) msg += " at step " + std::to_string(d.step);
   msg += ": ";
-  if (d.source != fault_source::loop || !d.operation.empty())
+  if (d.source != fault_source::loop)
     msg += std::string(describe(d.source)) + " model " + d.operation + ": ";
+  else if (!d.operation.empty())
+    msg += d.operation + ": ";
   if (d.source != fault_source::loop) {
     if (d.row >= 0) msg += "row " + std::to_string(d.row) + ", ";
     if (d.column >= 0) msg += "column " + std::to_string(d.column) + ", ";
@@ -579,8 +592,7 @@ class batch_runner {
       any = false;
       if (control_.cancel)
         for (std::size_t r = 0; r < tasks_.size(); ++r)
-          if (!tasks_[r].done() && control_.cancel(static_cast<index_t>(r)))
-            cancel(static_cast<index_t>(r));
+          if (!tasks_[r].done()) poll_cancel(static_cast<index_t>(r));
       for (const pass_kind kind : order) {
         waiting_.clear();
         for (std::size_t r = 0; r < tasks_.size(); ++r)
@@ -678,6 +690,19 @@ class batch_runner {
     }
     if (tasks_[static_cast<std::size_t>(r)].done() && !control_.outcomes.empty())
       control_.outcomes[static_cast<std::size_t>(r)].status = request_status::completed;
+  }
+
+  /// Asks `control_.cancel` about request r and cancels it on true; an exception from the
+  /// callback is a fault of request r (source loop, operation "cancel").
+  void poll_cancel(index_t r) {
+    bool cancelled = false;
+    try {
+      cancelled = guarded(fault_source::loop, "cancel", [&] { return control_.cancel(r); });
+    } catch (...) {
+      fault(r, std::current_exception());
+      return;
+    }
+    if (cancelled) cancel(r);
   }
 
   /// Cancels request r; when its caches cannot be restored, that is a fault of the request.
@@ -875,6 +900,26 @@ inline void check_batch_arguments(std::size_t prompts, index_t batch_size, std::
                     "outcomes", "empty or one request_outcome per prompt");
 }
 
+/// Checks each request's `control.limits` entry (row r): a token limit >= 1 (or < 0: the
+/// options'), stop tokens in [0, vocab) (`vocab` > 0; the single one may also be `no_token` or
+/// `request_limits::inherit_stop`).
+inline void check_limits(const batch_control& control, index_t vocab) {
+  for (std::size_t i = 0; i < control.limits.size(); ++i) {
+    const request_limits& l = control.limits[i];
+    const auto r = static_cast<index_t>(i);
+    if (l.max_new_tokens == 0)
+      throw_if_failed({status::invalid_parameter, r, -1, 0.0}, "limits.max_new_tokens",
+                      "must be >= 1 (or < 0: the options' limit)");
+    const token_t s = l.stop_token;
+    if (s != request_limits::inherit_stop && s != no_token && (s < 0 || (vocab > 0 && s >= vocab)))
+      throw_if_failed(
+          {status::token_out_of_range, r, -1, static_cast<double>(s)}, "limits.stop_token",
+          "must be in [0, vocab_size), no_token (none) or request_limits::inherit_stop");
+    if (l.stop_tokens && vocab > 0)
+      check_stop_tokens(*l.stop_tokens, vocab, "limits.stop_tokens", r);
+  }
+}
+
 /// Request r's options: `options` with `control.limits[r]` applied (a loop without a token
 /// limit or stop token refuses limits that set them).
 template <class Options>
@@ -885,11 +930,14 @@ Options request_options(const Options& options, const batch_control& control, in
   if constexpr (requires {
                   o.max_new_tokens;
                   o.stop_token;
+                  o.stop_tokens;
                 }) {
     if (l.max_new_tokens >= 0) o.max_new_tokens = l.max_new_tokens;
     if (l.stop_token != request_limits::inherit_stop) o.stop_token = l.stop_token;
+    if (l.stop_tokens) o.stop_tokens = *l.stop_tokens;
   } else {
-    if (l.max_new_tokens >= 0 || l.stop_token != request_limits::inherit_stop)
+    if (l.max_new_tokens >= 0 || l.stop_token != request_limits::inherit_stop ||
+        l.stop_tokens.has_value())
       throw_if_failed({status::invalid_parameter, r, -1, static_cast<double>(l.max_new_tokens)},
                       "limits", "this loop has no per-request token limit or stop token");
   }
@@ -914,6 +962,7 @@ void decode_batch(Target& target, Draft* draft, index_t batch_size,
                   std::span<decode_stats> stats, MakeTask&& make, const batch_control& control = {},
                   index_t vocab = 0) {
   check_batch_arguments(prompts.size(), batch_size, rngs, stats.size(), control);
+  check_limits(control, vocab);
   for (std::size_t r = 0; r < prompts.size(); ++r) {
     if (prompts[r].empty())
       throw_if_failed({status::empty_input, static_cast<index_t>(r), -1, 0.0}, "prompts");

@@ -17,6 +17,7 @@
 
 #include "specula/core/row.hpp"
 #include "specula/core/types.hpp"
+#include "specula/decode/concepts.hpp"
 #include "specula/tree/token_tree.hpp"
 
 namespace specula::testing {
@@ -120,6 +121,7 @@ class faulty_session {
   [[nodiscard]] std::int64_t evaluates() const noexcept { return evaluates_; }
   [[nodiscard]] std::int64_t commits() const noexcept { return commits_; }
   [[nodiscard]] std::int64_t rollbacks() const noexcept { return rollbacks_; }
+  [[nodiscard]] std::int64_t prefills() const noexcept { return prefills_; }
   /// Restarts the call counts (the plan's `at` counts from here).
   void reset_counts() noexcept { evaluates_ = commits_ = rollbacks_ = prefills_ = 0; }
 
@@ -129,10 +131,22 @@ class faulty_session {
   std::int64_t evaluates_ = 0, commits_ = 0, rollbacks_ = 0, prefills_ = 0;
 };
 
-/// A masked model that misbehaves in `evaluate_sequences` as `plan` says (evaluate_throws and
-/// the row faults; rows counted over the whole call).
+namespace detail {
+/// The wrapped model's `dual_cache` type, when it has one.
 template <class M>
-class faulty_masked {
+struct dual_cache_of {};
+template <class M>
+requires requires { typename M::dual_cache; }
+struct dual_cache_of<M> {
+  using dual_cache = typename M::dual_cache;
+};
+}  // namespace detail
+
+/// A masked model that misbehaves in `evaluate_sequences` (and, wrapping a `dual_cache_model`,
+/// in `evaluate_cached`) as `plan` says (evaluate_throws and the row faults; rows counted over
+/// the whole call; both kinds of call counted together).
+template <class M>
+class faulty_masked : public detail::dual_cache_of<M> {
  public:
   explicit faulty_masked(M inner, fault_plan plan = {}) : inner_(std::move(inner)), plan_(plan) {}
   [[nodiscard]] index_t vocab_size() const { return inner_.vocab_size(); }
@@ -144,6 +158,17 @@ class faulty_masked {
     if (due && plan_.kind == fault_kind::evaluate_throws)
       throw injected_fault("injected evaluate fault");
     inner_.evaluate_sequences(tokens, length, logits);
+    if (due && detail::is_row_fault(plan_.kind)) detail::spoil_rows(plan_, logits);
+  }
+  template <class C = M>
+  requires requires { typename C::dual_cache; }
+  void evaluate_cached(std::span<const dual_cache_pass<typename C::dual_cache>> passes,
+                       batch_view<float> logits) const {
+    ++evaluates_;
+    const bool due = detail::fault_due(plan_, evaluates_);
+    if (due && plan_.kind == fault_kind::evaluate_throws)
+      throw injected_fault("injected evaluate fault");
+    inner_.evaluate_cached(passes, logits);
     if (due && detail::is_row_fault(plan_.kind)) detail::spoil_rows(plan_, logits);
   }
   [[nodiscard]] fault_plan& plan() noexcept { return plan_; }
