@@ -250,6 +250,13 @@ std::string operation_of(fault_kind kind) {
   }
 }
 
+/// The models of the CFG tests: no zero probabilities (CFG mixes two -inf logits into NaN).
+const toy_pair& cfg_toys() {
+  static const toy_pair t{toy_ar_model(4, 7, 11, 0.0),
+                          toy_ar_model::perturbed(toy_ar_model(4, 7, 11, 0.0), 0.5, 12, 0.0)};
+  return t;
+}
+
 /// CFG's unconditional prompt in these tests: a longer one (class token 1 in front).
 std::vector<token_t> cfg_uncond(std::span<const token_t> p) {
   std::vector<token_t> u(p.begin(), p.end());
@@ -523,32 +530,86 @@ TEST_CASE("decode faults: isolation retries a failed batched call request by req
   }
 }
 
-TEST_CASE("decode faults: cancellation between passes, per-request limits and stop tokens",
-          "[decode][faults][batch]") {
+TEST_CASE(
+    "decode faults: cancellation (before the first pass, between passes, between steps, a "
+    "callback that throws), per-request limits and stop tokens",
+    "[decode][faults][batch]") {
   const auto& t = toys();
   const auto rngs = rngs_for(4, 8);
   for (const loop_id id : all_loops) {
     INFO(name_of(id));
     batch_models m(t);
     const auto reference = run_many(id, m.target, m.draft, batch_prompts(), 8, rngs);
-    // Cancel request 1 once its target made 2 passes.
+    // Cancel request 3 before its first pass, request 1 once its target made 2 passes, request
+    // 0 once it committed a step; request 2 goes on as without them.
     m.clear();
     std::vector<request_outcome> outcomes(4);
     batch_control control;
     control.outcomes = outcomes;
-    control.cancel = [&](index_t r) { return r == 1 && m.target.session(1).evaluates() >= 2; };
+    control.cancel = [&](index_t r) {
+      return r == 3 || (r == 1 && m.target.session(1).evaluates() >= 2) ||
+             (r == 0 && m.target.session(0).commits() >= 1);
+    };
     const auto out = run_many(id, m.target, m.draft, batch_prompts(), 8, rngs, control);
+    CHECK(out[3].empty());
+    CHECK_FALSE(out[0].empty());
     for (std::size_t r = 0; r < 4; ++r) {
-      if (r == 1) {
-        CHECK(outcomes[r].status == request_status::cancelled);
-        CHECK(is_prefix(out[r], reference[r]));
-        CHECK(out[r].size() < reference[r].size());
-        const auto seq = concat(batch_prompts()[r], out[r]);
-        check_cache(t.target, m.target.session(1).inner(), seq);
-        if (has_draft(id)) check_cache(t.draft, m.draft.session(1).inner(), seq, true);
-      } else {
+      if (r == 2) {
         CHECK(outcomes[r].status == request_status::completed);
         CHECK(out[r] == reference[r]);
+        continue;
+      }
+      CHECK(outcomes[r].status == request_status::cancelled);
+      CHECK(is_prefix(out[r], reference[r]));
+      CHECK(out[r].size() < reference[r].size());
+      const auto ri = static_cast<index_t>(r);
+      const auto seq = concat(batch_prompts()[r], out[r]);
+      check_cache(t.target, m.target.session(ri).inner(), seq);
+      if (has_draft(id)) check_cache(t.draft, m.draft.session(ri).inner(), seq, true);
+    }
+    // A callback that throws for request 2: a fault of request 2 (source loop, operation
+    // "cancel"); without isolation the call ends, with it request 2 alone is dropped.
+    for (const bool isolate : {false, true}) {
+      m.clear();
+      std::vector<request_outcome> o(4);
+      batch_control c;
+      c.isolate = isolate;
+      c.outcomes = o;
+      c.cancel = [&](index_t r) {
+        if (r == 2 && m.target.session(2).evaluates() >= 1)
+          throw std::runtime_error("cancel lookup failed");
+        return false;
+      };
+      std::vector<std::vector<token_t>> got;
+      try {
+        got = run_many(id, m.target, m.draft, batch_prompts(), 8, rngs, c);
+        REQUIRE(isolate);
+        REQUIRE(o[2].status == request_status::failed);
+        for (const std::size_t r : {0u, 1u, 3u}) CHECK(got[r] == reference[r]);
+        try {
+          std::rethrow_exception(o[2].error);
+        } catch (const decode_error& e) {
+          CHECK(e.request() == 2);
+          CHECK(e.source() == fault_source::loop);
+          CHECK(e.operation() == "cancel");
+        }
+      } catch (const decode_error& e) {
+        REQUIRE_FALSE(isolate);
+        CHECK(e.request() == 2);
+        CHECK(e.source() == fault_source::loop);
+        CHECK(e.operation() == "cancel");
+        CHECK_THAT(e.what(), Catch::Contains("in request 2 at step") &&
+                                 Catch::Contains("cancel: cancel lookup failed"));
+        CHECK(e.caches_consistent());
+        got = e.committed();
+      }
+      for (index_t r = 0; r < 4; ++r) {
+        const auto seq =
+            concat(batch_prompts()[static_cast<std::size_t>(r)], got[static_cast<std::size_t>(r)]);
+        REQUIRE(
+            is_prefix(got[static_cast<std::size_t>(r)], reference[static_cast<std::size_t>(r)]));
+        check_cache(t.target, m.target.session(r).inner(), seq);
+        if (has_draft(id)) check_cache(t.draft, m.draft.session(r).inner(), seq, true);
       }
     }
     // Per-request limits: each request as if decoded with its own max_new_tokens / stop token.
@@ -592,25 +653,30 @@ TEST_CASE("decode faults: bad batch controls are refused", "[decode][faults][bat
   l.limits = limits;
   CHECK_THROWS_WITH(run_many(loop_id::jacobi, m.target, m.draft, batch_prompts(), 4, rngs, l),
                     Catch::Contains("max_new_tokens"));
+  // SSD has neither a token limit nor stop tokens: limits that set one are refused.
   const toy_masked_model masked(6, 4);
-  std::vector<request_limits> two(2);
-  two[0].max_new_tokens = 3;
-  batch_control s;
-  s.limits = two;
   ssd_options so;
   so.gen_length = 4;
   so.block_size = 2;
   const std::vector<std::vector<token_t>> prompts{{1, 2}, {3}};
-  CHECK_THROWS_WITH(ssd_decode_batch(masked, prompts, so, {}, s), Catch::Contains("limits"));
+  for (const bool list : {false, true}) {
+    std::vector<request_limits> two(2);
+    if (list)
+      two[1].stop_tokens = std::vector<token_t>{1};
+    else
+      two[0].max_new_tokens = 3;
+    batch_control s;
+    s.limits = two;
+    CHECK_THROWS_WITH(ssd_decode_batch(masked, prompts, so, {}, s),
+                      Catch::Contains(list ? "limits[row 1]" : "limits[row 0]"));
+  }
 }
 
 TEST_CASE(
     "decode faults: under classifier-free guidance both streams stay at the committed "
     "tokens",
     "[decode][faults][cfg]") {
-  // No zero probabilities: CFG mixes two -inf logits into NaN.
-  const toy_pair t{toy_ar_model(4, 7, 11, 0.0),
-                   toy_ar_model::perturbed(toy_ar_model(4, 7, 11, 0.0), 0.5, 12, 0.0)};
+  const toy_pair& t = cfg_toys();
   const std::vector<token_t> prompt{0, 2};
   const auto uncond = cfg_uncond;
   for (const loop_id id : {loop_id::sd_chain, loop_id::sjd_pac, loop_id::jacobi}) {
@@ -651,6 +717,26 @@ TEST_CASE(
 
 namespace {
 
+/// The models of the resumption G-tests (V = 3, 4 positions: 81 sequences).
+const toy_pair& resume_toys() {
+  static const toy_pair t{toy_ar_model(3, 4, 31),
+                          toy_ar_model::perturbed(toy_ar_model(3, 4, 31), 0.6, 32)};
+  return t;
+}
+
+/// G-test of `counts(false)` (resumed runs) against the target's sequence law, and of the
+/// control `counts(true)` (resumed from a corrupted token), which must fail.
+void check_resumed_law(const std::function<std::vector<std::uint64_t>(bool corrupt)>& counts) {
+  const auto law = resume_toys().target.sequence_law();
+  const auto g = specula::testing::g_test(counts(false), law);
+  INFO(g);
+  CHECK(g.impossible_observations == 0);
+  CHECK(g.p_value > 1e-4);
+  const auto bad = specula::testing::g_test(counts(true), law);
+  INFO("control " << bad);
+  CHECK((bad.impossible_observations > 0 || bad.p_value < 1e-6));
+}
+
 /// Sequences of `law.horizon()` tokens from `runs` runs of loop `id` on a fresh request (BOS
 /// prompt), each interrupted by a target fault at a random pass and resumed from its committed
 /// tokens with a new stream; `corrupt`: the control, which resumes after changing the last
@@ -689,19 +775,11 @@ std::vector<std::uint64_t> resumed_counts(loop_id id, const toy_pair& t, std::ui
 
 TEST_CASE("decode faults: resuming after a fault keeps the target's law (G-test)",
           "[decode][faults][stats]") {
-  const toy_pair t{toy_ar_model(3, 4, 31),
-                   toy_ar_model::perturbed(toy_ar_model(3, 4, 31), 0.6, 32)};
-  const auto law = t.target.sequence_law();
   for (const loop_id id : {loop_id::sd_chain, loop_id::sd_tree, loop_id::sjd, loop_id::sjd_pac,
                            loop_id::multiblock_stochastic}) {
     INFO(name_of(id));
-    const auto g = specula::testing::g_test(resumed_counts(id, t, 4000, false), law);
-    INFO(g);
-    CHECK(g.impossible_observations == 0);
-    CHECK(g.p_value > 1e-4);
-    const auto bad = specula::testing::g_test(resumed_counts(id, t, 4000, true), law);
-    INFO("control " << bad);
-    CHECK((bad.impossible_observations > 0 || bad.p_value < 1e-6));
+    check_resumed_law(
+        [&](bool corrupt) { return resumed_counts(id, resume_toys(), 4000, corrupt); });
   }
 }
 
@@ -734,9 +812,7 @@ TEST_CASE(
     "decode faults: batched under classifier-free guidance, every stream at its request's "
     "committed tokens, the others bit-identical",
     "[decode][faults][batch][cfg]") {
-  // No zero probabilities: CFG mixes two -inf logits into NaN.
-  const toy_pair t{toy_ar_model(4, 7, 11, 0.0),
-                   toy_ar_model::perturbed(toy_ar_model(4, 7, 11, 0.0), 0.5, 12, 0.0)};
+  const toy_pair& t = cfg_toys();
   const index_t n = 8, B = 4;
   const auto& prompts = batch_prompts();
   const auto rngs = rngs_for(4, 31);
@@ -887,19 +963,11 @@ std::vector<std::uint64_t> batched_resumed_counts(loop_id id, const toy_pair& t,
 
 TEST_CASE("decode faults: resuming faulted requests of a batch keeps the target's law (G-test)",
           "[decode][faults][batch][stats]") {
-  const toy_pair t{toy_ar_model(3, 4, 31),
-                   toy_ar_model::perturbed(toy_ar_model(3, 4, 31), 0.6, 32)};
-  const auto law = t.target.sequence_law();
   for (const loop_id id :
        {loop_id::sd_chain, loop_id::sd_tree, loop_id::sjd_pac, loop_id::multiblock_stochastic}) {
     INFO(name_of(id));
-    const auto g = specula::testing::g_test(batched_resumed_counts(id, t, 500, false), law);
-    INFO(g);
-    CHECK(g.impossible_observations == 0);
-    CHECK(g.p_value > 1e-4);
-    const auto bad = specula::testing::g_test(batched_resumed_counts(id, t, 500, true), law);
-    INFO("control " << bad);
-    CHECK((bad.impossible_observations > 0 || bad.p_value < 1e-6));
+    check_resumed_law(
+        [&](bool corrupt) { return batched_resumed_counts(id, resume_toys(), 500, corrupt); });
   }
 }
 
@@ -936,6 +1004,13 @@ TEST_CASE("decode faults: stop-token lists in the options and per request",
     control.limits = limits;
     m.clear();
     const auto per = run_many(id, m.target, m.draft, batch_prompts(), 8, rngs, control, common);
+    // A stop token inside a step's accepted path: the caches end at the output all the same.
+    for (index_t r = 0; r < 4; ++r) {
+      const auto seq =
+          concat(batch_prompts()[static_cast<std::size_t>(r)], per[static_cast<std::size_t>(r)]);
+      check_cache(t.target, m.target.session(r).inner(), seq);
+      if (has_draft(id)) check_cache(t.draft, m.draft.session(r).inner(), seq, true);
+    }
     CHECK(per[0] == cut_at_stop(reference[0], *limits[0].stop_tokens));
     CHECK(per[1] == reference[1]);
     const std::vector<token_t> two{reference[2].at(5), reference[2].at(3)};
@@ -984,98 +1059,6 @@ TEST_CASE("decode faults: bad stop tokens and limits are refused naming the requ
     m.clear();
     CHECK_THROWS_WITH(run_many(id, m.target, m.draft, batch_prompts(), 4, rngs, {}, bad_list),
                       Catch::Contains("stop_tokens[column 1]"));
-  }
-  // SSD has no stop tokens: a list in the limits is refused too.
-  const toy_masked_model masked(6, 4);
-  std::vector<request_limits> two(2);
-  two[1].stop_tokens = std::vector<token_t>{1};
-  batch_control s;
-  s.limits = two;
-  ssd_options so;
-  so.gen_length = 4;
-  so.block_size = 2;
-  const std::vector<std::vector<token_t>> prompts{{1, 2}, {3}};
-  CHECK_THROWS_WITH(ssd_decode_batch(masked, prompts, so, {}, s), Catch::Contains("limits[row 1]"));
-}
-
-TEST_CASE(
-    "decode faults: cancellation of one request between steps, and a cancel callback that "
-    "throws",
-    "[decode][faults][batch]") {
-  const auto& t = toys();
-  const auto rngs = rngs_for(4, 8);
-  for (const loop_id id : all_loops) {
-    INFO(name_of(id));
-    batch_models m(t);
-    const auto reference = run_many(id, m.target, m.draft, batch_prompts(), 8, rngs);
-    // Request 3 cancelled before its first pass: no token, caches at the prompt; then request 0
-    // once it has committed tokens (between steps).
-    m.clear();
-    std::vector<request_outcome> outcomes(4);
-    batch_control control;
-    control.outcomes = outcomes;
-    control.cancel = [&](index_t r) {
-      return r == 3 || (r == 0 && m.target.session(0).commits() >= 1);
-    };
-    const auto out = run_many(id, m.target, m.draft, batch_prompts(), 8, rngs, control);
-    CHECK(out[3].empty());
-    CHECK(outcomes[3].status == request_status::cancelled);
-    CHECK(outcomes[0].status == request_status::cancelled);
-    CHECK(is_prefix(out[0], reference[0]));
-    CHECK_FALSE(out[0].empty());
-    CHECK(out[1] == reference[1]);
-    CHECK(out[2] == reference[2]);
-    for (const index_t r : {0, 3}) {
-      const auto seq =
-          concat(batch_prompts()[static_cast<std::size_t>(r)], out[static_cast<std::size_t>(r)]);
-      check_cache(t.target, m.target.session(r).inner(), seq);
-      if (has_draft(id)) check_cache(t.draft, m.draft.session(r).inner(), seq, true);
-    }
-    // A callback that throws for request 2: a fault of request 2 (source loop, operation
-    // "cancel"); without isolation the call ends, with it request 2 alone is dropped.
-    for (const bool isolate : {false, true}) {
-      m.clear();
-      std::vector<request_outcome> o(4);
-      batch_control c;
-      c.isolate = isolate;
-      c.outcomes = o;
-      c.cancel = [&](index_t r) {
-        if (r == 2 && m.target.session(2).evaluates() >= 1)
-          throw std::runtime_error("cancel lookup failed");
-        return false;
-      };
-      std::vector<std::vector<token_t>> got;
-      try {
-        got = run_many(id, m.target, m.draft, batch_prompts(), 8, rngs, c);
-        REQUIRE(isolate);
-        REQUIRE(o[2].status == request_status::failed);
-        for (const std::size_t r : {0u, 1u, 3u}) CHECK(got[r] == reference[r]);
-        try {
-          std::rethrow_exception(o[2].error);
-        } catch (const decode_error& e) {
-          CHECK(e.request() == 2);
-          CHECK(e.source() == fault_source::loop);
-          CHECK(e.operation() == "cancel");
-        }
-      } catch (const decode_error& e) {
-        REQUIRE_FALSE(isolate);
-        CHECK(e.request() == 2);
-        CHECK(e.source() == fault_source::loop);
-        CHECK(e.operation() == "cancel");
-        CHECK_THAT(e.what(), Catch::Contains("in request 2 at step") &&
-                                 Catch::Contains("cancel: cancel lookup failed"));
-        CHECK(e.caches_consistent());
-        got = e.committed();
-      }
-      for (index_t r = 0; r < 4; ++r) {
-        const auto seq =
-            concat(batch_prompts()[static_cast<std::size_t>(r)], got[static_cast<std::size_t>(r)]);
-        REQUIRE(
-            is_prefix(got[static_cast<std::size_t>(r)], reference[static_cast<std::size_t>(r)]));
-        check_cache(t.target, m.target.session(r).inner(), seq);
-        if (has_draft(id)) check_cache(t.draft, m.draft.session(r).inner(), seq, true);
-      }
-    }
   }
 }
 

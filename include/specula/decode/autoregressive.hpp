@@ -90,6 +90,7 @@ decode_task autoregressive_task(Handle m, std::span<const token_t> prompt,
                   stop_set{options.stop_token, options.stop_tokens}, seq, st))
       break;
   }
+  trim_cache(m, static_cast<index_t>(seq.size()) - 1);
   result.assign(seq.begin() + prompt_len, seq.end());
 }
 

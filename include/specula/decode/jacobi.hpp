@@ -191,6 +191,7 @@ decode_task jacobi_task(Handle m, std::span<const token_t> prompt, jacobi_option
     }
     if (stopped) break;
   }
+  trim_cache(m, static_cast<index_t>(seq.size()) - 1);
   result.assign(seq.begin() + prompt_len, seq.end());
 }
 

@@ -230,6 +230,7 @@ decode_task proposal_task(TargetHandle target, Proposal& draft, std::span<const 
                   st))
       break;
   }
+  trim_cache(target, static_cast<index_t>(seq.size()) - 1);
   result.assign(seq.begin() + prompt_len, seq.end());
 }
 

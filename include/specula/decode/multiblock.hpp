@@ -472,6 +472,7 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
       }
     }
   }
+  trim_cache(m, static_cast<index_t>(seq.size()) - 1);
   result.assign(seq.begin() + prompt_len, seq.end());
 }
 

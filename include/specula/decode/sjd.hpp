@@ -558,6 +558,7 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
     draft = std::move(next);
     next = detail::sjd_draft{};
   }
+  trim_cache(m, static_cast<index_t>(seq.size()) - 1);
   result.assign(seq.begin() + prompt_len, seq.end());
 }
 

@@ -378,6 +378,8 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
                   st))
       break;
   }
+  trim_cache(target, static_cast<index_t>(seq.size()) - 1);
+  trim_cache(draft, static_cast<index_t>(seq.size()));
   result.assign(seq.begin() + prompt_len, seq.end());
 }
 

@@ -322,6 +322,15 @@ inline void check_stop_tokens(std::span<const token_t> stops, index_t vocab,
                       argument, "a stop token must be in [0, vocab_size)");
 }
 
+/// At a request's end, a model (handle) holding more than `keep` tokens drops the rest: the
+/// last step's accepted path may run past a stop token, and the request ends, as after a
+/// fault, with its target (or only) model at its sequence but the last token (`keep` =
+/// sequence - 1) and a draft model at most at all of it (`keep` = sequence).
+template <class Handle>
+void trim_cache(const Handle& m, index_t keep) {
+  if (m.context_size() > keep) m.rollback(keep);
+}
+
 /// A single request's model as the handle a loop uses for everything but evaluation. Every
 /// call is guarded (a failure names `source`) and checked: `prefill` leaves prompt - 1 tokens,
 /// `commit` adds the path's nodes, `rollback(n)` leaves n.

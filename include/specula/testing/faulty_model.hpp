@@ -153,29 +153,30 @@ class faulty_masked : public detail::dual_cache_of<M> {
   [[nodiscard]] token_t mask_token() const { return inner_.mask_token(); }
   void evaluate_sequences(std::span<const token_t> tokens, index_t length,
                           batch_view<float> logits) const {
-    ++evaluates_;
-    const bool due = detail::fault_due(plan_, evaluates_);
-    if (due && plan_.kind == fault_kind::evaluate_throws)
-      throw injected_fault("injected evaluate fault");
-    inner_.evaluate_sequences(tokens, length, logits);
-    if (due && detail::is_row_fault(plan_.kind)) detail::spoil_rows(plan_, logits);
+    pass(logits, [&] { inner_.evaluate_sequences(tokens, length, logits); });
   }
   template <class C = M>
   requires requires { typename C::dual_cache; }
   void evaluate_cached(std::span<const dual_cache_pass<typename C::dual_cache>> passes,
                        batch_view<float> logits) const {
-    ++evaluates_;
-    const bool due = detail::fault_due(plan_, evaluates_);
-    if (due && plan_.kind == fault_kind::evaluate_throws)
-      throw injected_fault("injected evaluate fault");
-    inner_.evaluate_cached(passes, logits);
-    if (due && detail::is_row_fault(plan_.kind)) detail::spoil_rows(plan_, logits);
+    pass(logits, [&] { inner_.evaluate_cached(passes, logits); });
   }
   [[nodiscard]] fault_plan& plan() noexcept { return plan_; }
   [[nodiscard]] std::int64_t evaluates() const noexcept { return evaluates_; }
   void reset_counts() noexcept { evaluates_ = 0; }
 
  private:
+  /// One evaluation call: `evaluate()` writes `logits`, unless the plan's fault is due.
+  template <class Evaluate>
+  void pass(batch_view<float> logits, Evaluate&& evaluate) const {
+    ++evaluates_;
+    const bool due = detail::fault_due(plan_, evaluates_);
+    if (due && plan_.kind == fault_kind::evaluate_throws)
+      throw injected_fault("injected evaluate fault");
+    evaluate();
+    if (due && detail::is_row_fault(plan_.kind)) detail::spoil_rows(plan_, logits);
+  }
+
   M inner_;
   fault_plan plan_;
   mutable std::int64_t evaluates_ = 0;
