@@ -346,6 +346,43 @@ TEST_CASE("LANTERN with k = 1000: walk, membership and residuals match explicit 
     }
 }
 
+TEST_CASE("LANTERN optimal resampling: the residual equals the neighbour walk's for every omega",
+          "[relaxed][lantern]") {
+  // The rule walks y's neighbours only where ω·p(y) < q(y) and ω < 1; everywhere else the
+  // minimum min(q(y), ω·m(y)) is settled without m(y). The weights must be the walk's.
+  const index_t V = 600, d = 4, k = 24;
+  const auto e = codebook(V, d, 13);
+  const neighbour_table table(batch_view<const float>(e.data(), V, d), k);
+  std::vector<std::vector<token_t>> nb(static_cast<std::size_t>(V));
+  for (index_t t = 0; t < V; ++t) nb[static_cast<std::size_t>(t)] = table.neighbours(t);
+  const auto p = testing::random_probability_row(V, 17, 0, 0.3);  // zeros, p < q and p > q
+  const auto q = testing::random_probability_row(V, 17, 1, 0.3);
+  const row_view<const double> pr(p);
+  index_t walked = 0;
+  for (const double omega : {0.35, 0.9, 1.0, 1.8}) {
+    for (const double limit : {0.5, 3.0, -0.01}) {  // relative λ = 0.5, 3; absolute δ = 0.01
+      lantern_rule rule = limit < 0 ? lantern_rule::make_absolute(table, -limit)
+                                    : lantern_rule::make_relative(table, limit);
+      rule.omega = omega;
+      const reference_lantern ref{&nb, limit, k, ref_resample::optimal};
+      const auto b = rule.bind(pr, 5);
+      for (index_t y = 0; y < V; ++y) {
+        const auto sy = static_cast<std::size_t>(y);
+        INFO("omega " << omega << " limit " << limit << " y " << y);
+        const double w = b.residual_weight_at(y, p[sy], q[sy]);
+        // The definition, walking y's neighbours at every y (the rule's own walk) ...
+        const double m = b.walk.relaxed(b.walk.mass(pr, y, nullptr));
+        REQUIRE(w == std::max(p[sy] - std::min(q[sy], m), 0.0));
+        // ... and the explicit-set reference.
+        REQUIRE(w == Approx(std::max(p[sy] - std::min(q[sy], omega * ref.make(p, y).mass), 0.0))
+                         .margin(1e-15));
+        if (omega < 1.0 && omega * p[sy] < q[sy] && p[sy] > 0.0) ++walked;
+      }
+    }
+  }
+  CHECK(walked > 100);  // the walking branch was exercised
+}
+
 TEST_CASE("neighbour tables: the builder equals a brute-force double ranking",
           "[relaxed][lantern]") {
   for (const auto metric : {neighbour_metric::l2, neighbour_metric::cosine})

@@ -231,6 +231,57 @@ TEST_CASE("LANTERN++ neighbour selection on a hand-worked example", "[relaxed]")
   CHECK_THROWS_AS(neighbour_table(std::vector<token_t>{1, 1}, 2, 1), invalid_input);
 }
 
+namespace {
+
+/// Host passes whose signed sum returns a set value (stands in for a backend's own pass).
+struct summing_passes : sequential_passes {
+  double value = 0.0;
+  template <class WeightFn>
+  double sum(index_t, WeightFn&&) const {
+    return value;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("typical acceptance sums its entropy in the row passes' order", "[relaxed]") {
+  const typical_rule rule = typical_rule::make(0.09, 0.3);
+  for (index_t n : {1, 7, 256, 1000, 5000}) {
+    const auto pd = testing::random_probability_row(n, 71, 0, 0.3);
+    const std::vector<float> p(pd.begin(), pd.end());
+    const row_view<const float> pr(p);
+    // The entropy's terms −p·log p (p > 0) in the tile order written out: lane k of each 256-entry
+    // tile adds entries k, k + 8, ...; lanes combine ((0+1)+(2+3))+((4+5)+(6+7)); tiles add up
+    // left to right. The device's CTA-wide pass adds in this order too (docs/cuda.md).
+    double want = 0.0, sequential = 0.0;
+    for (index_t t = 0; t < n; t += 256) {
+      double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (index_t i = t; i < n && i < t + 256; ++i) {
+        const double v = p[static_cast<std::size_t>(i)];
+        if (v > 0.0) {
+          lane[(i - t) % 8] -= detail::mul_rn(v, std::log(v));
+          sequential -= detail::mul_rn(v, std::log(v));
+        }
+      }
+      want +=
+          ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    }
+    INFO("n " << n);
+    CHECK(typical_rule::entropy(pr) == want);
+    CHECK(want == Approx(sequential).epsilon(1e-12));
+    const double threshold = std::min(0.09, 0.3 * std::exp(-want));
+    CHECK(rule.bind(pr, 0).threshold == threshold);
+    // Through the host's passes (ordered_sum): the same bits.
+    CHECK(bind_rule(rule, pr, 0, sequential_passes{}).threshold == threshold);
+  }
+  // Passes with a sum of their own (the CUDA backend's CTA-wide pass) make the reduction.
+  summing_passes passes;
+  passes.value = 2.0;
+  const std::vector<float> p{0.5f, 0.25f, 0.25f};
+  CHECK(bind_rule(rule, row_view<const float>(p), 0, passes).threshold ==
+        std::min(0.09, 0.3 * std::exp(-2.0)));
+}
+
 TEST_CASE("with f < f_van, G* gives strictly lower exact TV than G_van", "[relaxed]") {
   // ω = 0.5 tightens acceptance (f < f_van where p < 2q).
   const testing::toy_ar_model target(3, 2, 4, 0.0);

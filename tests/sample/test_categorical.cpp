@@ -77,3 +77,28 @@ TEST_CASE("exponential race fits the weight law (G-test) and a biased race does 
   auto zero = [](index_t) { return 0.0; };
   CHECK(sample_exponential_race(5, zero, request_rng{}, 0) == -1);
 }
+
+TEST_CASE("ordered_sum adds signed weights in positive_mass's order", "[sample]") {
+  for (index_t n : {0, 1, 9, 256, 257, 3000}) {
+    std::vector<double> w;
+    for (index_t i = 0; i < n; ++i)
+      w.push_back(
+          2.0 * uniform_at(request_rng{81, 0, 0}, draw_id{static_cast<std::uint32_t>(i), 0}) - 1.0);
+    // The order written out: lane k of each 256-weight tile adds weights k, k + 8, ... in order,
+    // the lanes combine as ((0+1)+(2+3))+((4+5)+(6+7)), the tiles add up left to right.
+    double want = 0.0;
+    for (index_t t = 0; t < n; t += 256) {
+      double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (index_t i = t; i < n && i < t + 256; ++i)
+        lane[(i - t) % 8] += w[static_cast<std::size_t>(i)];
+      want +=
+          ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    }
+    auto at = [&](index_t i) { return w[static_cast<std::size_t>(i)]; };
+    INFO("n " << n);
+    CHECK(ordered_sum(n, at) == want);
+    // Non-negative weights: the positive mass, bit for bit.
+    auto magnitude = [&](index_t i) { return std::abs(w[static_cast<std::size_t>(i)]); };
+    CHECK(ordered_sum(n, magnitude) == positive_mass(n, magnitude));
+  }
+}

@@ -122,8 +122,12 @@ struct lantern_bound_rule {
         d = py - qy;
         break;
       case resampling::lantern:
+        // A member of A gets [−q(y)]+ = 0 (q(y) ≥ 0), as does any y with p(y) ≤ q(y) outside
+        // it: the membership lookup is needed only where p(y) > q(y).
         if (y == drafted)
           d = mass - qy;
+        else if (qy >= 0.0 && !(py - qy > 0.0))
+          d = 0.0;
         else if (among_first(y, count))
           d = -qy;
         else
@@ -131,15 +135,28 @@ struct lantern_bound_rule {
         break;
       case resampling::lantern_official: {
         // p zeroed at the first k + 1 table neighbours (as many as the row holds) when A ≠ ∅:
-        // [0 − q(y)]+ = 0 there.
+        // [0 − q(y)]+ = 0 there (looked up only where p(y) > q(y): 0 either way elsewhere).
         const index_t zeroed = walk.k < walk.table.k ? walk.k + 1 : walk.table.k;
-        d = count > 0 && among_first(y, zeroed) ? 0.0 : py - qy;
+        d = py - qy > 0.0 && count > 0 && among_first(y, zeroed) ? 0.0 : py - qy;
         break;
       }
       case resampling::optimal: {
-        // q(y)·f(y) = min(q(y), ω·neighbour mass of y as if y had been drafted).
-        const double m = walk.relaxed(walk.mass(p, y, nullptr));
-        d = py - (m < qy ? m : qy);
+        // q(y)·f(y) = min(q(y), ω·m(y)), m(y) the neighbour mass of y as if y had been drafted:
+        // d = p(y) − min(q(y), ω·m(y)). m(y) = p(y) + (neighbours' p) ≥ p(y), so low = ω·p(y)
+        // bounds ω·m(y) from below (rounding is monotonic): when low ≥ q(y) the minimum is q(y);
+        // when q(y) > low ≥ p(y) (any ω ≥ 1) the minimum is at least p(y) and the weight 0.
+        // Either way the walk cannot change the result, so only ω < 1 with ω·p(y) < q(y) walks
+        // y's neighbours: with ω = 1 (LANTERN, LANTERN++) an element costs O(1), not O(k).
+        // (py is p(y) of the bound row, and rows hold no negative entries: probability rows.)
+        const double low = walk.relaxed(py);
+        if (low >= qy) {
+          d = py - qy;
+        } else if (low < qy && low >= py) {
+          d = 0.0;
+        } else {
+          const double m = walk.relaxed(walk.mass(p, y, nullptr));
+          d = py - (m < qy ? m : qy);
+        }
         break;
       }
     }

@@ -103,6 +103,18 @@ SPECULA_HOST_DEVICE constexpr auto bind_rule(const R& rule, const Row& p, token_
   }
 }
 
+/// bind_rule with the verifier's row passes: a rule whose binding makes a full-row reduction
+/// (typical acceptance's entropy) and provides `bind(p_row, x, passes)` makes it through them (a
+/// CTA-wide pass on the device, the same bits as the host's); every other rule binds as above.
+template <class R, class Row, class Passes>
+SPECULA_HOST_DEVICE constexpr auto bind_rule(const R& rule, const Row& p, token_t x,
+                                             const Passes& passes) {
+  if constexpr (requires { rule.bind(p, x, passes); })
+    return rule.bind(p, x, passes);
+  else
+    return bind_rule(rule, p, x);
+}
+
 /// One rule per request of a batch (e.g. per-request relaxation parameters): request b uses
 /// rules[b]. Accepted wherever a batched entry point takes a rule; checked entry points require
 /// one rule per request.

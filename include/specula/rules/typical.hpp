@@ -5,7 +5,8 @@
 /// H(p) is the entropy of the target row (natural log). Deterministic given p; not lossless.
 /// After a rejection the rule resamples from G* = Norm([p − q·f]+) (Cool-SD Eq. 10, default)
 /// or G_van = Norm([p − q]+). A row-aware rule (rules/rule.hpp): binding computes H(p) with one
-/// pass over the row.
+/// pass over the row, summed in the row passes' fixed order (ordered_sum), so the CUDA backend's
+/// CTA-wide pass (bind_rule with the verifier's passes) gives the host's sum.
 
 #include <cmath>
 
@@ -15,6 +16,7 @@
 #include "specula/core/row.hpp"
 #include "specula/core/types.hpp"
 #include "specula/rules/relaxed.hpp"
+#include "specula/sample/categorical.hpp"
 
 namespace specula {
 
@@ -56,21 +58,39 @@ struct typical_rule {
   /// field.
   void validate(index_t /*vocab*/ = 0) const { (void)make(epsilon, alpha, resample); }
 
-  /// Entropy of a probability row (natural log; 0·log 0 = 0).
+  /// The entropy's term of entry i: −p_i·log p_i for p_i > 0, else 0 (0·log 0 = 0).
+  template <class T>
+  struct entropy_terms {
+    row_view<const T> p;
+    SPECULA_HOST_DEVICE double operator()(index_t i) const noexcept {
+      const double v = static_cast<double>(p[i]);
+      return v > 0.0 ? -detail::mul_rn(v, std::log(v)) : 0.0;  // no FMA: the host's rounding
+    }
+  };
+
+  /// Entropy of a probability row (natural log), its terms added in ordered_sum's order.
   template <class T>
   [[nodiscard]] SPECULA_HOST_DEVICE static double entropy(row_view<const T> p) noexcept {
-    double h = 0.0;
-    for (index_t i = 0; i < p.size; ++i) {
-      const double v = static_cast<double>(p[i]);
-      if (v > 0.0) h -= detail::mul_rn(v, std::log(v));  // no FMA: the host's rounding
-    }
-    return h;
+    return ordered_sum(p.size, entropy_terms<T>{p});
   }
 
   template <class T>
   [[nodiscard]] SPECULA_HOST_DEVICE typical_bound_rule bind(row_view<const T> p,
                                                             token_t /*x*/) const noexcept {
-    const double t = alpha * std::exp(-entropy(p));
+    return bound(entropy(p));
+  }
+
+  /// bind(p, x) with the entropy summed by the verifier's row passes (detail::pass_sum): one
+  /// CTA-wide pass on the device instead of a whole row in every thread; the same bits.
+  template <class T, class Passes>
+  [[nodiscard]] SPECULA_HOST_DEVICE typical_bound_rule bind(row_view<const T> p, token_t /*x*/,
+                                                            const Passes& passes) const noexcept {
+    return bound(detail::pass_sum(passes, p.size, entropy_terms<T>{p}));
+  }
+
+ private:
+  [[nodiscard]] SPECULA_HOST_DEVICE typical_bound_rule bound(double entropy) const noexcept {
+    const double t = alpha * std::exp(-entropy);
     return {epsilon < t ? epsilon : t, resample};
   }
 };

@@ -65,6 +65,28 @@ template <class WeightFn>
 inline constexpr bool use_tile_form =
     tile_weight_function<std::remove_cvref_t<WeightFn>> && !SPECULA_IS_DEVICE_CODE;
 
+/// The lane order of one tile [begin, end): lane k sums w(begin + k), w(begin + k + 8), ... (each
+/// clamped at 0 when Positive), the lanes combined ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
+template <bool Positive, class WeightFn>
+SPECULA_HOST_DEVICE constexpr double tile_lane_sum(index_t begin, index_t end,
+                                                   WeightFn& w) noexcept {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  auto add = [](double& l, double wi) {
+    if constexpr (Positive)
+      l += wi > 0.0 ? wi : 0.0;
+    else
+      l += wi;
+  };
+  index_t i = begin;
+  for (; i + 8 <= end; i += 8)
+    for (int k = 0; k < 8; ++k) add(lane[k], w(i + k));
+  // The tail with constant lane indices (a dynamically indexed lane array would live in local
+  // memory on the device).
+  for (int k = 0; k < 8; ++k)
+    if (i + k < end) add(lane[k], w(i + k));
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
 template <class WeightFn>
 SPECULA_HOST_DEVICE constexpr double tile_positive_sum(index_t begin, index_t end,
                                                        WeightFn& w) noexcept {
@@ -82,18 +104,7 @@ SPECULA_HOST_DEVICE constexpr double tile_positive_sum(index_t begin, index_t en
     auto from_buf = [&](index_t i) { return buf[i - begin]; };
     return tile_positive_sum(begin, end, from_buf);
   }
-  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  index_t i = begin;
-  for (; i + 8 <= end; i += 8)
-    for (int k = 0; k < 8; ++k) {
-      const double wi = w(i + k);
-      lane[k] += wi > 0.0 ? wi : 0.0;
-    }
-  for (int k = 0; i < end; ++i, ++k) {
-    const double wi = w(i);
-    lane[k] += wi > 0.0 ? wi : 0.0;
-  }
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  return tile_lane_sum<true>(begin, end, w);
 }
 
 /// Element-wise scan of one tile [begin, end) starting from the running sum `acc`: the first
@@ -199,6 +210,35 @@ template <class WeightFn>
 SPECULA_HOST_DEVICE constexpr double positive_mass(index_t n, WeightFn&& w) noexcept {
   return detail::positive_mass_scanning(n, w, nullptr);
 }
+
+/// Sum of w(i) over [0, n) in positive_mass's fixed order — tiles of detail::sum_tile elements,
+/// each summed by 8 interleaved lanes combined pairwise, tiles added left to right — without
+/// clamping: negative weights count and NaN propagates. For row statistics that are not a mass
+/// (typical acceptance's entropy): the order is the one a CTA-wide pass reproduces (the CUDA
+/// backend's block_passes::sum), so both backends get the same bits.
+template <class WeightFn>
+SPECULA_HOST_DEVICE constexpr double ordered_sum(index_t n, WeightFn&& w) noexcept {
+  double total = 0.0;
+  for (index_t t = 0; t < n; t += detail::sum_tile)
+    total +=
+        detail::tile_lane_sum<false>(t, t + detail::sum_tile < n ? t + detail::sum_tile : n, w);
+  return total;
+}
+
+namespace detail {
+
+/// ordered_sum(n, w) through a row-passes object: `passes.sum(n, w)` when it has one (the CUDA
+/// backend's CTA-wide pass, the same bits), ordered_sum otherwise (the host's passes).
+template <class Passes, class WeightFn>
+SPECULA_HOST_DEVICE constexpr double pass_sum(const Passes& passes, index_t n,
+                                              WeightFn&& w) noexcept {
+  if constexpr (requires { passes.sum(n, w); })
+    return passes.sum(n, w);
+  else
+    return ordered_sum(n, w);
+}
+
+}  // namespace detail
 
 /// Inverse-CDF sampling with one uniform u in (0, 1): returns the first index i with positive
 /// weight at which the running sum of positive weights exceeds u * total. Indices with

@@ -138,7 +138,7 @@ verify_chain_drafts(const Rule& rule, Source& src, index_t length, const token_t
     const auto p = target_row(i);
     const auto q = proposal(i);
     const token_t x = drafts[i];
-    const auto rule_i = bind_rule(rule_at(rule, i), p, x);
+    const auto rule_i = bind_rule(rule_at(rule, i), p, x, passes);
     const auto pos = static_cast<std::uint32_t>(i);
     // A placeholder (x < 0: no draft at this position, vLLM's -1) is rejected without a draw;
     // the token is then sampled from the residual with nothing proposed by a one-hot draft.
