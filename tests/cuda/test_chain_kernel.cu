@@ -121,16 +121,21 @@ struct device_setup {
   std::vector<std::byte>* workspace_after = nullptr;
   /// Per-request greedy flags (chain_batch_input::is_greedy), or none.
   std::vector<std::uint8_t> is_greedy = {};
+  /// NaN entries before the first row: with 1 or 2, no row is 16-byte aligned (the passes' vector
+  /// loads are not taken).
+  index_t lead = 0;
 };
 
-/// Rows of `cols` entries laid out with a stride of cols + pad (pad entries NaN).
-std::vector<float> with_stride(const std::vector<float>& rows, index_t cols, index_t pad) {
-  if (pad == 0) return rows;
+/// Rows of `cols` entries laid out with a stride of cols + pad after `lead` entries (pad and lead
+/// entries NaN).
+std::vector<float> with_stride(const std::vector<float>& rows, index_t cols, index_t pad,
+                               index_t lead = 0) {
+  if (pad == 0 && lead == 0) return rows;
   const auto n = static_cast<index_t>(rows.size()) / cols;
-  std::vector<float> out(static_cast<std::size_t>(n * (cols + pad)),
+  std::vector<float> out(static_cast<std::size_t>(lead + n * (cols + pad)),
                          std::numeric_limits<float>::quiet_NaN());
   for (index_t r = 0; r < n; ++r)
-    std::copy_n(rows.begin() + r * cols, cols, out.begin() + r * (cols + pad));
+    std::copy_n(rows.begin() + r * cols, cols, out.begin() + lead + r * (cols + pad));
   return out;
 }
 
@@ -140,8 +145,8 @@ results run_device(const batch& bt, bool one_hot, const Rule& rule = {}, bool gr
   const index_t stride = bt.vocab + setup.row_pad;
   device_vector<index_t> off(bt.offsets);
   device_vector<token_t> tok(bt.tokens);
-  device_vector<float> dr(with_stride(bt.draft, bt.vocab, setup.row_pad)),
-      tg(with_stride(bt.target, bt.vocab, setup.row_pad));
+  device_vector<float> dr(with_stride(bt.draft, bt.vocab, setup.row_pad, setup.lead)),
+      tg(with_stride(bt.target, bt.vocab, setup.row_pad, setup.lead));
   device_vector<request_rng> rng(bt.rng);
   device_vector<token_t> out(
       std::vector<token_t>(static_cast<std::size_t>(bt.drafts() + bt.size()), 77));
@@ -150,14 +155,14 @@ results run_device(const batch& bt, bool one_hot, const Rule& rule = {}, bool gr
       std::vector<std::uint8_t>(static_cast<std::size_t>(bt.drafts()), 9));
   device_vector<std::uint32_t> fl(
       std::vector<std::uint32_t>(static_cast<std::size_t>(bt.size()), 0));
-  chain_batch_input<float> in{bt.vocab,
-                              {off.ptr, bt.size() + 1},
-                              {tok.ptr, bt.drafts()},
-                              one_hot
-                                  ? batch_view<const float>{}
-                                  : batch_view<const float>{dr.ptr, bt.drafts(), bt.vocab, stride},
-                              {tg.ptr, bt.drafts() + bt.size(), bt.vocab, stride},
-                              {rng.ptr, bt.size()}};
+  chain_batch_input<float> in{
+      bt.vocab,
+      {off.ptr, bt.size() + 1},
+      {tok.ptr, bt.drafts()},
+      one_hot ? batch_view<const float>{}
+              : batch_view<const float>{dr.ptr + setup.lead, bt.drafts(), bt.vocab, stride},
+      {tg.ptr + setup.lead, bt.drafts() + bt.size(), bt.vocab, stride},
+      {rng.ptr, bt.size()}};
   device_vector<std::uint8_t> greedy_flags(setup.is_greedy);
   if (!setup.is_greedy.empty()) in.is_greedy = greedy_flags.cview();
   const chain_batch_output o{out.view(), n.view(), acc.view(), fl.view()};
@@ -272,19 +277,22 @@ TEST_CASE("device chain verification with row-aware rules (LANTERN++, typical) e
     require_equal(run_device(bt, false, typical), run_host(bt, false, typical));
   }
   // Cool-SD's schedule composed with LANTERN++, with a custom schedule: the table and the ω
-  // values copied by to_device, alone and per request.
-  const std::vector<double> omegas{2.0, 1.5, 1.25};
-  const scheduled_lantern_rule scheduled{host_rule,
-                                         relaxation_schedule::make_custom(omegas.data(), 3)};
-  const auto device_scheduled = cuda::to_device(scheduled);
-  const std::vector<scheduled_lantern_rule> each(4, scheduled);
-  const per_request<scheduled_lantern_rule> host_each{{each.data(), 4}};
-  const auto device_each = cuda::to_device(host_each);
-  for (std::uint64_t seed = 1; seed <= 3; ++seed) {
-    const batch bt(V, {5, 3, 0, 7}, seed);
-    INFO("scheduled, seed " << seed);
-    require_equal(run_device(bt, false, device_scheduled.rule()), run_host(bt, false, scheduled));
-    require_equal(run_device(bt, false, device_each.rule()), run_host(bt, false, host_each));
+  // values copied by to_device, alone and per request. ω ≥ 1 never walks a neighbour list in
+  // the optimal resampling (rules/lantern.hpp); ω < 1 walks those of tokens with ω·p < q.
+  for (const std::vector<double>& omegas :
+       {std::vector<double>{2.0, 1.5, 1.25}, std::vector<double>{0.6, 0.8, 1.4}}) {
+    const scheduled_lantern_rule scheduled{host_rule,
+                                           relaxation_schedule::make_custom(omegas.data(), 3)};
+    const auto device_scheduled = cuda::to_device(scheduled);
+    const std::vector<scheduled_lantern_rule> each(4, scheduled);
+    const per_request<scheduled_lantern_rule> host_each{{each.data(), 4}};
+    const auto device_each = cuda::to_device(host_each);
+    for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+      const batch bt(V, {5, 3, 0, 7}, seed);
+      INFO("scheduled, omega_1 " << omegas[0] << ", seed " << seed);
+      require_equal(run_device(bt, false, device_scheduled.rule()), run_host(bt, false, scheduled));
+      require_equal(run_device(bt, false, device_each.rule()), run_host(bt, false, host_each));
+    }
   }
 }
 
@@ -413,52 +421,161 @@ TEST_CASE("device G-test: one speculative round per request reproduces the toy m
   CHECK(bad < 1e-4);
 }
 
+namespace {
+
+/// A batch in the padded layout [B, L, V]: drafts -1 after each request's length, unused rows
+/// filled with a uniform row.
+struct padded_batch {
+  index_t vocab, size, max_draft;
+  std::vector<token_t> tokens;
+  std::vector<float> q, p;
+  std::vector<request_rng> rng;
+
+  padded_batch(const batch& bt, index_t L)
+      : vocab(bt.vocab),
+        size(bt.size()),
+        max_draft(L),
+        tokens(static_cast<std::size_t>(size * L), no_token),
+        q(static_cast<std::size_t>(size * L * vocab), 1.0f / static_cast<float>(vocab)),
+        p(static_cast<std::size_t>(size * (L + 1) * vocab), 1.0f / static_cast<float>(vocab)),
+        rng(bt.rng) {
+    const index_t V = vocab;
+    for (index_t b = 0; b < size; ++b) {
+      const auto sb = static_cast<std::size_t>(b);
+      const index_t len = bt.offsets[sb + 1] - bt.offsets[sb];
+      for (index_t i = 0; i < len; ++i) {
+        tokens[static_cast<std::size_t>(b * L + i)] =
+            bt.tokens[static_cast<std::size_t>(bt.offsets[sb] + i)];
+        std::copy_n(bt.draft.begin() + (bt.offsets[sb] + i) * V, V, q.begin() + (b * L + i) * V);
+      }
+      for (index_t i = 0; i <= len; ++i)
+        std::copy_n(bt.target.begin() + (bt.offsets[sb] + b + i) * V, V,
+                    p.begin() + (b * (L + 1) + i) * V);
+    }
+  }
+  [[nodiscard]] results empty_results() const {
+    return {std::vector<token_t>(static_cast<std::size_t>(size * (max_draft + 1))),
+            std::vector<std::int32_t>(static_cast<std::size_t>(size)),
+            std::vector<std::uint8_t>(static_cast<std::size_t>(size * max_draft)),
+            std::vector<std::uint32_t>(static_cast<std::size_t>(size))};
+  }
+};
+
+results run_host_padded(const padded_batch& pb, bool one_hot) {
+  results r = pb.empty_results();
+  const index_t B = pb.size, L = pb.max_draft, V = pb.vocab;
+  const padded_chain_input<float> in{
+      V,
+      B,
+      L,
+      pb.tokens,
+      {},
+      one_hot ? batch_view<const float>{} : batch_view<const float>{pb.q.data(), B * L, V},
+      {pb.p.data(), B * (L + 1), V},
+      pb.rng};
+  verify_chain_unchecked(host::seq, in, padded_chain_output{r.tokens, r.n, r.acc, r.flags});
+  return r;
+}
+
+/// The padded batch on the device: `split` CTAs per row (as run_device), rows after `lead` NaN
+/// entries; the workspace after the run in *workspace_after when given.
+results run_device_padded(const padded_batch& pb, bool one_hot, int split = 1, index_t lead = 0,
+                          std::vector<std::byte>* workspace_after = nullptr) {
+  const results init = pb.empty_results();
+  const index_t B = pb.size, L = pb.max_draft, V = pb.vocab;
+  device_vector<token_t> tok(pb.tokens), out(std::vector<token_t>(init.tokens.size(), 77));
+  device_vector<float> q(with_stride(pb.q, V, 0, lead)), p(with_stride(pb.p, V, 0, lead));
+  device_vector<request_rng> rng(pb.rng);
+  device_vector<std::int32_t> n(std::vector<std::int32_t>(init.n.size(), -5));
+  device_vector<std::uint8_t> acc(std::vector<std::uint8_t>(init.acc.size(), 9));
+  device_vector<std::uint32_t> fl(init.flags);
+  const padded_chain_input<float> in{
+      V,
+      B,
+      L,
+      {tok.ptr, B * L},
+      {},
+      one_hot ? batch_view<const float>{} : batch_view<const float>{q.ptr + lead, B * L, V},
+      {p.ptr + lead, B * (L + 1), V},
+      {rng.ptr, B}};
+  device_vector<std::byte> ws(
+      std::vector<std::byte>(split == 1 ? 8 : cuda::chain_workspace_bytes(B, V), std::byte{0xff}));
+  const auto pol = cuda::par_on(nullptr).with_workspace(ws.ptr, ws.n).with_row_split(split);
+  cuda::verify_chain(pol, in, padded_chain_output{out.view(), n.view(), acc.view(), fl.view()});
+  cuda::throw_on_error(cudaDeviceSynchronize(), "padded chain kernel");
+  if (workspace_after != nullptr) *workspace_after = ws.to_host();
+  return {out.to_host(), n.to_host(), acc.to_host(), fl.to_host()};
+}
+
+/// True when every byte of a workspace still holds the 0xff it started with.
+bool untouched(const std::vector<std::byte>& w) {
+  for (std::byte x : w)
+    if (x != std::byte{0xff}) return false;
+  return true;
+}
+
+}  // namespace
+
 TEST_CASE("device chain verification, padded layout, equals the host", "[cuda][device]") {
   if (!have_gpu()) return;
-  const index_t V = 300, L = 4, B = 3;
-  const batch bt(V, {2, 4, 0}, 17);
-  // Padded copies: drafts -1 after each request's length, unused rows filled with a valid row.
-  std::vector<token_t> tokens(static_cast<std::size_t>(B * L), no_token);
-  std::vector<float> q(static_cast<std::size_t>(B * L * V), 1.0f / V),
-      p(static_cast<std::size_t>(B * (L + 1) * V), 1.0f / V);
-  for (index_t b = 0; b < B; ++b) {
-    const auto sb = static_cast<std::size_t>(b);
-    const index_t len = bt.offsets[sb + 1] - bt.offsets[sb];
-    for (index_t i = 0; i < len; ++i) {
-      tokens[static_cast<std::size_t>(b * L + i)] =
-          bt.tokens[static_cast<std::size_t>(bt.offsets[sb] + i)];
-      std::copy_n(bt.draft.begin() + (bt.offsets[sb] + i) * V, V, q.begin() + (b * L + i) * V);
-    }
-    for (index_t i = 0; i <= len; ++i)
-      std::copy_n(bt.target.begin() + (bt.offsets[sb] + b + i) * V, V,
-                  p.begin() + (b * (L + 1) + i) * V);
-  }
-  std::vector<token_t> h_out(static_cast<std::size_t>(B * (L + 1)));
-  std::vector<std::int32_t> h_n(static_cast<std::size_t>(B));
-  std::vector<std::uint32_t> h_fl(static_cast<std::size_t>(B));
-  padded_chain_input<float> hin{
-      V, B, L, tokens, {}, {q.data(), B * L, V}, {p.data(), B * (L + 1), V}, bt.rng};
-  verify_chain_unchecked(host::seq, hin, padded_chain_output{h_out, h_n, {}, h_fl});
+  const padded_batch pb(batch(300, {2, 4, 0}, 17), 4);
+  require_equal(run_device_padded(pb, false), run_host_padded(pb, false));
+  require_equal(run_device_padded(pb, true), run_host_padded(pb, true));
+}
 
-  device_vector<token_t> d_tok(tokens), d_out(h_out);
-  device_vector<float> d_q(q), d_p(p);
-  device_vector<request_rng> d_rng(bt.rng);
-  device_vector<std::int32_t> d_n(h_n);
-  device_vector<std::uint32_t> d_fl(h_fl);
-  padded_chain_input<float> din{V,
-                                B,
-                                L,
-                                {d_tok.ptr, B * L},
-                                {},
-                                {d_q.ptr, B * L, V},
-                                {d_p.ptr, B * (L + 1), V},
-                                {d_rng.ptr, B}};
-  cuda::verify_chain(cuda::par_on(nullptr), din,
-                     padded_chain_output{d_out.view(), d_n.view(), {}, d_fl.view()});
-  cuda::throw_on_error(cudaDeviceSynchronize(), "padded chain kernel");
-  CHECK(d_out.to_host() == h_out);
-  CHECK(d_n.to_host() == h_n);
-  CHECK(d_fl.to_host() == h_fl);
+TEST_CASE("device padded chain verification split across CTAs per row equals the host",
+          "[cuda][device]") {
+  if (!have_gpu()) return;
+  for (index_t vocab : {300, 5000, 128256}) {
+    const padded_batch pb(batch(vocab, {3, 0, 5, 1}, 43), 5);
+    const results host = run_host_padded(pb, false);
+    const results host_one_hot = run_host_padded(pb, true);
+    for (int split : {2, 5, 64, 0}) {
+      INFO("vocab " << vocab << " split " << split);
+      require_equal(run_device_padded(pb, false, split), host);
+      require_equal(run_device_padded(pb, true, split), host_one_hot);
+    }
+  }
+  // The split path runs when asked (the workspace holds the stopping rows' tile sums) and not
+  // otherwise.
+  const padded_batch pb(batch(5000, {3, 2}, 29), 3);
+  std::vector<std::byte> after;
+  require_equal(run_device_padded(pb, false, 4, 0, &after), run_host_padded(pb, false));
+  CHECK_FALSE(untouched(after));
+  require_equal(run_device_padded(pb, false, 1, 0, &after), run_host_padded(pb, false));
+  CHECK(untouched(after));
+}
+
+TEST_CASE("device chain verification reads 16-byte aligned and unaligned rows alike",
+          "[cuda][device]") {
+  // Aligned rows are read with 16-byte loads redistributed by warp shuffles, unaligned ones
+  // element by element (block_passes.cuh): the same weights summed in the same order.
+  if (!have_gpu()) return;
+  const auto sch = relaxation_schedule::make_exponential(2.0, 0.5, 6);
+  const scheduled_relaxed_rule relaxed{sch, resampling::optimal};
+  const typical_rule typical = typical_rule::make(0.09, 0.3);
+  for (index_t vocab : {1024, 5000, 128256}) {  // 1024: full tiles only; others a partial one
+    const batch bt(vocab, {3, 0, 5, 1, 4}, 47);
+    const results host = run_host(bt, false), host_one_hot = run_host(bt, true),
+                  host_relaxed = run_host(bt, false, relaxed),
+                  host_typical = run_host(bt, false, typical);
+    for (index_t lead : {0, 1, 2}) {
+      for (int split : {1, 4}) {
+        INFO("vocab " << vocab << " lead " << lead << " split " << split);
+        device_setup setup;
+        setup.lead = lead;
+        require_equal(run_device(bt, false, exact_rule{}, false, split, setup), host);
+        require_equal(run_device(bt, true, exact_rule{}, false, split, setup), host_one_hot);
+        require_equal(run_device(bt, false, relaxed, false, split, setup), host_relaxed);
+        // Typical: the entropy is one CTA-wide pass in the host's order (equal unless some p(x)
+        // lies within a few ulps of the threshold: log differs between the libraries).
+        require_equal(run_device(bt, false, typical, false, split, setup), host_typical);
+      }
+    }
+    const padded_batch pb(bt, 5);
+    for (index_t lead : {0, 1})
+      require_equal(run_device_padded(pb, false, 1, lead), run_host_padded(pb, false));
+  }
 }
 
 namespace {
@@ -501,11 +618,6 @@ TEST_CASE("device chain verification: the split path runs when asked and not oth
   // With row_split = 4 the first kernel writes the stopping rows' tile sums to the workspace.
   require_equal(run_device(bt, false, exact_rule{}, false, 4, device_setup{nullptr, 0, &after}),
                 run_host(bt, false));
-  const auto untouched = [](const std::vector<std::byte>& w) {
-    for (std::byte x : w)
-      if (x != std::byte{0xff}) return false;
-    return true;
-  };
   CHECK_FALSE(untouched(after));
   // With row_split = 1 the workspace is never written.
   require_equal(run_device(bt, false, exact_rule{}, false, 1, device_setup{nullptr, 0, &after}),

@@ -170,6 +170,10 @@ TEST_CASE("padded chain launch checks refuse inconsistent arguments", "[cuda][ba
   auto bad_out = out;
   bad_out.num_accepted.data = nullptr;
   CHECK(sc::verify_chain_async(pol, in, bad_out) == invalid);
+  // The split path (both layouts) stores doubles in the workspace: it must be aligned for them.
+  CHECK(sc::verify_chain_async(
+            pol.with_workspace(m.at<void>(4), sc::chain_workspace_bytes(B, V)).with_row_split(2),
+            in, out) == invalid);
 }
 
 TEST_CASE("rules whose data the kernels read are checked before launching",

@@ -11,7 +11,9 @@
 ///
 /// Small batches: with a workspace in the policy and fewer requests than the GPU has SMs, the
 /// stopping row's tile sums are computed by several CTAs per request (chain_split_tiles_kernel)
-/// and the verifier reads them instead of summing (the same tile sums, so the same bits).
+/// and the verifier reads them instead of summing (the same tile sums, so the same bits); both
+/// layouts, flattened and padded. Float rows that are 16-byte aligned are read with vector loads
+/// (block_passes.cuh; the same bits).
 ///
 /// Bad data never causes an out-of-bounds read: a drafted token outside [0, V) (including -1
 /// padding inside a request's draft) sets chain_invalid_input for that request; NaN entries
@@ -48,6 +50,49 @@ inline constexpr index_t chain_max_vocab = 4096 * specula::detail::sum_tile;
 
 namespace detail {
 
+/// A proposal read as a single value (vector_weights: q(y) of a dense proposal, loaded).
+struct value_proposal {
+  float v;
+  [[nodiscard]] __host__ __device__ constexpr double operator()(index_t) const noexcept {
+    return static_cast<double>(v);
+  }
+};
+
+/// The chain residual over float rows with a dense proposal: rows p and q, read with 16-byte
+/// loads (block_passes.cuh); the weight is chain_residual's own on the loaded values.
+template <class BoundRule>
+struct vector_weights<
+    specula::detail::chain_residual<BoundRule, row_view<const float>, dense_proposal<float>>> {
+  using weights =
+      specula::detail::chain_residual<BoundRule, row_view<const float>, dense_proposal<float>>;
+  static constexpr bool enabled = true;
+  [[nodiscard]] __device__ static const float* p(const weights& w) noexcept { return w.p.data; }
+  [[nodiscard]] __device__ static const float* q(const weights& w) noexcept { return w.q.row.data; }
+  [[nodiscard]] __device__ static double weight(const weights& w, index_t y, float p_y,
+                                                float q_y) noexcept {
+    const value_row p{p_y};
+    const value_proposal q{q_y};
+    return specula::detail::chain_residual<BoundRule, value_row, value_proposal>{w.rule, p, q}(y);
+  }
+};
+
+/// The same with a one-hot proposal: row p only (q(y) depends on y alone).
+template <class BoundRule>
+struct vector_weights<
+    specula::detail::chain_residual<BoundRule, row_view<const float>, one_hot_proposal>> {
+  using weights =
+      specula::detail::chain_residual<BoundRule, row_view<const float>, one_hot_proposal>;
+  static constexpr bool enabled = true;
+  [[nodiscard]] __device__ static const float* p(const weights& w) noexcept { return w.p.data; }
+  [[nodiscard]] __device__ static const float* q(const weights&) noexcept { return nullptr; }
+  [[nodiscard]] __device__ static double weight(const weights& w, index_t y, float p_y,
+                                                float) noexcept {
+    const value_row p{p_y};
+    return specula::detail::chain_residual<BoundRule, value_row, one_hot_proposal>{w.rule, p,
+                                                                                   w.q}(y);
+  }
+};
+
 using chain_passes = block_passes<chain_block_threads>;
 /// Tile sums of rows up to chain_max_vocab stay recorded in shared memory (32 KiB).
 using chain_storage =
@@ -69,6 +114,12 @@ struct capture_passes {
   template <class WeightFn>
   __device__ double mass(index_t, const WeightFn&) const {
     return 0.0;
+  }
+  /// A signed sum (a row-aware rule's binding, such as typical acceptance's entropy) decides
+  /// where the verifier stops, so it is the CTA's own.
+  template <class WeightFn>
+  __device__ double sum(index_t n, const WeightFn& w) const {
+    return inner.sum(n, w);
   }
   template <class WeightFn>
   __device__ void summarize(index_t n, const WeightFn& w, summary_type& s) const {
@@ -101,6 +152,10 @@ struct replay_passes {
   template <class WeightFn>
   __device__ double mass(index_t n, const WeightFn& w) const {
     return inner.mass(n, w);
+  }
+  template <class WeightFn>
+  __device__ double sum(index_t n, const WeightFn& w) const {
+    return inner.sum(n, w);
   }
   template <class WeightFn>
   __device__ void summarize(index_t n, const WeightFn& w, summary_type& s) const {
@@ -239,79 +294,117 @@ __device__ inline bool greedy_request(const chain_batch_input<T>& in, index_t b)
   return !in.is_greedy.empty() && in.is_greedy[b] != 0;
 }
 
-/// Request blockIdx.x of a flattened batch with the whole CTA.
-template <class Rule, class T, class Passes>
-__device__ void flattened_request(const Rule& rule, const chain_batch_input<T>& in,
-                                  const chain_batch_output& out, double residual_floor,
-                                  const Passes& passes) {
-  const auto b = static_cast<index_t>(blockIdx.x);
-  if (greedy_request(in, b)) {
-    block_greedy_segment(specula::detail::flattened_segment(in.draft_offsets, b), in.vocab_size,
-                         in.draft_tokens.data, in.target_probs, out.output_tokens.data,
-                         out.accepted.empty() ? nullptr : out.accepted.data,
-                         out.num_accepted.data + b,
-                         out.flags.empty() ? nullptr : out.flags.data + b, passes,
-                         in.draft_tokens.size, in.target_probs.rows, out.output_tokens.size);
-    return;
-  }
-  block_chain_segment(specula::detail::request_rule(rule, b), in.rng[b],
-                      specula::detail::flattened_segment(in.draft_offsets, b), in.vocab_size,
-                      in.draft_tokens.data, in.draft_probs, in.target_probs, residual_floor,
-                      out.output_tokens.data, out.accepted.empty() ? nullptr : out.accepted.data,
-                      out.num_accepted.data + b, out.flags.empty() ? nullptr : out.flags.data + b,
-                      passes, in.draft_tokens.size, in.target_probs.rows, out.output_tokens.size);
+/// Padded requests are all sampled (padded_chain_input has no greedy flags).
+template <class T>
+__device__ inline bool greedy_request(const padded_chain_input<T>&, index_t) {
+  return false;
 }
 
-template <class Rule, class T>
-SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
-    chain_flattened_kernel(Rule rule, chain_batch_input<T> in, chain_batch_output out,
-                           double residual_floor) {
-  __shared__ chain_storage storage;
-  flattened_request(rule, in, out, residual_floor, chain_passes(storage));
+/// Request b's segment: its drafts and rows in the flattened layout ...
+template <class T>
+__device__ specula::detail::chain_segment request_segment(const chain_batch_input<T>& in,
+                                                          index_t b) {
+  return specula::detail::flattened_segment(in.draft_offsets, b);
 }
 
-template <class Rule, class T>
-SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
-    chain_padded_kernel(Rule rule, padded_chain_input<T> in, padded_chain_output out,
-                        double residual_floor) {
-  __shared__ chain_storage storage;
-  const chain_passes passes(storage);
-  const auto b = static_cast<index_t>(blockIdx.x);
+/// ... and in the padded one (lengths from draft_lengths, clamped to [0, L], or up to the first
+/// -1; every thread).
+template <class T>
+__device__ specula::detail::chain_segment request_segment(const padded_chain_input<T>& in,
+                                                          index_t b) {
   const index_t len_max = in.max_draft;
-  // Lengths from draft_lengths (clamped to [0, L]) or up to the first -1 (every thread).
   index_t n = specula::detail::padded_length(in.draft_tokens, in.draft_lengths, len_max, b);
   n = n < 0 ? 0 : (n > len_max ? len_max : n);
-  const specula::detail::chain_segment s{n, b * len_max, b * (len_max + 1)};
+  return {n, b * len_max, b * (len_max + 1)};
+}
+
+/// Drafted tokens of a batch (the bound of a segment's drafts).
+template <class T>
+__device__ index_t batch_drafts(const chain_batch_input<T>& in) {
+  return in.draft_tokens.size;
+}
+template <class T>
+__device__ index_t batch_drafts(const padded_chain_input<T>& in) {
+  return in.batch_size * in.max_draft;
+}
+
+/// Request blockIdx.x of a flattened batch with the whole CTA.
+template <class Rule, class T, class Passes>
+__device__ void verify_request(const Rule& rule, const chain_batch_input<T>& in,
+                               const chain_batch_output& out, double residual_floor,
+                               const Passes& passes) {
+  const auto b = static_cast<index_t>(blockIdx.x);
+  if (greedy_request(in, b)) {
+    block_greedy_segment(
+        request_segment(in, b), in.vocab_size, in.draft_tokens.data, in.target_probs,
+        out.output_tokens.data, out.accepted.empty() ? nullptr : out.accepted.data,
+        out.num_accepted.data + b, out.flags.empty() ? nullptr : out.flags.data + b, passes,
+        batch_drafts(in), in.target_probs.rows, out.output_tokens.size);
+    return;
+  }
+  block_chain_segment(specula::detail::request_rule(rule, b), in.rng[b], request_segment(in, b),
+                      in.vocab_size, in.draft_tokens.data, in.draft_probs, in.target_probs,
+                      residual_floor, out.output_tokens.data,
+                      out.accepted.empty() ? nullptr : out.accepted.data, out.num_accepted.data + b,
+                      out.flags.empty() ? nullptr : out.flags.data + b, passes, batch_drafts(in),
+                      in.target_probs.rows, out.output_tokens.size);
+}
+
+/// Request blockIdx.x of a padded batch with the whole CTA: as a flattened request, then -1 in
+/// the output slots and 0 in the accepted flags past its length.
+template <class Rule, class T, class Passes>
+__device__ void verify_request(const Rule& rule, const padded_chain_input<T>& in,
+                               const padded_chain_output& out, double residual_floor,
+                               const Passes& passes) {
+  const auto b = static_cast<index_t>(blockIdx.x);
+  const index_t len_max = in.max_draft;
+  const specula::detail::chain_segment s = request_segment(in, b);
   std::uint8_t* acc = out.accepted.empty() ? nullptr : out.accepted.data;
   block_chain_segment(specula::detail::request_rule(rule, b), in.rng[b], s, in.vocab_size,
                       in.draft_tokens.data, in.draft_probs, in.target_probs, residual_floor,
                       out.output_tokens.data, acc, out.num_accepted.data + b,
-                      out.flags.empty() ? nullptr : out.flags.data + b, passes,
-                      in.batch_size * len_max, in.target_probs.rows, out.output_tokens.size);
+                      out.flags.empty() ? nullptr : out.flags.data + b, passes, batch_drafts(in),
+                      in.target_probs.rows, out.output_tokens.size);
   if (threadIdx.x == 0) {
     token_t* outp = out.output_tokens.data + b * (len_max + 1);
-    for (index_t i = n + 1; i <= len_max; ++i) outp[i] = no_token;
+    for (index_t i = s.length + 1; i <= len_max; ++i) outp[i] = no_token;
     if (acc != nullptr)
-      for (index_t i = n; i < len_max; ++i) acc[b * len_max + i] = 0;
+      for (index_t i = s.length; i < len_max; ++i) acc[b * len_max + i] = 0;
   }
+}
+
+template <class Rule, class T>
+SPECULA_KERNEL void __launch_bounds__(chain_block_threads, SPECULA_CUDA_VERIFIER_MIN_CTAS)
+    chain_flattened_kernel(Rule rule, chain_batch_input<T> in, chain_batch_output out,
+                           double residual_floor) {
+  __shared__ chain_storage storage;
+  verify_request(rule, in, out, residual_floor, chain_passes(storage));
+}
+
+template <class Rule, class T>
+SPECULA_KERNEL void __launch_bounds__(chain_block_threads, SPECULA_CUDA_VERIFIER_MIN_CTAS)
+    chain_padded_kernel(Rule rule, padded_chain_input<T> in, padded_chain_output out,
+                        double residual_floor) {
+  __shared__ chain_storage storage;
+  verify_request(rule, in, out, residual_floor, chain_passes(storage));
 }
 
 /// Split path, kernel 1: grid (B, S). CTA (b, s) runs request b's verifier up to its stopping
 /// row and sums tiles [s·tiles/S, (s+1)·tiles/S) of that row's weights into
-/// tile_sums[b·tiles ..].
-template <class Rule, class T>
-SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
-    chain_split_tiles_kernel(Rule rule, chain_batch_input<T> in, chain_batch_output out,
-                             double residual_floor, double* tile_sums, index_t tiles) {
+/// tile_sums[b·tiles ..]. Either layout (Input: chain_batch_input or padded_chain_input).
+template <class Rule, class Input, class Output>
+SPECULA_KERNEL void __launch_bounds__(chain_block_threads, SPECULA_CUDA_VERIFIER_MIN_CTAS)
+    chain_split_tiles_kernel(Rule rule, Input in, Output out, double residual_floor,
+                             double* tile_sums, index_t tiles) {
   __shared__ block_passes_storage<chain_block_threads, 1> storage;
   const auto b = static_cast<index_t>(blockIdx.x);
   const auto split = static_cast<index_t>(gridDim.y);
   const auto part = static_cast<index_t>(blockIdx.y);
   const capture_passes passes{chain_passes(storage), tile_sums + b * tiles, part * tiles / split,
                               (part + 1) * tiles / split};
-  const auto s = specula::detail::flattened_segment(in.draft_offsets, b);
+  const specula::detail::chain_segment s = request_segment(in, b);
   if (greedy_request(in, b)) return;  // verified by the second kernel alone (argmax passes)
-  if (!segment_in_bounds(s, in.draft_tokens.size, in.target_probs.rows)) return;
+  if (!segment_in_bounds(s, batch_drafts(in), in.target_probs.rows)) return;
   if (!drafts_in_range(in.draft_tokens.data + s.draft_row, s.length, in.vocab_size)) return;
   (void)specula::detail::run_segment(specula::detail::request_rule(rule, b), in.rng[b], s,
                                      in.draft_tokens.data, in.draft_probs, in.target_probs,
@@ -320,19 +413,19 @@ SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
 }
 
 /// Split path, kernel 2: one CTA per request runs the verifier with the first kernel's tile sums.
-template <class Rule, class T>
-SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
-    chain_split_finish_kernel(Rule rule, chain_batch_input<T> in, chain_batch_output out,
-                              double residual_floor, const double* tile_sums, index_t tiles) {
+template <class Rule, class Input, class Output>
+SPECULA_KERNEL void __launch_bounds__(chain_block_threads, SPECULA_CUDA_VERIFIER_MIN_CTAS)
+    chain_split_finish_kernel(Rule rule, Input in, Output out, double residual_floor,
+                              const double* tile_sums, index_t tiles) {
   __shared__ chain_storage storage;
   const auto b = static_cast<index_t>(blockIdx.x);
-  flattened_request(rule, in, out, residual_floor,
-                    replay_passes{chain_passes(storage), tile_sums + b * tiles});
+  verify_request(rule, in, out, residual_floor,
+                 replay_passes{chain_passes(storage), tile_sums + b * tiles});
 }
 
 /// Greedy chain verification: the host's greedy_chain_request with a CTA-wide argmax.
 template <class T>
-SPECULA_KERNEL void __launch_bounds__(chain_block_threads)
+SPECULA_KERNEL void __launch_bounds__(chain_block_threads, SPECULA_CUDA_VERIFIER_MIN_CTAS)
     greedy_chain_kernel(chain_batch_input<T> in, chain_batch_output out) {
   __shared__ chain_storage storage;
   const auto b = static_cast<index_t>(blockIdx.x);
@@ -421,6 +514,42 @@ inline index_t row_tiles(index_t vocab) {
          sizeof(double);
 }
 
+namespace detail {
+
+/// The launches of verify_chain_async, either layout: one CTA per request (`kernel`), or the
+/// split path's two kernels when the policy's workspace holds chain_workspace_bytes(B, V) and
+/// ctas_per_row asks for more than one CTA per request. The workspace must be aligned for
+/// doubles (checked here, before any launch).
+template <class Rule, class Input, class Output, class Kernel>
+cudaError_t launch_chain(const par_policy& pol, const Input& in, const Output& out,
+                         double residual_floor, const Rule& rule, index_t batch, Kernel* kernel) {
+  if (const cudaError_t e = launch_check{}.aligned(pol.workspace, alignof(double)).status();
+      e != cudaSuccess)
+    return e;  // the split path stores doubles there
+  if (const cudaError_t e = check_rule(rule, in.vocab_size, batch); e != cudaSuccess) return e;
+  const index_t tiles = row_tiles(in.vocab_size);
+  const int split =
+      pol.workspace_bytes >= chain_workspace_bytes(batch, in.vocab_size) && pol.workspace != nullptr
+          ? ctas_per_row(pol, batch, tiles)
+          : 1;
+  if (split <= 1) {
+    kernel<<<static_cast<unsigned>(batch), chain_block_threads, 0, pol.stream>>>(rule, in, out,
+                                                                                 residual_floor);
+    return cudaGetLastError();
+  }
+  auto* sums = static_cast<double*>(pol.workspace);
+  chain_split_tiles_kernel<Rule, Input, Output>
+      <<<dim3(static_cast<unsigned>(batch), static_cast<unsigned>(split)), chain_block_threads, 0,
+         pol.stream>>>(rule, in, out, residual_floor, sums, tiles);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  chain_split_finish_kernel<Rule, Input, Output>
+      <<<static_cast<unsigned>(batch), chain_block_threads, 0, pol.stream>>>(
+          rule, in, out, residual_floor, sums, tiles);
+  return cudaGetLastError();
+}
+
+}  // namespace detail
+
 /// Enqueues chain verification of a flattened (ragged) batch on pol.stream. All pointers in
 /// `in` and `out` are device pointers; extents are those of the host API. Returns the launch
 /// status without synchronising, or cudaErrorInvalidValue without launching when the extents
@@ -441,37 +570,14 @@ cudaError_t verify_chain_async(const par_policy& pol, const chain_batch_input<T>
   if (specula::detail::flattened_batch(in.draft_offsets) == 0) return cudaSuccess;  // B = 0
   if (const cudaError_t e = detail::check_vocab(in.vocab_size); e != cudaSuccess) return e;
   if (const cudaError_t e = detail::check_flattened(in, out, true); e != cudaSuccess) return e;
-  const index_t batch = in.draft_offsets.size - 1;
-  if (const cudaError_t e = detail::launch_check{}.aligned(pol.workspace, alignof(double)).status();
-      e != cudaSuccess)
-    return e;  // the split path stores doubles there
-  if (const cudaError_t e = detail::check_rule(rule, in.vocab_size, batch); e != cudaSuccess)
-    return e;
-  const index_t tiles = detail::row_tiles(in.vocab_size);
-  const int split =
-      pol.workspace_bytes >= chain_workspace_bytes(batch, in.vocab_size) && pol.workspace != nullptr
-          ? detail::ctas_per_row(pol, batch, tiles)
-          : 1;
-  if (split <= 1) {
-    detail::chain_flattened_kernel<Rule, T>
-        <<<static_cast<unsigned>(batch), chain_block_threads, 0, pol.stream>>>(
-            rule, in, out, options.residual_floor);
-    return cudaGetLastError();
-  }
-  auto* sums = static_cast<double*>(pol.workspace);
-  detail::chain_split_tiles_kernel<Rule, T>
-      <<<dim3(static_cast<unsigned>(batch), static_cast<unsigned>(split)), chain_block_threads, 0,
-         pol.stream>>>(rule, in, out, options.residual_floor, sums, tiles);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  detail::chain_split_finish_kernel<Rule, T>
-      <<<static_cast<unsigned>(batch), chain_block_threads, 0, pol.stream>>>(
-          rule, in, out, options.residual_floor, sums, tiles);
-  return cudaGetLastError();
+  return detail::launch_chain(pol, in, out, options.residual_floor, rule, in.draft_offsets.size - 1,
+                              detail::chain_flattened_kernel<Rule, T>);
 }
 
 /// Enqueues chain verification of a padded [B, L, V] batch (device pointers). Returns
-/// cudaErrorInvalidValue without launching for inconsistent extents or a rule whose data the
-/// device cannot read (detail::check_rule).
+/// cudaErrorInvalidValue without launching for inconsistent extents, a workspace not aligned
+/// for doubles, or a rule whose data the device cannot read (detail::check_rule). CTAs per
+/// request as the flattened layout's (the same split path, the same bits).
 template <class T, batch_chain_rule Rule = exact_rule>
 cudaError_t verify_chain_async(const par_policy& pol, const padded_chain_input<T>& in,
                                const padded_chain_output& out, const chain_options& options = {},
@@ -479,13 +585,8 @@ cudaError_t verify_chain_async(const par_policy& pol, const padded_chain_input<T
   if (in.batch_size == 0) return cudaSuccess;  // B = 0 is a no-op
   if (const cudaError_t e = detail::check_vocab(in.vocab_size); e != cudaSuccess) return e;
   if (const cudaError_t e = detail::check_padded(in, out); e != cudaSuccess) return e;
-  if (const cudaError_t e = detail::check_rule(rule, in.vocab_size, in.batch_size);
-      e != cudaSuccess)
-    return e;
-  detail::chain_padded_kernel<Rule, T>
-      <<<static_cast<unsigned>(in.batch_size), chain_block_threads, 0, pol.stream>>>(
-          rule, in, out, options.residual_floor);
-  return cudaGetLastError();
+  return detail::launch_chain(pol, in, out, options.residual_floor, rule, in.batch_size,
+                              detail::chain_padded_kernel<Rule, T>);
 }
 
 /// Enqueues greedy chain verification of a flattened batch (rows may be logits).

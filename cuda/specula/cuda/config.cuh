@@ -53,5 +53,13 @@
 #define SPECULA_CUDA_HIDDEN
 #endif
 
+/// Resident CTAs per SM the verifier kernels (chain, tree, K candidates) are compiled for: the
+/// second argument of their __launch_bounds__. Without it ptxas picks a register budget by its
+/// own occupancy heuristic and chose 64 registers with spills to local memory for several of them
+/// (docs/cuda.md lists the numbers); 2 caps them at 128 registers (two 256-thread CTAs per SM).
+#ifndef SPECULA_CUDA_VERIFIER_MIN_CTAS
+#define SPECULA_CUDA_VERIFIER_MIN_CTAS 2
+#endif
+
 /// Declares a kernel with hidden visibility.
 #define SPECULA_KERNEL __global__ SPECULA_CUDA_HIDDEN

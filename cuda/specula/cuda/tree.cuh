@@ -260,7 +260,7 @@ __device__ inline void write_invalid_tree(index_t b, index_t base, index_t size,
 enum class tree_proposal : std::uint8_t { one_hot, with_replacement, without_replacement };
 
 template <class Rule, class T, tree_proposal Proposal>
-SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
+SPECULA_KERNEL void __launch_bounds__(tree_block_threads, SPECULA_CUDA_VERIFIER_MIN_CTAS)
     tree_kernel(Rule rule, tree_device_input<T> in, tree_batch_output out, double residual_floor) {
   __shared__ tree_storage storage;
   __shared__ shared_tree tree;
@@ -328,7 +328,7 @@ SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
 }
 
 template <class Rule, class T>
-SPECULA_KERNEL void __launch_bounds__(tree_block_threads)
+SPECULA_KERNEL void __launch_bounds__(tree_block_threads, SPECULA_CUDA_VERIFIER_MIN_CTAS)
     candidates_kernel(Rule rule, candidates_device_input<T> in, candidates_device_output out,
                       double residual_floor, sibling_sampling sampling) {
   __shared__ tree_storage storage;

@@ -485,10 +485,16 @@ verify_candidates(const Rule& rule, Source& src, row_view<const T> p, const Prop
         return true;
       };
       bool done = false;
-      if (j == 1 && !requires { Proposal::zero_off_candidates; }) {
-        // First step: p^(1) = p and no earlier candidates, a simple loop the compiler vectorises.
-        done = finish_step(detail::first_candidate_residual<Rule, T, Proposal>{rule, p, proposal,
-                                                                               cand[0], renorm});
+      // First step on the host: p^(1) = p and no earlier candidates, a simple loop the compiler
+      // vectorises. The device takes candidate_residual at every step (the same weights: with
+      // j = 1 it is residual_weight(p(x), q^(1)(x))), so a kernel inlines one copy of the
+      // step's passes and samples instead of two.
+      if constexpr (!SPECULA_IS_DEVICE_CODE && !requires { Proposal::zero_off_candidates; }) {
+        if (j == 1)
+          done = finish_step(detail::first_candidate_residual<Rule, T, Proposal>{rule, p, proposal,
+                                                                                 cand[0], renorm});
+        else
+          done = finish_step(detail::candidate_residual<Rule, T, Proposal>{rec, j});
       } else {
         done = finish_step(detail::candidate_residual<Rule, T, Proposal>{rec, j});
       }
