@@ -142,7 +142,7 @@ register_steps() {
   step device_tests 30 150 '$BIN/specula_test_cuda' --durations yes
   # The example transformer on the GPU (docs/cuda.md): its device tests, the pass cost against
   # tree nodes, and the demo's tables with every model on the GPU (one round, one sample).
-  step model_tests 30 120 env SPECULA_MODELS_DIR=examples/models \
+  step model_tests 30 180 env SPECULA_MODELS_DIR=examples/models \
     '$BIN/specula_test_cuda_model' --durations yes
   step bench_peers 20 100 '$BIN/specula_bench_peers' --benchmark_min_time=0.01 \
     '--benchmark_out=$RESULTS/bench_peers.json' --benchmark_out_format=json

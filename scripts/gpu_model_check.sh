@@ -2,7 +2,8 @@
 # The example transformer on the GPU, in one short device run (a step of the prepared GPU check):
 #   1. the device tests of the model (tests/cuda/model: forward vs host on every shipped model's
 #      held-out windows, commit/rollback vs recomputation, greedy loops vs host greedy, SSD vs
-#      host stepwise, sampled and resident SD G-tests, resident SD's bytes to the host);
+#      host stepwise, sampled and resident SD G-tests, resident SD's bytes to the host, resident
+#      tree SD, SJD / SJD-PAC, Cool-SD and SSD, CUDA graphs against direct launches);
 #   2. scripts/demo.sh's tables with every model on the GPU (DEMO_DEVICE=cuda), one round;
 #   3. when built, specula_bench_device_model: a pass of 1..64 tree nodes and the weights' copy.
 #

@@ -2,9 +2,10 @@
 // number of query nodes, and a device-to-device copy of the model's fp32 weights as the
 // bandwidth baseline, in the same process.
 //
-//   device_transformer/pass/<model>/ctx:<C>/n:<N>: one token tree of N nodes (random parents)
-//     below C committed tokens, evaluate_device + stream synchronisation; the target is
-//     n:64 <= 1.3 x n:1 on one H100.
+//   device_transformer/pass/<model>/ctx:<C>/n:<N>/graphs:<G>: one token tree of N nodes (random
+//     parents) below C committed tokens, evaluate_device + stream synchronisation, the pass's
+//     launches direct (G = 0) or replayed from a CUDA graph (G = 1; set_graphs); the issue's
+//     target is n:64 <= 1.3 x n:1 on one H100.
 //   device_transformer/weights_copy/<model>: cudaMemcpyAsync of the weight bytes (D2D) +
 //     synchronisation.
 //
@@ -42,7 +43,8 @@ void bm_pass(benchmark::State& state, const std::string& name) {
     return;
   }
   const auto w = ex::transformer_weights::load(models_dir / (name + ".safetensors"));
-  const ex::device_transformer model(w);
+  ex::device_transformer model(w);
+  model.set_graphs(state.range(2) != 0);
   const index_t ctx = state.range(0), n = state.range(1), V = w.config.vocab_size;
   std::mt19937_64 g(1);
   std::vector<token_t> prompt(static_cast<std::size_t>(ctx));
@@ -93,8 +95,8 @@ void bm_weights_copy(benchmark::State& state, const std::string& name) {
 const bool registered = [] {
   for (const std::string name : {"text-target", "image-ar-256"}) {
     benchmark::RegisterBenchmark(("device_transformer/pass/" + name).c_str(), bm_pass, name)
-        ->ArgNames({"ctx", "n"})
-        ->ArgsProduct({{128}, {1, 8, 16, 32, 64}})
+        ->ArgNames({"ctx", "n", "graphs"})
+        ->ArgsProduct({{128}, {1, 8, 16, 32, 64}, {0, 1}})
         ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("device_transformer/weights_copy/" + name).c_str(),
                                  bm_weights_copy, name)

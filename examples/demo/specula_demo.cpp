@@ -62,8 +62,12 @@
 #include "specula_example/transformer.hpp"
 #include "specula_example/vq_image.hpp"
 #ifdef SPECULA_DEMO_CUDA
+#include "specula_example/device_resident_sd.hpp"
+#include "specula_example/device_resident_sjd.hpp"
 #include "specula_example/device_transformer.hpp"
+#include "specula_example/resident_ssd.hpp"
 #endif
+#include "specula_example/resident_greedy.hpp"
 
 #include "heatmap.hpp"
 #include "png_writer.hpp"
@@ -149,6 +153,7 @@ struct demo_options {
   index_t num_samples = 1;
   index_t threads = 1;         // backend threads of every model (0: one per hardware thread)
   std::string device = "cpu";  // cpu (the example backend) | cuda (device_transformer)
+  bool no_resident = false;    // --device cuda: every loop through device_session
   std::filesystem::path models_dir = SPECULA_MODELS_DIR;
   std::string backend = "specula";  // --backend: specula (the example backend) or llama.cpp
 #if defined(SPECULA_DEMO_LLAMA_CPP)
@@ -484,6 +489,25 @@ std::vector<token_t> ar_decode(Model& m, std::span<const token_t> prompt, index_
   return out;
 }
 
+/// --device cuda: whether the method runs as a resident loop (rows kept on the GPU, only tokens,
+/// counters and row summaries crossing): sd and cool-sd sampled (no --greedy / --draft-greedy /
+/// --p-min), sjd and sjd-pac (the exact variant, random initialisation), jacobi and multiblock
+/// (greedy), ar (resident SD
+/// without drafts, so that speedups compare resident with resident; greedy as top-k = 1), and on
+/// the diffusion task ssd and its stepwise baseline; never on a task whose rows are restricted to
+/// part of the vocabulary (image).
+bool resident_loop(const demo_options& o, index_t vocab_limit, index_t vocab) {
+  if (o.device != "cuda" || o.no_resident || vocab_limit < vocab || o.cfg != 1.0) return false;
+  if (o.task == task_kind::diffusion) return o.method == "ssd" || o.method == "ar";
+  if (o.method == "ar" || o.method == "jacobi" || o.method == "multiblock") return true;
+  if (o.method == "sd" || o.method == "cool-sd")
+    return !o.greedy && !o.draft_greedy && o.p_min <= 0.0;
+  if (o.method == "sjd" || o.method == "sjd-pac")
+    return o.sjd_variant == "exact" && o.init.find("horizontal") == std::string::npos &&
+           o.init.find("vertical") == std::string::npos;
+  return false;
+}
+
 /// f(the masked diffusion model in use): the GPU model with --device cuda, else the host one.
 template <class F>
 std::vector<token_t> with_masked(const run_input& in, F&& f) {
@@ -508,6 +532,12 @@ specula::ssd_options ssd_options_of(const demo_options& o) {
 /// The diffusion task's baseline: stepwise low-confidence remasking, one position per forward
 /// pass of text-diffusion.
 std::vector<token_t> run_diffusion_stepwise(const run_input& in, decode_stats& st) {
+#ifdef SPECULA_DEMO_CUDA
+  if (in.device != nullptr && resident_loop(in.opt, in.vocab_limit, in.model.vocab_size())) {
+    ex::resident_ssd_rows<ex::device_transformer> rows(*in.device);
+    return ex::resident_stepwise_decode(*in.device, rows, in.prompt, ssd_options_of(in.opt), &st);
+  }
+#endif
   return with_masked(in, [&](const auto& m) {
     return specula::diffusion_stepwise_decode(m, in.prompt, ssd_options_of(in.opt), &st);
   });
@@ -515,6 +545,21 @@ std::vector<token_t> run_diffusion_stepwise(const run_input& in, decode_stats& s
 
 std::vector<token_t> run_ar(const run_input& in, decode_stats& st) {
   if (in.opt.task == task_kind::diffusion) return run_diffusion_stepwise(in, st);
+#ifdef SPECULA_DEMO_CUDA
+  if (in.device != nullptr && resident_loop(in.opt, in.vocab_limit, in.model.vocab_size())) {
+    // Resident SD without drafts: each step one pass of the root, the token drawn on the GPU
+    // (a one-node tree's verification emits a sample of p).
+    ex::device_sd_ops ops(*in.device, *in.device);
+    ex::resident_sd_options ro;
+    ro.draft_length = 0;
+    ro.max_new_tokens = in.opt.max_new_tokens;
+    ro.target = sampling_of(in.opt);
+    if (in.opt.greedy) ro.target.top_k = 1;  // one-hot p: the verifier emits the argmax
+    auto out = ex::resident_speculative_decode(ops, in.prompt, ro, in.rng, &st);
+    if (in.progress != nullptr) in.progress->advance(static_cast<index_t>(out.size()));
+    return out;
+  }
+#endif
   demo_session m(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
                  in.llama_target);
   return ar_decode(m, in.prompt, in.opt.max_new_tokens, sampling_of(in.opt), in.opt.greedy, in.rng,
@@ -602,6 +647,22 @@ std::vector<token_t> speculative(const run_input& in, decode_stats& st, sd_rule 
     so.draft_tree = specula::trees::first_path_siblings(o.draft_tree_width, o.draft_tree_depth);
   else if (o.draft_tree_width > 0)
     so.draft_tree = specula::trees::full(o.draft_tree_width, o.draft_tree_depth);
+#ifdef SPECULA_DEMO_CUDA
+  if (rule != sd_rule::lantern && in.device_draft != nullptr &&
+      resident_loop(o, in.vocab_limit, in.model.vocab_size())) {
+    ex::device_sd_ops ops(*in.device, *in.device_draft);
+    ex::resident_sd_options ro;
+    ro.draft_length = so.draft_length;
+    ro.draft_tree = so.draft_tree;
+    ro.max_new_tokens = so.max_new_tokens;
+    ro.target = so.target;
+    ro.draft = so.draft;
+    if (rule == sd_rule::cool) ro.relaxed = cool_rule(o);
+    auto out = ex::resident_speculative_decode(ops, in.prompt, ro, in.rng, &st);
+    if (in.progress != nullptr) in.progress->advance(static_cast<index_t>(out.size()));
+    return out;
+  }
+#endif
   demo_session target(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
                       in.llama_target);
   // The draft sees the same vocabulary limit and, with --cfg, the same guidance.
@@ -745,7 +806,26 @@ specula::sjd_options sjd_options_of(const run_input& in, bool pac) {
   return so;
 }
 
+/// --device cuda: SJD / SJD-PAC as the resident loop (see resident_loop); nullopt otherwise.
+std::optional<std::vector<token_t>> resident_sjd(const run_input& in,
+                                                 const specula::sjd_options& so, decode_stats& st) {
+#ifdef SPECULA_DEMO_CUDA
+  if (in.device != nullptr && resident_loop(in.opt, in.vocab_limit, in.model.vocab_size())) {
+    ex::device_sjd_ops ops(*in.device);
+    auto out = ex::resident_sjd_decode(ops, in.prompt, so, in.rng, specula::tree_verifier<>{}, &st);
+    if (in.progress != nullptr) in.progress->advance(static_cast<index_t>(out.size()));
+    return out;
+  }
+#else
+  (void)in;
+  (void)so;
+  (void)st;
+#endif
+  return std::nullopt;
+}
+
 std::vector<token_t> run_sjd(const run_input& in, decode_stats& st) {
+  if (auto out = resident_sjd(in, sjd_options_of(in, false), st)) return *std::move(out);
   demo_session m(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
                  in.llama_target);
   return specula::sjd_decode(m, in.prompt, sjd_options_of(in, false), in.rng, &st);
@@ -754,6 +834,7 @@ std::vector<token_t> run_sjd_pac(const run_input& in, decode_stats& st) {
   demo_session m(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
                  in.llama_target);
   auto so = sjd_options_of(in, true);
+  if (auto out = resident_sjd(in, so, st)) return *std::move(out);
   const std::string& v = in.opt.sjd_variant;
   // The authors' code's deviations (docs/decoding.md; biased, for measurement only): (a) the
   // longest accepted sibling path, (b) siblings drawn from the AC residual.
@@ -790,11 +871,33 @@ specula::jacobi_init jacobi_init_of(const std::string& init) {
                              : specula::jacobi_init::repeat_last;
 }
 
+/// --device cuda: a greedy loop `run(ops)` over resident_greedy_ops on the GPU (see
+/// resident_loop); nullopt otherwise.
+template <class Run>
+std::optional<std::vector<token_t>> resident_greedy(const run_input& in, Run&& run) {
+#ifdef SPECULA_DEMO_CUDA
+  if (in.device != nullptr && resident_loop(in.opt, in.vocab_limit, in.model.vocab_size())) {
+    ex::resident_greedy_ops<ex::device_session> ops(*in.device);
+    auto out = run(ops);
+    if (in.progress != nullptr) in.progress->advance(static_cast<index_t>(out.size()));
+    return out;
+  }
+#else
+  (void)in;
+  (void)run;
+#endif
+  return std::nullopt;
+}
+
 std::vector<token_t> run_jacobi(const run_input& in, decode_stats& st) {
   specula::jacobi_options jo;
   jo.window = in.opt.window;
   jo.max_new_tokens = in.opt.max_new_tokens;
   jo.init = jacobi_init_of(in.opt.init);
+  if (auto out = resident_greedy(in, [&](auto& ops) {
+        return ex::resident_jacobi_decode(ops, in.prompt, jo, in.rng, &st);
+      }))
+    return *std::move(out);
   demo_session m(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
                  in.llama_target);
   return specula::jacobi_decode(m, in.prompt, jo, in.rng, &st);
@@ -818,6 +921,10 @@ std::vector<token_t> run_multiblock(const run_input& in, decode_stats& st) {
   mo.ngram_length = in.opt.ngram;
   mo.max_new_tokens = in.opt.max_new_tokens;
   mo.init = jacobi_init_of(in.opt.init);
+  if (auto out = resident_greedy(in, [&](auto& ops) {
+        return ex::resident_multiblock_decode(ops, in.prompt, mo, in.rng, &st);
+      }))
+    return *std::move(out);
   demo_session m(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
                  in.llama_target);
   return specula::multiblock_decode(m, in.prompt, mo, in.rng, &st);
@@ -837,6 +944,12 @@ json params_multiblock(const demo_options& o) {
 
 /// Self-speculative decoding of the masked diffusion model (text-diffusion).
 std::vector<token_t> run_ssd(const run_input& in, decode_stats& st) {
+#ifdef SPECULA_DEMO_CUDA
+  if (in.device != nullptr && resident_loop(in.opt, in.vocab_limit, in.model.vocab_size())) {
+    ex::resident_ssd_rows<ex::device_transformer> rows(*in.device);
+    return ex::resident_ssd_decode(*in.device, rows, in.prompt, ssd_options_of(in.opt), &st);
+  }
+#endif
   return with_masked(in, [&](const auto& m) {
     return specula::ssd_decode(m, in.prompt, ssd_options_of(in.opt), &st);
   });
@@ -965,7 +1078,15 @@ void print_help() {
       "  --threads N          threads of the example backend's products and attention, for\n"
       "                       every model of the run (default 1; 0: one per hardware thread)\n"
       "  --device cpu|cuda    run the models on the CPU (default: the example backend) or on\n"
-      "                       the GPU (device_transformer; CUDA builds, no --cfg)\n"
+      "                       the GPU (device_transformer; CUDA builds, no --cfg); on the\n"
+      "                       text task sd and cool-sd (sampled, chain or tree drafts, no\n"
+      "                       --p-min),\n"
+      "                       sjd and sjd-pac (exact variant, random init), jacobi,\n"
+      "                       multiblock, ar,\n"
+      "                       and on the diffusion task ssd and ar keep their rows on the\n"
+      "                       GPU (resident loops)\n"
+      "  --no-resident        with --device cuda: no resident loops (every loop copies its\n"
+      "                       logits rows to the host, as on the CPU)\n"
       "  --prompt TEXT        text prompt (bytes; default: the start of a Python class)\n"
       "  --label C            image class: 0..7, a class name, or -1 (null label); default 0\n"
       "  --model NAME         text: text-target (default), text-target-jf (text-target\n"
@@ -1101,9 +1222,9 @@ demo_options parse_args(int argc, char** argv) {
   bool have_task = false, have_method = false;
   std::string task;
   const std::vector<std::string_view> switches = {
-      "--greedy",        "--draft-greedy",  "--no-ac",     "--no-pd",    "--json",
-      "--quiet",         "--no-recycling",  "--mix-order", "--fallback", "--count-root",
-      "--no-count-root", "--pd-first-path", "--ra-only"};
+      "--greedy",        "--draft-greedy",  "--no-ac",     "--no-pd",      "--json",
+      "--quiet",         "--no-recycling",  "--mix-order", "--fallback",   "--count-root",
+      "--no-count-root", "--pd-first-path", "--ra-only",   "--no-resident"};
   const std::vector<std::string_view> valued = {
       "--task",          "--method",         "--temperature", "--top-k",      "--top-p",
       "--seed",          "--max-new-tokens", "--prompt",      "--label",      "--num-samples",
@@ -1266,6 +1387,8 @@ demo_options parse_args(int argc, char** argv) {
       o.draft_greedy = true;
     } else if (flag == "--no-ac") {
       o.no_ac = true;
+    } else if (flag == "--no-resident") {
+      o.no_resident = true;
     } else if (flag == "--no-pd") {
       o.no_pd = true;
     } else if (flag == "--pd-first-path") {
@@ -1741,6 +1864,7 @@ int run(int argc, char** argv) {
   params["threads"] = model->options().threads;
   params["kernel"] = model->kernel() == ex::matmul_kernel::builtin ? "builtin" : "blas";
   params["backend"] = o.backend;
+  if (o.device == "cuda") params["resident"] = resident_loop(o, vocab_limit, model->vocab_size());
   if (o.task == task_kind::image) {
     params["model"] = o.image_model;
     params["label"] = label;

@@ -1,6 +1,7 @@
 #pragma once
 
-// The sampled draft-model SD G-test on a toy transformer, generic over the session type: the
+// The sampled draft-model SD G-test on a toy transformer, generic over the session type (and
+// the resident loops' G-tests, Cool-SD's ω check and the diffusion tests' options): the
 // device tests run it on the GPU model (tests/cuda/model), the host tests on the host model, so
 // CI checks without a GPU that the test has power (its negative control fails) and that the
 // law it tests against is right (the host loop passes).
@@ -18,7 +19,9 @@
 #include <vector>
 
 #include <specula/decode/speculative.hpp>
+#include <specula/decode/ssd.hpp>
 #include <specula/testing/goodness_of_fit.hpp>
+#include <specula_example/resident_sd.hpp>
 
 #include "../decode/decode_test_util.hpp"
 #include "transformer_test_util.hpp"
@@ -69,16 +72,24 @@ std::vector<std::uint64_t> toy_counts(Generate&& generate, std::uint32_t runs, s
   return counts;
 }
 
-/// The G-test of a lossless generator against `law` (4000 generations, p > 1e-4, drafts
-/// accepted) and of a biased one, the negative control (p < 1e-6).
-template <class Generate, class Biased>
-void check_toy_law(Generate&& generate, Biased&& biased, const std::vector<double>& law) {
+/// The G-test of a lossless generator against `law` (`runs` generations, p > 1e-4, drafts
+/// accepted).
+template <class Generate>
+void check_toy_gtest(Generate&& generate, const std::vector<double>& law,
+                     std::uint32_t runs = 4000) {
   decode_stats st;
-  const auto g = specula::testing::g_test(toy_counts(generate, 4000, 9, &st), law);
+  const auto g = specula::testing::g_test(toy_counts(generate, runs, 9, &st), law);
   INFO(g << ", step compression " << st.step_compression());
   CHECK(g.impossible_observations == 0);
   CHECK(g.p_value > 1e-4);
   CHECK(st.step_compression() > 1.0);
+}
+
+/// check_toy_gtest of a lossless generator, and the G-test of a biased one, the negative
+/// control (p < 1e-6).
+template <class Generate, class Biased>
+void check_toy_law(Generate&& generate, Biased&& biased, const std::vector<double>& law) {
+  check_toy_gtest(generate, law);
   const auto b = specula::testing::g_test(toy_counts(biased, 4000, 10, nullptr), law);
   INFO("negative control: " << b);
   CHECK(b.p_value < 1e-6);
@@ -98,6 +109,47 @@ void check_toy_sd_gtest(Session& target, Session& draft, const std::vector<doubl
     };
   };
   check_toy_law(sd(tree_verifier<>{}), sd(decode_testing::accept_all_verifier{}), law);
+}
+
+}  // namespace specula::example::testing
+
+namespace specula::example::testing {
+
+/// Cool-SD through resident SD (`ops`: host or device ops over the toy transformer pair whose
+/// target law is `law`): ω = 1 is the exact rule (the G-test passes), ω = 2 distorts the law
+/// (it fails, p < 1e-6); `runs` generations each.
+template <class Ops>
+void check_toy_relaxed_omega(Ops& ops, const std::vector<double>& law, std::uint32_t runs) {
+  const std::vector<token_t> prompt{0};
+  for (const double delta : {1.0, 2.0}) {
+    resident_sd_options opt;
+    opt.draft_length = 2;
+    opt.max_new_tokens = 3;
+    opt.relaxed = scheduled_relaxed_rule{};
+    opt.relaxed->schedule = relaxation_schedule::make_uniform(delta);
+    const auto g = specula::testing::g_test(toy_counts(
+                                                [&](const request_rng& rng, decode_stats* st) {
+                                                  return resident_speculative_decode(ops, prompt,
+                                                                                     opt, rng, st);
+                                                },
+                                                runs, 9, nullptr),
+                                            law);
+    INFO("delta " << delta << ": " << g);
+    if (delta == 1.0)
+      CHECK(g.p_value > 1e-4);
+    else
+      CHECK(g.p_value < 1e-6);
+  }
+}
+
+/// The diffusion tests' SSD options: 24 positions in blocks of 8, refreshes every 4 steps.
+inline ssd_options small_ssd_options(ssd_cache cache) {
+  ssd_options opt;
+  opt.gen_length = 24;
+  opt.block_size = 8;
+  opt.cache = cache;
+  opt.refresh_interval = 4;
+  return opt;
 }
 
 }  // namespace specula::example::testing

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "device_kernels.hpp"
+#include "specula/decode/row_top.hpp"
 
 namespace specula::example::device_detail {
 namespace {
@@ -259,6 +260,25 @@ cudaError_t gather_rows(cudaStream_t stream, float* data, int planes, int capaci
   if (count == 0 || planes == 0) return cudaSuccess;
   gather_kernel<<<dim3(planes, (row_size + threads - 1) / threads), threads, 0, stream>>>(
       data, capacity, row_size, at, from, count);
+  return cudaGetLastError();
+}
+
+namespace {
+
+__global__ void row_tops_kernel(const float* logits, int rows, int vocab,
+                                specula::detail::row_top* out) {
+  const int r = static_cast<int>(blockIdx.x) * blockDim.x + static_cast<int>(threadIdx.x);
+  if (r < rows)
+    out[r] = specula::detail::top_of(logits + static_cast<std::size_t>(r) * vocab, vocab);
+}
+
+}  // namespace
+
+cudaError_t row_tops(cudaStream_t stream, const float* logits, int rows, int vocab, void* out) {
+  if (rows <= 0) return cudaSuccess;
+  constexpr int block = 128;
+  row_tops_kernel<<<(rows + block - 1) / block, block, 0, stream>>>(
+      logits, rows, vocab, static_cast<specula::detail::row_top*>(out));
   return cudaGetLastError();
 }
 

@@ -50,4 +50,8 @@ cudaError_t swiglu(cudaStream_t stream, float* gate_up, int rows, int d_ff);
 cudaError_t gather_rows(cudaStream_t stream, float* data, int planes, int capacity, int row_size,
                         int at, const std::int32_t* from, int count);
 
+/// out[r] <- specula::detail::top_of(row r) for `rows` rows of `vocab` logits (one thread per
+/// row). `out` points to specula::detail::row_top entries.
+cudaError_t row_tops(cudaStream_t stream, const float* logits, int rows, int vocab, void* out);
+
 }  // namespace specula::example::device_detail

@@ -5,45 +5,24 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
+#include "device_buffers.hpp"
+#include "device_tree_verify.hpp"
 #include "device_verify.hpp"
 #include "specula/core/error.hpp"
-#include "specula/tree/builders.hpp"
 
 namespace specula::example {
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw_if_failed({status::invalid_parameter, -1, -1, static_cast<double>(e)}, what,
-                    cudaGetErrorString(e));
-}
+using device_detail::device_array;
+const auto check = device_detail::check_cuda;
 
-template <class T>
-struct device_array {
-  T* ptr = nullptr;
-  std::size_t n = 0;
-  void ensure(std::size_t count) {
-    if (count <= n) return;
-    cudaFree(ptr);  // synchronises: no pending work reads the old array
-    ptr = nullptr;
-    void* p = nullptr;
-    check(cudaMalloc(&p, count * sizeof(T)), "cudaMalloc");
-    ptr = static_cast<T*>(p);
-    n = count;
-  }
-  device_array() = default;
-  device_array(const device_array&) = delete;
-  device_array& operator=(const device_array&) = delete;
-  ~device_array() { cudaFree(ptr); }
-};
-
-/// The small per-step inputs of sampling and verification, uploaded as one block.
+/// The draft stream of a step's draws, uploaded once per step.
 struct step_inputs {
   request_rng rng;
-  index_t offsets[2];
 };
 
 }  // namespace
@@ -55,23 +34,33 @@ struct device_sd_ops::state {
   index_t V;
   device_array<float> q, p;              // nodes x V
   device_array<sampling_params> params;  // [0] target, [1] draft
-  device_array<step_inputs> draft_inputs, verify_inputs;
-  device_array<index_t> parents, accepted_nodes;
-  device_array<token_t> tokens, out_tokens, drafted;
-  device_array<std::int32_t> counts;  // [0] draw count, [1] accepted
-  device_array<std::uint32_t> flags;
+  device_array<step_inputs> draft_inputs;
+  device_array<token_t> drafted;
+  device_array<std::int32_t> counts;  // the draw count
+  device_detail::device_tree_verify verifier;
+  cudaEvent_t drafted_rows = nullptr;  // the draft stream's q rows, awaited by the target's
+  std::optional<scheduled_relaxed_rule> relaxed;  // Cool-SD's rule (unset: exact)
   request_rng draft_rng{};
   bool draft_rng_valid = false;
+  std::vector<index_t> path;
   device_traffic own;
 
   state(const device_transformer& t, const device_transformer& d)
-      : target_model(&t), draft_model(&d), target(t), draft(d), V(t.vocab_size()) {}
+      : target_model(&t), draft_model(&d), target(t), draft(d), V(t.vocab_size()) {
+    check(cudaEventCreateWithFlags(&drafted_rows, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  state(const state&) = delete;
+  state& operator=(const state&) = delete;
+  ~state() { cudaEventDestroy(drafted_rows); }
 
   [[nodiscard]] cudaStream_t target_stream() const {
     return static_cast<cudaStream_t>(target_model->stream());
   }
   [[nodiscard]] cudaStream_t draft_stream() const {
     return static_cast<cudaStream_t>(draft_model->stream());
+  }
+  [[nodiscard]] float* row(device_array<float>& rows, index_t u) const {
+    return rows.ptr + static_cast<std::size_t>(u) * static_cast<std::size_t>(V);
   }
 };
 
@@ -82,9 +71,7 @@ device_sd_ops::device_sd_ops(const device_transformer& target, const device_tran
                     "the draft model's vocabulary must equal the target's");
   s_->params.ensure(2);
   s_->draft_inputs.ensure(1);
-  s_->verify_inputs.ensure(1);
-  s_->counts.ensure(2);
-  s_->flags.ensure(1);
+  s_->counts.ensure(1);
   s_->drafted.ensure(1);
 }
 
@@ -97,108 +84,92 @@ void device_sd_ops::start(std::span<const token_t> prompt, const resident_sd_opt
   const sampling_params params[2] = {options.target, options.draft};
   check(cudaMemcpy(s.params.ptr, params, sizeof(params), cudaMemcpyHostToDevice), "cudaMemcpy");
   s.own.bytes_to_device += sizeof(params);
-  const auto rows = static_cast<std::size_t>(options.draft_length + 1);
+  if (options.relaxed)
+    require_parameter(options.relaxed->schedule.kind != schedule_kind::custom, "relaxed",
+                      static_cast<double>(options.relaxed->schedule.kind),
+                      "a custom schedule's values are host memory: not on the device");
+  s.relaxed = options.relaxed;
+  // Every row of a step stays in place until its verification: room for the largest tree.
+  const auto rows = static_cast<std::size_t>(options.draft_tree ? options.draft_tree->size()
+                                                                : options.draft_length + 1);
   s.q.ensure(rows * static_cast<std::size_t>(s.V));
   s.p.ensure(rows * static_cast<std::size_t>(s.V));
-  s.parents.ensure(rows);
-  s.tokens.ensure(rows);
-  s.out_tokens.ensure(rows);
-  s.accepted_nodes.ensure(rows);
+  s.verifier.reserve(static_cast<index_t>(rows));
+  s.drafted.ensure(static_cast<std::size_t>(
+      std::max<index_t>(1, options.draft_tree ? options.draft_tree->max_width() : 1)));
   s.draft_rng_valid = false;
   s.target.prefill(prompt);
-  s.draft.prefill(prompt);
+  if (options.draft_length > 0 || options.draft_tree) s.draft.prefill(prompt);  // else unused
 }
 
 index_t device_sd_ops::draft_context() const noexcept { return s_->draft.context_size(); }
 
-token_t device_sd_ops::draft(std::span<const token_t> tokens, index_t i, const request_rng& rng) {
+void device_sd_ops::draft_pass(const token_tree& tree, index_t commit, index_t first,
+                               index_t q_first) {
+  state& s = *s_;
+  if ((q_first + tree.size() - first) * s.V > static_cast<index_t>(s.q.n))
+    throw_if_failed({status::invalid_parameter, -1, -1, static_cast<double>(q_first)}, "q_first",
+                    "beyond the rows reserved by start()");
+  const float* logits = s.draft_model->evaluate_tree_device(s.draft.cache(), tree);
+  if (commit == tree.size()) {
+    s.draft.cache().commit_all();
+  } else if (commit > 0) {
+    s.path.resize(static_cast<std::size_t>(commit));
+    for (index_t k = 0; k < commit; ++k) s.path[static_cast<std::size_t>(k)] = k;
+    s.draft.commit(s.path);
+  }
+  check(device_detail::probs(s.draft_stream(), logits + first * s.V, tree.size() - first, s.V,
+                             s.params.ptr + 1, s.row(s.q, q_first)),
+        "logits_to_probs_async");
+  check(cudaEventRecord(s.drafted_rows, s.draft_stream()), "cudaEventRecord");
+}
+
+index_t device_sd_ops::sample(index_t u, index_t k, const request_rng& rng,
+                              std::span<token_t> out) {
   state& s = *s_;
   const cudaStream_t stream = s.draft_stream();
-  const token_tree chain = trees::chain(tokens);
-  const float* logits = s.draft_model->evaluate_tree_device(s.draft.cache(), chain);
-  s.draft.cache().commit_all();
-  float* q = s.q.ptr + static_cast<std::size_t>(i) * static_cast<std::size_t>(s.V);
-  check(
-      device_detail::probs(stream, logits + (chain.size() - 1) * s.V, 1, s.V, s.params.ptr + 1, q),
-      "logits_to_probs_async");
+  if (k < 1 || k > static_cast<index_t>(s.drafted.n) || static_cast<index_t>(out.size()) < k)
+    throw_if_failed({status::invalid_parameter, u, -1, static_cast<double>(k)}, "k",
+                    "outside [1, the draft tree's widest fan]");
   if (!s.draft_rng_valid || !(s.draft_rng == rng)) {
-    const step_inputs in{rng, {0, 0}};
+    const step_inputs in{rng};
     check(cudaMemcpyAsync(s.draft_inputs.ptr, &in, sizeof(in), cudaMemcpyHostToDevice, stream),
           "cudaMemcpyAsync");
     s.own.bytes_to_device += sizeof(in);
     s.draft_rng = rng;
     s.draft_rng_valid = true;
   }
-  check(device_detail::sample_one(stream, q, s.V, &s.draft_inputs.ptr->rng,
-                                  static_cast<std::uint32_t>(i), s.drafted.ptr, s.counts.ptr),
+  check(device_detail::sample(stream, s.row(s.q, u), s.V, &s.draft_inputs.ptr->rng,
+                              static_cast<std::uint32_t>(u), k, s.drafted.ptr, s.counts.ptr),
         "sample_without_replacement_async");
-  token_t t = no_token;
-  check(cudaMemcpyAsync(&t, s.drafted.ptr, sizeof(t), cudaMemcpyDeviceToHost, stream),
+  check(cudaMemcpyAsync(out.data(), s.drafted.ptr, static_cast<std::size_t>(k) * sizeof(token_t),
+                        cudaMemcpyDeviceToHost, stream),
         "cudaMemcpyAsync");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  s.own.bytes_to_host += sizeof(t);
-  if (t < 0) throw_if_failed({status::no_mass, i, -1, 0.0}, "draft", "the draft row has no mass");
-  return t;
+  s.own.bytes_to_host += static_cast<std::size_t>(k) * sizeof(token_t);
+  index_t got = 0;
+  while (got < k && out[static_cast<std::size_t>(got)] >= 0) ++got;
+  return got;
 }
 
-void device_sd_ops::target(std::span<const token_t> tokens) {
+void device_sd_ops::target(const token_tree& tree) {
   state& s = *s_;
-  const token_tree chain = trees::chain(tokens);
-  const float* logits = s.target_model->evaluate_tree_device(s.target.cache(), chain);
-  check(device_detail::probs(s.target_stream(), logits, chain.size(), s.V, s.params.ptr, s.p.ptr),
+  const float* logits = s.target_model->evaluate_tree_device(s.target.cache(), tree);
+  check(device_detail::probs(s.target_stream(), logits, tree.size(), s.V, s.params.ptr, s.p.ptr),
         "logits_to_probs_async");
 }
 
-index_t device_sd_ops::verify(std::span<const token_t> chain_tokens, const request_rng& rng,
+index_t device_sd_ops::verify(const token_tree& tree, const request_rng& rng,
                               std::span<token_t> out) {
   state& s = *s_;
   const cudaStream_t stream = s.target_stream();
-  const auto nodes = static_cast<index_t>(chain_tokens.size());
-  const auto V = static_cast<std::size_t>(s.V);
-  // The leaf has no children: its q row is any valid row (the host loop's choice: p).
-  check(cudaMemcpyAsync(s.q.ptr + static_cast<std::size_t>(nodes - 1) * V,
-                        s.p.ptr + static_cast<std::size_t>(nodes - 1) * V, V * sizeof(float),
-                        cudaMemcpyDeviceToDevice, stream),
-        "cudaMemcpyAsync");
-  const step_inputs in{rng, {0, nodes}};
-  std::vector<index_t> parents(static_cast<std::size_t>(nodes));
-  for (index_t k = 0; k < nodes; ++k) parents[static_cast<std::size_t>(k)] = k - 1;
-  check(cudaMemcpyAsync(s.verify_inputs.ptr, &in, sizeof(in), cudaMemcpyHostToDevice, stream),
-        "cudaMemcpyAsync");
-  check(cudaMemcpyAsync(s.parents.ptr, parents.data(), parents.size() * sizeof(index_t),
-                        cudaMemcpyHostToDevice, stream),
-        "cudaMemcpyAsync");
-  check(cudaMemcpyAsync(s.tokens.ptr, chain_tokens.data(), chain_tokens.size_bytes(),
-                        cudaMemcpyHostToDevice, stream),
-        "cudaMemcpyAsync");
-  s.own.bytes_to_device +=
-      sizeof(in) + parents.size() * sizeof(index_t) + chain_tokens.size_bytes();
-  check(device_detail::verify_tree(stream, s.V, s.verify_inputs.ptr->offsets, s.parents.ptr,
-                                   s.tokens.ptr, nodes, s.p.ptr, s.q.ptr, &s.verify_inputs.ptr->rng,
-                                   s.out_tokens.ptr, s.counts.ptr + 1, s.accepted_nodes.ptr,
-                                   s.flags.ptr),
-        "verify_tree_async");
-  std::int32_t accepted = 0;
-  check(cudaMemcpyAsync(&accepted, s.counts.ptr + 1, sizeof(accepted), cudaMemcpyDeviceToHost,
-                        stream),
-        "cudaMemcpyAsync");
-  check(cudaMemcpyAsync(out.data(), s.out_tokens.ptr,
-                        static_cast<std::size_t>(nodes) * sizeof(token_t), cudaMemcpyDeviceToHost,
-                        stream),
-        "cudaMemcpyAsync");
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  s.own.bytes_to_host += sizeof(accepted) + static_cast<std::size_t>(nodes) * sizeof(token_t);
-  if (accepted < 0 || accepted >= nodes || out[static_cast<std::size_t>(accepted)] < 0)
-    throw_if_failed({status::no_mass, -1, -1, static_cast<double>(accepted)}, "verify",
-                    "the device verifier emitted no token (a row without mass)");
-  return accepted;
+  // The draft's q rows (its stream) before the target's stream reads or completes them.
+  check(cudaStreamWaitEvent(stream, s.drafted_rows, 0), "cudaStreamWaitEvent");
+  return s.verifier.run(stream, tree, s.p.ptr, s.q.ptr, s.V, rng, out, s.own,
+                        s.relaxed ? &*s.relaxed : nullptr);
 }
 
-void device_sd_ops::commit_target(index_t accepted) {
-  std::vector<index_t> path(static_cast<std::size_t>(accepted + 1));
-  for (index_t k = 0; k <= accepted; ++k) path[static_cast<std::size_t>(k)] = k;
-  s_->target.commit(path);
-}
+void device_sd_ops::commit_target(std::span<const index_t> path) { s_->target.commit(path); }
 
 void device_sd_ops::rollback_draft(index_t n) { s_->draft.rollback(n); }
 

@@ -18,8 +18,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "device_kernels.hpp"
@@ -64,6 +67,18 @@ struct context {
   std::byte* dev_upload = nullptr;
   std::size_t upload_capacity = 0;
   device_traffic traffic;
+  specula::detail::row_top* tops = nullptr;  // row summaries (evaluate_*_tops)
+  std::size_t tops_capacity = 0;
+  // CUDA graphs of a pass's launch sequence, one per shape (rows, blocks, key bucket): every
+  // pointer a launch reads is fixed by the shape while the scratch and upload buffers stay,
+  // so the graphs are dropped whenever either is reallocated.
+  bool graphs_enabled = false;
+  std::map<std::array<std::int64_t, 3>, cudaGraphExec_t> graphs;
+
+  void drop_graphs() noexcept {
+    for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
+    graphs.clear();
+  }
 
   float* put(const std::vector<float>& host) {
     float* d = device_alloc<float>(host.size());
@@ -82,6 +97,7 @@ struct context {
   void reserve_rows(index_t n) {
     if (n <= rows) return;
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    drop_graphs();
     free_scratch();
     const index_t r = std::max<index_t>(n, 2 * rows);
     const auto sz = [&](index_t cols) { return static_cast<std::size_t>(r * cols); };
@@ -109,7 +125,9 @@ struct context {
 
   ~context() {
     if (stream != nullptr) cudaStreamSynchronize(stream);
+    drop_graphs();
     free_scratch();
+    cudaFree(tops);
     for (void* p : owned) cudaFree(p);
     cudaFree(dev_upload);
     if (stream != nullptr) cudaStreamDestroy(stream);
@@ -260,6 +278,8 @@ device_transformer::device_transformer(const transformer_weights& w)
   detail::rope_tables(c, cs, sn);
   x.cos = x.put(cs);
   x.sin = x.put(sn);
+  const char* graphs = std::getenv("SPECULA_CUDA_GRAPHS");
+  x.graphs_enabled = graphs != nullptr && std::string(graphs) == "1";
 }
 
 device_transformer::device_transformer(device_transformer&&) noexcept = default;
@@ -272,6 +292,14 @@ void device_transformer::synchronize() const {
   check(cudaStreamSynchronize(ctx_->stream), "cudaStreamSynchronize");
 }
 const device_traffic& device_transformer::traffic() const noexcept { return ctx_->traffic; }
+void device_transformer::set_graphs(bool on) {
+  if (!on) {
+    synchronize();
+    ctx_->drop_graphs();
+  }
+  ctx_->graphs_enabled = on;
+}
+bool device_transformer::graphs() const noexcept { return ctx_->graphs_enabled; }
 
 namespace {
 
@@ -345,6 +373,7 @@ const float* device_transformer::run(std::span<const device_node_block> blocks, 
   const std::size_t at_masks = append<std::uint64_t>(x.upload, masks);
   if (x.upload.size() > x.upload_capacity) {
     check(cudaStreamSynchronize(x.stream), "cudaStreamSynchronize");
+    x.drop_graphs();
     cudaFree(x.dev_upload);
     x.upload_capacity = std::max(x.upload.size(), 2 * x.upload_capacity);
     x.dev_upload = device_detail::device_alloc<std::byte>(x.upload_capacity);
@@ -366,31 +395,70 @@ const float* device_transformer::run(std::span<const device_node_block> blocks, 
   const index_t d = c.d_model, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.d_ff;
   const int rows = static_cast<int>(R);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim()));
-  check(device_detail::embed(x.stream, d_tokens, x.embeddings, x.x, rows, static_cast<int>(d)),
-        "embed");
-  for (index_t l = 0; l < c.n_layers; ++l) {
-    const device_detail::layer& w = x.layers[static_cast<std::size_t>(l)];
-    check(device_detail::rms_norm(x.stream, x.x, w.attention_norm, c.norm_eps, x.xn, rows,
-                                  static_cast<int>(d)),
-          "rms_norm");
-    x.linear(x.xn, d, R, d, w.wqkv, qd + 2 * kvd, x.qkv, qd + 2 * kvd, 0.0f);
-    check(device_detail::rope_scatter(x.stream, s, x.qkv, d_positions, d_rows, d_table, x.cos,
-                                      x.sin, x.q, x.k, x.v, rows, static_cast<int>(l)),
-          "rope_scatter");
-    check(device_detail::attention(x.stream, s, x.q, x.k, x.v, d_rows, d_table, d_masks, x.att,
-                                   rows, static_cast<int>(l), scale, static_cast<int>(max_keys)),
-          "attention");
-    x.linear(x.att, qd, R, qd, w.wo, d, x.x, d, 1.0f);
-    check(device_detail::rms_norm(x.stream, x.x, w.ffn_norm, c.norm_eps, x.xn, rows,
-                                  static_cast<int>(d)),
-          "rms_norm");
-    x.linear(x.xn, d, R, d, w.w13, 2 * ff, x.gate_up, 2 * ff, 0.0f);
-    check(device_detail::swiglu(x.stream, x.gate_up, rows, static_cast<int>(ff)), "swiglu");
-    x.linear(x.gate_up, 2 * ff, R, ff, w.w2, d, x.x, d, 1.0f);
-  }
-  check(device_detail::rms_norm(x.stream, x.x, x.norm, c.norm_eps, x.xn, rows, static_cast<int>(d)),
+  // The attention kernel's shared memory holds max_keys scores: a bucket of 256 keys (the
+  // launch does not change while the context grows within it; the kernel reads each block's
+  // own key count), or the exact count near the kernel's limit.
+  const index_t bucket = (max_keys + 255) / 256 * 256;
+  const int keys = static_cast<int>(bucket <= 11'000 ? bucket : max_keys);
+  const auto enqueue = [&] {
+    check(device_detail::embed(x.stream, d_tokens, x.embeddings, x.x, rows, static_cast<int>(d)),
+          "embed");
+    for (index_t l = 0; l < c.n_layers; ++l) {
+      const device_detail::layer& w = x.layers[static_cast<std::size_t>(l)];
+      check(device_detail::rms_norm(x.stream, x.x, w.attention_norm, c.norm_eps, x.xn, rows,
+                                    static_cast<int>(d)),
+            "rms_norm");
+      x.linear(x.xn, d, R, d, w.wqkv, qd + 2 * kvd, x.qkv, qd + 2 * kvd, 0.0f);
+      check(device_detail::rope_scatter(x.stream, s, x.qkv, d_positions, d_rows, d_table, x.cos,
+                                        x.sin, x.q, x.k, x.v, rows, static_cast<int>(l)),
+            "rope_scatter");
+      check(device_detail::attention(x.stream, s, x.q, x.k, x.v, d_rows, d_table, d_masks, x.att,
+                                     rows, static_cast<int>(l), scale, keys),
+            "attention");
+      x.linear(x.att, qd, R, qd, w.wo, d, x.x, d, 1.0f);
+      check(device_detail::rms_norm(x.stream, x.x, w.ffn_norm, c.norm_eps, x.xn, rows,
+                                    static_cast<int>(d)),
+            "rms_norm");
+      x.linear(x.xn, d, R, d, w.w13, 2 * ff, x.gate_up, 2 * ff, 0.0f);
+      check(device_detail::swiglu(x.stream, x.gate_up, rows, static_cast<int>(ff)), "swiglu");
+      x.linear(x.gate_up, 2 * ff, R, ff, w.w2, d, x.x, d, 1.0f);
+    }
+    check(
+        device_detail::rms_norm(x.stream, x.x, x.norm, c.norm_eps, x.xn, rows, static_cast<int>(d)),
         "rms_norm");
-  x.linear(x.xn, d, R, d, x.output, c.vocab_size, x.logits, c.vocab_size, 0.0f);
+    x.linear(x.xn, d, R, d, x.output, c.vocab_size, x.logits, c.vocab_size, 0.0f);
+  };
+  if (!x.graphs_enabled) {
+    enqueue();
+    return x.logits;
+  }
+  // Every pointer the launches read is fixed by (rows, blocks) within the current buffers (the
+  // upload's layout follows from them), every launch parameter by (rows, key bucket).
+  const std::array<std::int64_t, 3> key{R, static_cast<std::int64_t>(blocks.size()), keys};
+  auto it = x.graphs.find(key);
+  if (it == x.graphs.end()) {
+    if (x.graphs.size() >= 64) {  // shapes that do not repeat (prefills): launched directly
+      enqueue();
+      return x.logits;
+    }
+    cudaGraph_t graph = nullptr;
+    check(cudaStreamBeginCapture(x.stream, cudaStreamCaptureModeThreadLocal),
+          "cudaStreamBeginCapture");
+    try {
+      enqueue();
+    } catch (...) {
+      cudaStreamEndCapture(x.stream, &graph);
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      throw;
+    }
+    check(cudaStreamEndCapture(x.stream, &graph), "cudaStreamEndCapture");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    check(e, "cudaGraphInstantiate");
+    it = x.graphs.emplace(key, exec).first;
+  }
+  check(cudaGraphLaunch(it->second, x.stream), "cudaGraphLaunch");
   return x.logits;
 }
 
@@ -488,12 +556,77 @@ std::vector<std::uint64_t> mask_of(index_t n, bool causal) {
 
 }  // namespace
 
+/// Where evaluate_sequences / evaluate_cached put their rows: copied into a host view, or
+/// summarised (row_top) on the device into a device array that `finish` copies back.
+struct device_transformer::row_sink {
+  batch_view<float> logits;                  // host rows (empty: summaries)
+  std::span<specula::detail::row_top> tops;  // host summaries
+  void put(device_detail::context& x, const float* rows_dev, index_t rows, index_t at) const {
+    if (rows == 0) return;
+    if (!logits.empty() || tops.empty()) {
+      to_host(x, rows_dev, rows, logits, at);
+      return;
+    }
+    check(device_detail::row_tops(x.stream, rows_dev, static_cast<int>(rows),
+                                  static_cast<int>(x.c.vocab_size), x.tops + at),
+          "row_tops");
+  }
+  /// Before the first put: room for the summaries on the device.
+  void begin(device_detail::context& x) const {
+    if (tops.empty() || tops.size() <= x.tops_capacity) return;
+    check(cudaStreamSynchronize(x.stream), "cudaStreamSynchronize");
+    cudaFree(x.tops);
+    x.tops = device_detail::device_alloc<specula::detail::row_top>(tops.size());
+    x.tops_capacity = tops.size();
+  }
+  /// After the last put: the summaries to the host; waits for the stream.
+  void finish(device_detail::context& x) const {
+    if (logits.empty() && !tops.empty()) {
+      check(
+          cudaMemcpyAsync(tops.data(), x.tops, tops.size_bytes(), cudaMemcpyDeviceToHost, x.stream),
+          "cudaMemcpyAsync");
+      x.traffic.bytes_to_host += tops.size_bytes();
+    }
+    check(cudaStreamSynchronize(x.stream), "cudaStreamSynchronize");
+  }
+};
+
+void device_transformer::evaluate_tree_tops(device_kv_cache& cache, const token_tree& tree,
+                                            std::span<specula::detail::row_top> tops) const {
+  check_logits(config(),
+               batch_view<float>(nullptr, static_cast<index_t>(tops.size()), vocab_size()),
+               tree.size());
+  const tree_block_data b(cache, tree);
+  const row_sink sink{{}, tops};
+  sink.begin(*ctx_);
+  const float* out = run(std::span<const device_node_block>(&b.block, 1), true);
+  sink.put(*ctx_, out, tree.size(), 0);
+  sink.finish(*ctx_);
+}
+
 void device_transformer::evaluate_sequences(std::span<const token_t> tokens, index_t length,
                                             batch_view<float> logits) const {
   const transformer_config& c = config();
   detail::check_sequences(c, tokens, length);
+  check_logits(c, logits, static_cast<index_t>(tokens.size()));
+  row_sink sink{logits, {}};
+  sequences_to(tokens, length, sink);
+}
+
+void device_transformer::evaluate_sequences_tops(std::span<const token_t> tokens, index_t length,
+                                                 std::span<specula::detail::row_top> tops) const {
+  const transformer_config& c = config();
+  detail::check_sequences(c, tokens, length);
+  check_logits(c, batch_view<float>(nullptr, static_cast<index_t>(tops.size()), c.vocab_size),
+               static_cast<index_t>(tokens.size()));
+  row_sink sink{{}, tops};
+  sequences_to(tokens, length, sink);
+}
+
+void device_transformer::sequences_to(std::span<const token_t> tokens, index_t length,
+                                      row_sink& sink) const {
+  const transformer_config& c = config();
   const auto count = static_cast<index_t>(tokens.size()) / length;
-  check_logits(c, logits, count * length);
   std::vector<index_t> positions(static_cast<std::size_t>(length));
   for (index_t i = 0; i < length; ++i) positions[static_cast<std::size_t>(i)] = i;
   const auto mask = mask_of(length, c.causal);
@@ -504,16 +637,35 @@ void device_transformer::evaluate_sequences(std::span<const token_t> tokens, ind
         {&none,
          tokens.subspan(static_cast<std::size_t>(s * length), static_cast<std::size_t>(length)),
          positions, mask});
+  sink.begin(*ctx_);
   const float* out = run(blocks, false);
-  to_host(*ctx_, out, count * length, logits, 0);
-  synchronize();
+  sink.put(*ctx_, out, count * length, 0);
+  sink.finish(*ctx_);
 }
 
 void device_transformer::evaluate_cached(std::span<const dual_cache_pass<device_dual_cache>> passes,
                                          batch_view<float> logits) const {
+  detail::check_cached_passes(config(), passes, logits);
+  row_sink sink{logits, {}};
+  cached_to(passes, sink);
+}
+
+void device_transformer::evaluate_cached_tops(
+    std::span<const dual_cache_pass<device_dual_cache>> passes,
+    std::span<specula::detail::row_top> tops) const {
+  const transformer_config& c = config();
+  detail::check_cached_passes(
+      c, passes, batch_view<float>(nullptr, static_cast<index_t>(tops.size()), c.vocab_size));
+  row_sink sink{{}, tops};
+  cached_to(passes, sink);
+}
+
+void device_transformer::cached_to(std::span<const dual_cache_pass<device_dual_cache>> passes,
+                                   row_sink& sink) const {
   const transformer_config& c = config();
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
-  const index_t max_len = detail::check_cached_passes(c, passes, logits);
+  index_t max_len = 0;
+  for (const auto& p : passes) max_len = std::max(max_len, p.length);
   std::vector<index_t> positions(sz(max_len));
   for (index_t i = 0; i < max_len; ++i) positions[sz(i)] = i;
   std::vector<std::vector<std::uint64_t>> masks(sz(max_len + 1));
@@ -525,6 +677,7 @@ void device_transformer::evaluate_cached(std::span<const dual_cache_pass<device_
   std::vector<index_t> first(passes.size());
   for (std::size_t i = 0, row = 0; i < passes.size(); row += sz(passes[i].rows()), ++i)
     first[i] = static_cast<index_t>(row);
+  sink.begin(*ctx_);
 
   // 1. Refreshes: node 0's whole sequence (stashed in the cache), then the rows outside the
   // window become the cache's committed context.
@@ -543,7 +696,7 @@ void device_transformer::evaluate_cached(std::span<const dual_cache_pass<device_
     index_t row = 0;
     for (std::size_t b = 0; b < blocks.size(); ++b) {
       const auto& p = passes[owner[b]];
-      to_host(*ctx_, out + row * c.vocab_size, p.length, logits, first[owner[b]]);
+      sink.put(*ctx_, out + row * c.vocab_size, p.length, first[owner[b]]);
       row += p.length;
       device_dual_cache& cache = *p.cache;
       cache.outside_.keep_pending_outside(p.window_begin, p.window_end);
@@ -574,12 +727,11 @@ void device_transformer::evaluate_cached(std::span<const dual_cache_pass<device_
       const index_t w = p.window_end - p.window_begin;
       const index_t nodes = p.nodes() - (p.refresh ? 1 : 0);
       if (nodes == 0) continue;
-      to_host(*ctx_, out + row * c.vocab_size, nodes * w, logits,
-              first[i] + (p.refresh ? p.length : 0));
+      sink.put(*ctx_, out + row * c.vocab_size, nodes * w, first[i] + (p.refresh ? p.length : 0));
       row += nodes * w;
     }
   }
-  synchronize();
+  sink.finish(*ctx_);
 }
 
 }  // namespace specula::example

@@ -11,6 +11,7 @@
 
 #include "specula/core/rng.hpp"
 #include "specula/core/types.hpp"
+#include "specula/rules/relaxed.hpp"
 #include "specula/sample/transforms.hpp"
 
 namespace specula::example::device_detail {
@@ -19,16 +20,18 @@ namespace specula::example::device_detail {
 cudaError_t probs(cudaStream_t stream, const float* logits, index_t rows, index_t V,
                   const sampling_params* params, float* out);
 
-/// One draw from the row q (specula::cuda::sample_without_replacement_async, k = 1) with the
-/// stream *rng at `position`.
-cudaError_t sample_one(cudaStream_t stream, const float* q, index_t V, const request_rng* rng,
-                       std::uint32_t position, token_t* out_token, std::int32_t* out_count);
+/// Up to k distinct draws from the row q (specula::cuda::sample_without_replacement_async) with
+/// the stream *rng at `position`: out_tokens[0 .. k), -1 past the row's positive entries.
+cudaError_t sample(cudaStream_t stream, const float* q, index_t V, const request_rng* rng,
+                   std::uint32_t position, index_t k, token_t* out_tokens, std::int32_t* out_count);
 
-/// Tree verification of one request's `nodes` nodes (specula::cuda::verify_tree_async, exact
-/// rule, siblings without replacement): p and q are nodes x V rows.
+/// Tree verification of one request's `nodes` nodes (specula::cuda::verify_tree_async, siblings
+/// without replacement): the exact rule, or `relaxed` when given (a schedule without device
+/// data: not custom); p and q are nodes x V rows.
 cudaError_t verify_tree(cudaStream_t stream, index_t V, const index_t* offsets,
                         const index_t* parents, const token_t* tokens, index_t nodes,
                         const float* p, const float* q, const request_rng* rng, token_t* out_tokens,
-                        std::int32_t* num_accepted, index_t* accepted_nodes, std::uint32_t* flags);
+                        std::int32_t* num_accepted, index_t* accepted_nodes, std::uint32_t* flags,
+                        const scheduled_relaxed_rule* relaxed = nullptr);
 
 }  // namespace specula::example::device_detail

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "specula/core/error.hpp"
@@ -78,10 +79,34 @@ struct jacobi_options {
 
 namespace detail {
 
+/// Where a greedy loop's rows live (jacobi_task, multiblock_task's greedy variant; see
+/// sjd_host_rows for the pattern): `greedy_host_rows` (the default) takes the logits of the
+/// loop's target passes; a *resident* policy runs the pass itself (`target(tree)`) and keeps what
+/// a greedy loop reads of a row, its argmax (the example transformer's resident_greedy_ops: row
+/// summaries computed on the GPU).
+/// - `verify(tree, vocab, out_tokens, out_nodes)`: greedy verification of the tree;
+/// - `argmax(row, vocab)`: row's argmax (lowest id on ties).
+struct greedy_host_rows {
+  static constexpr bool resident = false;
+  std::vector<float> logits;
+  index_t verify(const token_tree& chain, index_t V, std::vector<token_t>& out_tokens,
+                 std::vector<index_t>& out_nodes) const {
+    return verify_one(greedy_tree_verifier<>{}, chain, V, logits, {}, request_rng{}, out_tokens,
+                      out_nodes);
+  }
+  [[nodiscard]] token_t argmax(index_t row, index_t V) const {
+    return static_cast<token_t>(argmax_lowest(row_view<const float>(logits.data() + row * V, V)));
+  }
+};
+
 /// Jacobi decoding of one request (see file comment), as a task; `m` is its handle.
-template <class Handle>
+/// `resident_rows`: the rows policy when `Rows` is resident, else unused.
+template <class Handle, class Rows = greedy_host_rows>
 decode_task jacobi_task(Handle m, std::span<const token_t> prompt, jacobi_options options,
-                        request_rng rng, decode_stats& st, std::vector<token_t>& result) {
+                        request_rng rng, decode_stats& st, std::vector<token_t>& result,
+                        Rows* resident_rows = nullptr) {
+  std::conditional_t<Rows::resident, int, Rows> local_rows{};
+  Rows& rows = rows_policy(local_rows, resident_rows);
   if (prompt.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "prompt");
   require_parameter(options.window >= 1, "window", static_cast<double>(options.window),
                     "must be >= 1");
@@ -101,7 +126,6 @@ decode_task jacobi_task(Handle m, std::span<const token_t> prompt, jacobi_option
   published.prefilled = true;
   std::vector<token_t> guesses, chain_tokens, out_tokens, state;
   std::vector<index_t> out_nodes;
-  std::vector<float> logits;
   std::uint32_t draws = 0;
   const auto fill = [&](index_t want) {
     while (static_cast<index_t>(guesses.size()) < want) {
@@ -152,17 +176,16 @@ decode_task jacobi_task(Handle m, std::span<const token_t> prompt, jacobi_option
     }
     const token_tree chain = trees::chain(chain_tokens);
     const index_t nodes = chain.size();
-    co_await target_pass(chain, logits, st);
+    co_await rows_pass(
+        rows, st, [&](auto& r) { r.target(chain); },
+        [&](auto& r) { return target_pass(chain, r.logits, st); });
     index_t k = 0;
     {
       scoped_timer timer(st.verify_seconds);
-      k = verify_one(greedy_tree_verifier<>{}, chain, V, logits, {}, request_rng{}, out_tokens,
-                     out_nodes);
+      k = rows.verify(chain, V, out_tokens, out_nodes);
       // The Jacobi update: argmaxes after the accepted prefix become the next guesses.
       guesses.clear();
-      for (index_t j = k + 1; j < nodes; ++j)
-        guesses.push_back(
-            static_cast<token_t>(argmax_lowest(row_view<const float>(logits.data() + j * V, V))));
+      for (index_t j = k + 1; j < nodes; ++j) guesses.push_back(rows.argmax(j, V));
     }
     m.commit(std::span<const index_t>(out_nodes.data(), sz(k + 1)));
     const bool stopped =

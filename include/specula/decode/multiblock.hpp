@@ -67,6 +67,7 @@
 #include <deque>
 #include <iterator>
 #include <span>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -195,10 +196,12 @@ struct trie_builder {
 namespace detail {
 
 /// Multi-block decoding of one request (see file comment), as a task; `m` is its handle.
-template <class Handle, class Verifier>
+/// `resident_rows`: the rows policy (greedy_host_rows describes it) when `Rows` is resident,
+/// else unused; a resident policy serves the greedy variant only.
+template <class Handle, class Verifier, class Rows = greedy_host_rows>
 decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multiblock_options options,
                             request_rng rng, Verifier verify, decode_stats& st,
-                            std::vector<token_t>& result) {
+                            std::vector<token_t>& result, Rows* resident_rows = nullptr) {
   if (prompt.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "prompt");
   require_parameter(options.block_size >= 1, "block_size", static_cast<double>(options.block_size),
                     "must be >= 1");
@@ -219,6 +222,11 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
                     "must be true with stochastic = true (a cut after an exact acceptance "
                     "would emit an accepted draft as the bonus token)");
   if (options.stochastic) validate_sampling_params(options.target);
+  if constexpr (Rows::resident)
+    require_parameter(!options.stochastic, "stochastic", 1.0,
+                      "a resident rows policy serves the greedy variant only");
+  std::conditional_t<Rows::resident, int, Rows> local_rows{};
+  Rows& rows = rows_policy(local_rows, resident_rows);
   const bool stochastic = options.stochastic;
   const index_t V = m.vocab_size();
   const index_t n = options.block_size;
@@ -286,7 +294,7 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
     }
   };
 
-  std::vector<float> logits, probs, q_rows, scratch(stochastic ? sz(V) : 0);
+  std::vector<float> probs, q_rows, scratch(stochastic ? sz(V) : 0);
   std::vector<token_t> out_tokens;
   std::vector<index_t> out_nodes, main_nodes, argmax;
 
@@ -327,26 +335,30 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
     }
     const token_tree tree = trie.build();
     const index_t nodes = tree.size();
-    co_await detail::target_pass(tree, logits, st);
+    co_await rows_pass(
+        rows, st, [&](auto& r) { r.target(tree); },
+        [&](auto& r) { return detail::target_pass(tree, r.logits, st); });
 
     // --- 2. Verification: greedy, or exact against the window's q rows (stochastic).
     index_t k = 0;
     {
       detail::scoped_timer timer(st.verify_seconds);
       if (stochastic) {
-        probs.resize(logits.size());
-        detail::rows_to_probs(options.target, logits, probs, scratch, V);
-        // Node j's children were drawn from qwin row j (the leaf's row is never used).
-        q_rows.assign(qwin.begin(), qwin.begin() + static_cast<std::ptrdiff_t>(sz(eval_w) * sz(V)));
-        q_rows.insert(q_rows.end(), probs.end() - V, probs.end());
-        k = detail::verify_one(verify, tree, V, probs, q_rows,
-                               request_rng{rng.seed, rng.request_id, step}, out_tokens, out_nodes);
+        if constexpr (!Rows::resident) {
+          probs.resize(rows.logits.size());
+          detail::rows_to_probs(options.target, rows.logits, probs, scratch, V);
+          // Node j's children were drawn from qwin row j (the leaf's row is never used).
+          q_rows.assign(qwin.begin(),
+                        qwin.begin() + static_cast<std::ptrdiff_t>(sz(eval_w) * sz(V)));
+          q_rows.insert(q_rows.end(), probs.end() - V, probs.end());
+          k = detail::verify_one(verify, tree, V, probs, q_rows,
+                                 request_rng{rng.seed, rng.request_id, step}, out_tokens,
+                                 out_nodes);
+        }
       } else {
         argmax.resize(sz(nodes));
-        for (index_t u = 0; u < nodes; ++u)
-          argmax[sz(u)] = argmax_lowest(row_view<const float>(logits.data() + u * V, V));
-        k = detail::verify_one(greedy_tree_verifier<>{}, tree, V, logits, {}, request_rng{},
-                               out_tokens, out_nodes);
+        for (index_t u = 0; u < nodes; ++u) argmax[sz(u)] = rows.argmax(u, V);
+        k = rows.verify(tree, V, out_tokens, out_nodes);
         // Released extent: accept within the RA block only. Greedy, so the token after the
         // cut (out_tokens[ra_left]: the argmax of the last kept node's row) is the bonus.
         if (!options.verify_past_ra) k = std::min(k, ra_left);

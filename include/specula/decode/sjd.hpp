@@ -51,6 +51,7 @@
 
 #include <algorithm>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "specula/core/error.hpp"
@@ -162,22 +163,26 @@ namespace detail {
 struct sjd_draft {
   std::vector<index_t> parents{-1};
   std::vector<token_t> tokens{no_token};
-  std::vector<float> q;  ///< nodes x V; row u: what u's children were drawn from
+  /// nodes x V; row u: what u's children were drawn from. Empty when the rows live elsewhere
+  /// (`host_rows` false: a resident rows policy keeps them).
+  std::vector<float> q;
   std::vector<index_t> depth{0};
+  bool host_rows = true;
 
   void reset(token_t root, index_t vocab) {
     parents.assign(1, -1);
     tokens.assign(1, root);
     depth.assign(1, 0);
-    q.assign(static_cast<std::size_t>(vocab), 0.0f);
+    q.assign(host_rows ? static_cast<std::size_t>(vocab) : 0u, 0.0f);
   }
   index_t add(index_t parent, token_t t, index_t vocab) {
     parents.push_back(parent);
     tokens.push_back(t);
     depth.push_back(depth[static_cast<std::size_t>(parent)] + 1);
-    q.resize(q.size() + static_cast<std::size_t>(vocab), 0.0f);
+    if (host_rows) q.resize(q.size() + static_cast<std::size_t>(vocab), 0.0f);
     return static_cast<index_t>(parents.size()) - 1;
   }
+  [[nodiscard]] index_t size() const noexcept { return static_cast<index_t>(parents.size()); }
   std::span<float> q_row(index_t u, index_t vocab) {
     return {q.data() + u * vocab, static_cast<std::size_t>(vocab)};
   }
@@ -200,6 +205,26 @@ struct sjd_init_context {
   bool misreport = false;  ///< test-only fault: a sampled prior reports the uniform row
 };
 
+/// The tokens random initialisation draws from ([begin, end), from sjd_options::init_tokens_*)
+/// and the draw itself.
+struct sjd_init_tokens {
+  index_t begin, end;
+  sjd_init_tokens(const sjd_options& o, index_t vocab)
+      : begin(std::clamp<index_t>(o.init_tokens_begin, 0, vocab - 1)),
+        end(o.init_tokens_end <= 0 ? vocab
+                                   : std::clamp<index_t>(o.init_tokens_end, begin + 1, vocab)) {}
+  /// The random token for the uniform u.
+  [[nodiscard]] token_t token(double u) const noexcept {
+    const auto n = static_cast<double>(end - begin);
+    return static_cast<token_t>(begin +
+                                std::min<index_t>(end - begin - 1, static_cast<index_t>(u * n)));
+  }
+  /// The entries of the uniform proposal row over [begin, end).
+  [[nodiscard]] float uniform_probability() const noexcept {
+    return static_cast<float>(1.0 / static_cast<double>(end - begin));
+  }
+};
+
 /// The token of a new child of `parent` at a position without a stale row, drawn with the
 /// uniform `u` as `ctx.options->init` says; writes the parent's q row (what the child is drawn
 /// from).
@@ -208,21 +233,18 @@ inline token_t sjd_init_child(sjd_draft& draft, index_t parent, const sjd_init_c
   const sjd_options& o = *ctx.options;
   auto qrow = draft.q_row(parent, vocab);
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
-  const index_t begin = std::clamp<index_t>(o.init_tokens_begin, 0, vocab - 1);
-  const index_t end =
-      o.init_tokens_end <= 0 ? vocab : std::clamp<index_t>(o.init_tokens_end, begin + 1, vocab);
+  const sjd_init_tokens range(o, vocab);
+  const index_t begin = range.begin, end = range.end;
   const auto one_hot = [&](token_t x) {
     std::fill(qrow.begin(), qrow.end(), 0.0f);
     qrow[sz(x)] = 1.0f;
     return x;
   };
   const auto random = [&](bool uniform_row) {
-    const auto n = static_cast<double>(end - begin);
-    const auto x = static_cast<token_t>(
-        begin + std::min<index_t>(end - begin - 1, static_cast<index_t>(u * n)));
+    const token_t x = range.token(u);
     if (!uniform_row) return one_hot(x);
     std::fill(qrow.begin(), qrow.end(), 0.0f);
-    std::fill(qrow.begin() + begin, qrow.begin() + end, static_cast<float>(1.0 / n));
+    std::fill(qrow.begin() + begin, qrow.begin() + end, range.uniform_probability());
     return x;
   };
   if (o.init == sjd_init::uniform_q) return random(true);
@@ -308,11 +330,101 @@ inline sjd_fault sjd_fault_of(const sjd_options& o) noexcept {
   return o.official_residual_siblings ? sjd_fault::residual_siblings : sjd_fault::none;
 }
 
+/// The draws of `jobs` on the host: job j's q row (q_next row job.parent) becomes its stale row
+/// (p row job.row), its children go to tokens[sum of earlier jobs' kids ..] and their number to
+/// counts[j]. p: the last pass's rows; q_old: the current draft's q rows.
+inline void sjd_draw_jobs(std::span<const sjd_children_job> jobs, const float* p,
+                          const float* q_old, float* q_next, index_t V, const request_rng& rng,
+                          std::span<token_t> tokens, std::span<index_t> counts) {
+  const auto row = [&](const float* rows, index_t u) { return u < 0 ? nullptr : rows + u * V; };
+  index_t at = 0;
+  for (std::size_t j = 0; j < jobs.size(); ++j) {
+    const sjd_children_job& job = jobs[j];
+    const float* R = row(p, job.row);
+    std::copy_n(R, V, q_next + job.parent * V);
+    counts[j] = sjd_draw_children(job, R, row(q_old, job.ac_from), row(q_old, job.residual_from), V,
+                                  rng, tokens.data() + at);
+    at += job.kids;
+  }
+}
+
+/// Where sjd_task's rows live: `sjd_host_rows` (the default) keeps p rows and q rows in host
+/// memory (q rows in the sjd_draft objects) and takes its logits from the loop's target passes.
+/// A *resident* policy (`resident = true`; the example transformer's resident SJD,
+/// examples/transformer/include/specula_example/resident_sjd.hpp) keeps them where its model
+/// computes them and runs the forward pass itself (`target(tree)`); the loop then holds only the
+/// draft's tokens and shape. Both draw with the same functions (row_draws.hpp). Operations:
+/// - `start(vocab, options)`: before the first iteration (may refuse options);
+/// - `init_child(next, parent, ctx, u)`: the token of a new child of `next`'s node `parent` at a
+///   position without a stale row, writing the parent's q row (sjd_init_child);
+/// - `move_q(draft, from, to)`: q row `from` of the current draft to row `to` (to < from);
+/// - `target(tree)` (resident) or `logits` (the rows of the loop's pass, host);
+/// - `verify(verifier, tree, draft, params, rng, out_tokens, out_nodes)`: p rows from the pass,
+///   the leaves' q rows = their p rows, verification; returns the accepted count;
+/// - `p_row(node)`: a p row of the last pass (the spatial priors' committed rows; host);
+/// - `draw(draft, next, jobs, tokens, counts, rng)`: each job's children (sjd_draw_children;
+///   job j's at tokens[sum of earlier jobs' kids ..], their number in counts[j]) and its q row;
+/// - `next_ready()`: the next draft's q rows become the current ones.
+/// `defers_chain`: jobs of one child each (the chain below the Proactive Drafting tree) may be
+/// drawn together after their nodes were added (their number is known: a row always has a
+/// token), so that a device policy draws a whole chain with one launch.
+struct sjd_host_rows {
+  static constexpr bool resident = false;
+  static constexpr bool defers_chain = false;
+  index_t V = 0;
+  std::vector<float> logits, probs, scratch;
+
+  void start(index_t vocab, const sjd_options&) {
+    V = vocab;
+    scratch.resize(static_cast<std::size_t>(V));
+  }
+  token_t init_child(sjd_draft& next, index_t parent, const sjd_init_context& ctx, double u) {
+    return sjd_init_child(next, parent, ctx, V, u);
+  }
+  void move_q(sjd_draft& draft, index_t from, index_t to) {
+    std::copy_n(draft.q.begin() + from * V, V, draft.q.begin() + to * V);
+  }
+  template <class Verifier>
+  index_t verify(const Verifier& verifier, const token_tree& tree, sjd_draft& draft,
+                 const sampling_params& params, const request_rng& rng,
+                 std::vector<token_t>& out_tokens, std::vector<index_t>& out_nodes) {
+    probs.resize(logits.size());
+    rows_to_probs(params, logits, probs, scratch, V);
+    return verify_with_leaves(verifier, tree, V, probs, draft.q, rng, out_tokens, out_nodes);
+  }
+  [[nodiscard]] std::span<const float> p_row(index_t node) const {
+    return {probs.data() + node * V, static_cast<std::size_t>(V)};
+  }
+  void draw(const sjd_draft& draft, sjd_draft& next, std::span<const sjd_children_job> jobs,
+            std::span<token_t> tokens, std::span<index_t> counts, const request_rng& rng) {
+    sjd_draw_jobs(jobs, probs.data(), draft.q.data(), next.q.data(), V, rng, tokens, counts);
+  }
+  void next_ready() {}
+};
+
+/// stale[j]: the node of the verified draft `tree` at the position of the (j+1)-th token after
+/// the last accepted node `last` (the first at the emitted token's position). First the
+/// first-child chain below `last` (inside its subtree), then, below that chain's depth, the main
+/// path (the first-child chain from the root): when `last` lies on a side branch, the main path
+/// still holds rows for the positions its subtree does not reach.
+inline void sjd_stale_nodes(const token_tree& tree, index_t last, std::vector<index_t>& stale) {
+  stale.clear();
+  for (index_t c = tree.first_child(last); c >= 0; c = tree.first_child(c)) stale.push_back(c);
+  const index_t reached = stale.empty() ? tree.depth(last) : tree.depth(stale.back());
+  index_t main = 0;
+  while (main >= 0 && tree.depth(main) <= reached) main = tree.first_child(main);
+  // `main` is the main-path node one deeper than the chain (none when `last` is on the main
+  // path: then the chain is the main path's own continuation).
+  for (; main >= 0; main = tree.first_child(main)) stale.push_back(main);
+}
+
 /// SJD / SJD-PAC decoding of one request (see file comment), as a task; `m` is its handle.
-template <class Handle, class Verifier>
+/// `resident_rows`: the rows policy when `Rows` is resident (see sjd_host_rows), else unused.
+template <class Handle, class Verifier, class Rows = sjd_host_rows>
 decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options options,
                      request_rng rng, Verifier verify, decode_stats& st,
-                     std::vector<token_t>& result, sjd_fault fault = sjd_fault::none) {
+                     std::vector<token_t>& result, sjd_fault fault = sjd_fault::none,
+                     Rows* resident_rows = nullptr) {
   if (prompt.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "prompt");
   require_parameter(options.draft_budget() >= 1, "window", static_cast<double>(options.window),
                     options.count_root ? "must be >= 2 (it counts the root)" : "must be >= 1");
@@ -350,6 +462,10 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
                       static_cast<double>(options.image_first), "must be >= 0");
   }
 
+  std::conditional_t<Rows::resident, int, Rows> local_rows{};
+  Rows& rows = rows_policy(local_rows, resident_rows);
+  rows.start(V, options);
+
   const auto prompt_len = static_cast<index_t>(prompt.size());
   check_prompt(prompt, V);
   check_stop_tokens(options.stop_tokens, V);
@@ -360,24 +476,50 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
   m.prefill(prompt);
   published.prefilled = true;
   detail::sjd_draft draft, next;
-  draft.reset(seq.back(), V);
-  std::vector<float> logits, probs, scratch(sz(V));
-  std::vector<token_t> out_tokens;
-  std::vector<index_t> out_nodes, stale;
-  std::vector<token_t> chosen;
-  bool fresh = true;  // the draft below the root still has to be built from scratch
+  draft.host_rows = next.host_rows = !Rows::resident;
+  std::vector<token_t> out_tokens, drawn;
+  std::vector<index_t> out_nodes, stale, counts, deferred_nodes, map;
+  std::vector<sjd_children_job> jobs;
   // Spatial priors that sample or take an argmax need the rows of the committed neighbours.
   const bool prior_rows =
       options.init == sjd_init::horizontal_sample || options.init == sjd_init::vertical_sample ||
       options.init == sjd_init::horizontal_argmax || options.init == sjd_init::vertical_argmax;
   const index_t keep_rows = prior_rows ? std::max<index_t>(options.image_width, 1) : 0;
-  std::vector<float> rows;  // rows of the generated tokens rows_first, rows_first + 1, ...
+  std::vector<float> kept_rows;  // rows of the generated tokens rows_first, rows_first + 1, ...
   index_t rows_first = 0;
   const auto init_context = [&] {
     return detail::sjd_init_context{
         &options, std::span<const token_t>(seq.data() + prompt_len, seq.size() - sz(prompt_len)),
-        &rows, rows_first, fault == sjd_fault::prior_misreports_row};
+        &kept_rows, rows_first, fault == sjd_fault::prior_misreports_row};
   };
+  // Draws `jobs` (sjd_host_rows::draw); with `deferred`, each job's one child was added as node
+  // deferred_nodes[j] and receives its token, else the children are added below their parents
+  // (and to `below`).
+  const auto draw_jobs = [&](const request_rng& draw_rng, bool deferred,
+                             std::vector<index_t>* below) {
+    if (jobs.empty()) return;
+    index_t total = 0;
+    for (const auto& job : jobs) total += job.kids;
+    drawn.assign(sz(total), no_token);
+    counts.assign(jobs.size(), 0);
+    rows.draw(draft, next, jobs, drawn, counts, draw_rng);
+    index_t at = 0;
+    for (std::size_t j = 0; j < jobs.size(); ++j) {
+      if (deferred) {
+        if (counts[j] < 1)
+          throw_if_failed({status::no_mass, jobs[j].row, -1, 0.0}, "rows",
+                          "a stale row without mass");
+        next.tokens[sz(deferred_nodes[j])] = drawn[sz(at)];
+      } else {
+        for (index_t c = 0; c < counts[j]; ++c)
+          below->push_back(next.add(jobs[j].parent, drawn[sz(at + c)], V));
+      }
+      at += jobs[j].kids;
+    }
+    jobs.clear();
+    deferred_nodes.clear();
+  };
+  bool fresh = true;  // the draft below the root still has to be built from scratch
 
   for (std::uint32_t step = 0;; ++step) {
     const index_t remaining =
@@ -391,32 +533,38 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
     // windows are built from stale rows below).
     if (fresh) {
       detail::scoped_timer timer(st.draft_seconds);
-      draft.reset(seq.back(), V);
+      next.reset(seq.back(), V);
       index_t u = 0;
       for (index_t d = 1; d <= max_depth; ++d) {
-        const token_t x = detail::sjd_init_child(
-            draft, u, init_context(), V,
+        const token_t x = rows.init_child(
+            next, u, init_context(),
             uniform_at(draw_rng,
                        draw_id{static_cast<std::uint32_t>(d), detail::sjd_first_window_slot}));
-        u = draft.add(u, x, V);
+        u = next.add(u, x, V);
       }
+      rows.next_ready();
+      draft = std::move(next);
+      next = {};
+      next.host_rows = !Rows::resident;
       fresh = false;
     }
-    // Drop nodes deeper than the remaining budget allows (parents precede children).
-    {
+    // Drop nodes deeper than the remaining budget allows (parents precede children; a kept
+    // node's q row moves down to its new index).
+    if (max_depth < budget) {
       detail::sjd_draft kept;
+      kept.host_rows = !Rows::resident;
       kept.reset(draft.tokens[0], V);
-      std::vector<index_t> map(draft.parents.size(), -1);
+      map.assign(draft.parents.size(), -1);
       map[0] = 0;
-      std::copy_n(draft.q.begin(), V, kept.q.begin());
       for (std::size_t u = 1; u < draft.parents.size(); ++u) {
         if (draft.depth[u] > max_depth) continue;
         const index_t p = map[sz(draft.parents[u])];
         if (p < 0) continue;
         map[u] = kept.add(p, draft.tokens[u], V);
-        std::copy_n(draft.q.begin() + static_cast<std::ptrdiff_t>(u) * V, V,
-                    kept.q.begin() + map[u] * V);
+        if (map[u] != static_cast<index_t>(u)) rows.move_q(draft, static_cast<index_t>(u), map[u]);
       }
+      kept.q.swap(draft.q);
+      kept.q.resize(draft.host_rows ? sz(kept.size() * V) : 0u);
       draft = std::move(kept);
     }
 
@@ -425,31 +573,27 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
     limits.max_depth = std::max<index_t>(1, max_depth);
     limits.max_children = std::max<index_t>(1, options.pd_width);
     const token_tree tree(draft.parents, draft.tokens, limits);
-    const index_t nodes = tree.size();
 
     // --- 1. One forward pass over the draft tree.
-    co_await detail::target_pass(tree, logits, st);
+    co_await rows_pass(
+        rows, st, [&](auto& r) { r.target(tree); },
+        [&](auto& r) { return detail::target_pass(tree, r.logits, st); });
     // --- 2. Verify (exact rule, siblings without replacement) and commit.
-    probs.resize(logits.size());
     index_t k = 0;
     {
       detail::scoped_timer timer(st.verify_seconds);
-      detail::rows_to_probs(options.target, logits, probs, scratch, V);
-      // Leaves have no children: give them a valid q row (never used).
-      for (index_t u = 0; u < nodes; ++u)
-        if (tree.num_children(u) == 0)
-          std::copy_n(probs.begin() + u * V, V, draft.q.begin() + u * V);
-      const request_rng verify_rng{rng.seed, rng.request_id, step};
-      k = detail::verify_one(verify, tree, V, probs, draft.q, verify_rng, out_tokens, out_nodes);
+      k = rows.verify(verify, tree, draft, options.target,
+                      request_rng{rng.seed, rng.request_id, step}, out_tokens, out_nodes);
     }
     m.commit(std::span<const index_t>(out_nodes.data(), sz(k + 1)));
     if (keep_rows > 0) {  // the rows the committed tokens were drawn from (the last keep_rows)
-      for (index_t j = 0; j <= k; ++j)
-        rows.insert(rows.end(), probs.begin() + out_nodes[sz(j)] * V,
-                    probs.begin() + (out_nodes[sz(j)] + 1) * V);
-      const index_t drop = static_cast<index_t>(rows.size()) / V - keep_rows;
+      for (index_t j = 0; j <= k; ++j) {
+        const auto r = rows.p_row(out_nodes[sz(j)]);
+        kept_rows.insert(kept_rows.end(), r.begin(), r.end());
+      }
+      const index_t drop = static_cast<index_t>(kept_rows.size()) / V - keep_rows;
       if (drop > 0) {
-        rows.erase(rows.begin(), rows.begin() + drop * V);
+        kept_rows.erase(kept_rows.begin(), kept_rows.begin() + drop * V);
         rows_first += drop;
       }
     }
@@ -459,29 +603,11 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
 
     // --- 3. The next draft below the emitted token, from the stale rows.
     detail::scoped_timer timer(st.draft_seconds);
-    const index_t last = out_nodes[sz(k)];
-    // stale[j]: the node of the old draft at the position of the (j+1)-th token after `last`
-    // (the first at the emitted token's position). First the first-child chain below `last`
-    // (inside its subtree), then, below that chain's depth, the main path (the first-child
-    // chain from the root): when `last` lies on a side branch, the main path still holds rows
-    // for the positions its subtree does not reach.
-    stale.clear();
-    for (index_t c = tree.first_child(last); c >= 0; c = tree.first_child(c)) stale.push_back(c);
-    {
-      const index_t reached = stale.empty() ? tree.depth(last) : tree.depth(stale.back());
-      index_t main = 0;
-      while (main >= 0 && tree.depth(main) <= reached) main = tree.first_child(main);
-      // `main` is the main-path node one deeper than the chain (none when `last` is on the
-      // main path: then the chain is the main path's own continuation).
-      for (; main >= 0; main = tree.first_child(main)) stale.push_back(main);
-    }
+    detail::sjd_stale_nodes(tree, out_nodes[sz(k)], stale);
     // Some position after the emitted token has a stale row: the verification rejected a
-    // draft token somewhere (on the main path when `last` is a side node).
+    // draft token somewhere (on the main path when the last accepted node is a side node).
     const bool rejected = !stale.empty();
     next.reset(seq.back(), V);
-    const auto row_of = [&](index_t node) {
-      return std::span<const float>(probs.data() + node * V, sz(V));
-    };
     const index_t stale_rows = static_cast<index_t>(stale.size());  // R_1 .. R_{m+1}
     const bool tree_mode = options.proactive_drafting && rejected;
     const index_t width = tree_mode ? options.pd_width : 1;
@@ -489,74 +615,71 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
     // The tree's levels (which fit the budget) come first, the first path's chain gets the
     // rest of the budget.
     std::vector<index_t> level{0}, below;
+    bool deferring = false;  // jobs holds deferred one-child jobs
     for (index_t d = 1; static_cast<index_t>(next.parents.size()) - 1 < budget; ++d) {
       below.clear();
-      const bool have_row = d <= stale_rows;
-      for (std::size_t li = 0; li < level.size(); ++li) {
-        const index_t parent = level[li];
-        const bool first_path = li == 0;
-        auto qrow = next.q_row(parent, V);
-        if (!have_row) {  // initialisation (random or spatial prior)
-          if (!first_path) continue;
-          const token_t x = detail::sjd_init_child(
-              next, parent, init_context(), V,
-              uniform_at(draw_rng, draw_id{static_cast<std::uint32_t>(d), detail::sjd_init_slot}));
-          below.push_back(next.add(parent, x, V));
-          continue;
-        }
-        const auto R = row_of(stale[sz(d - 1)]);
-        std::copy(R.begin(), R.end(), qrow.begin());
-        const bool branches =
-            tree_mode && d <= options.pd_levels() && (options.pd_full_tree || first_path);
-        const index_t kids = branches ? width : (first_path ? 1 : 0);
-        chosen.clear();
-        const auto slot = static_cast<std::uint32_t>(64 * li);
-        for (index_t c = 0; c < kids; ++c) {
-          token_t x = no_token;
-          if (c == 0 && first_path && options.adaptive_continuation && d < stale_rows) {
+      if (d > stale_rows) {  // initialisation (random or spatial prior), first path only
+        if (deferring) draw_jobs(draw_rng, true, nullptr);  // a prior reads the tokens above
+        deferring = false;
+        const token_t x = rows.init_child(
+            next, level[0], init_context(),
+            uniform_at(draw_rng, draw_id{static_cast<std::uint32_t>(d), detail::sjd_init_slot}));
+        below.push_back(next.add(level[0], x, V));
+      } else {
+        // Each node's children from R_d = the row of stale[d - 1] (its q row becomes R_d).
+        const auto level_begin = jobs.size();
+        index_t level_kids = 0;
+        for (std::size_t li = 0; li < level.size(); ++li) {
+          const bool first_path = li == 0;
+          const bool branches =
+              tree_mode && d <= options.pd_levels() && (options.pd_full_tree || first_path);
+          const index_t kids = branches ? width : (first_path ? 1 : 0);
+          if (kids == 0) continue;
+          sjd_children_job job;
+          job.row = stale[sz(d - 1)];
+          job.parent = level[li];
+          job.kids = kids;
+          job.depth = static_cast<std::uint32_t>(d);
+          job.slot = static_cast<std::uint32_t>(64 * li);
+          if (first_path && options.adaptive_continuation && d < stale_rows) {
             // AC: keep the old draft token at this position with min(1, R/q_old), else
             // resample from max(R - q_old, 0): the kept-or-resampled token has law R. q_old
             // is the row the old token was drawn from: its parent's q row (where the chain
             // below a side node meets the main path, not the chain's last node's row).
             const index_t old = stale[sz(d)];
-            const index_t old_from =
+            job.ac_old = tree.token(old);
+            job.ac_from =
                 fault == sjd_fault::junction_q_of_chain ? stale[sz(d - 1)] : tree.parent(old);
-            x = detail::adaptive_continuation_draw(
-                R, std::span<const float>(draft.q.data() + old_from * V, sz(V)), tree.token(old),
-                draw_rng, draw_id{static_cast<std::uint32_t>(d), slot},
-                draw_id{static_cast<std::uint32_t>(d), slot + 1});
-          } else {
-            // A draw from R without the tokens already chosen (without replacement).
-            const bool from_residual = fault == sjd_fault::residual_siblings && first_path &&
-                                       options.adaptive_continuation && d < stale_rows;
-            const float* q_old =
-                from_residual ? draft.q.data() + tree.parent(stale[sz(d)]) * V : nullptr;
-            auto w = [&](index_t y) {
-              for (const token_t t : chosen)
-                if (t == y) return 0.0;
-              const double r = R[sz(y)];
-              return q_old ? std::max(r - static_cast<double>(q_old[y]), 0.0) : r;
-            };
-            double mass = positive_mass(V, w);
-            if (q_old && !(mass > 0.0)) {
-              q_old = nullptr;
-              mass = positive_mass(V, w);
-            }
-            if (!(mass > 0.0)) break;  // the row has fewer than `kids` tokens
-            x = static_cast<token_t>(sample_inverse_cdf(
-                V, w, mass,
-                uniform_at(draw_rng, draw_id{static_cast<std::uint32_t>(d),
-                                             slot + 2 + static_cast<std::uint32_t>(c)})));
+            if (fault == sjd_fault::residual_siblings) job.residual_from = tree.parent(old);
           }
-          chosen.push_back(x);
-          below.push_back(next.add(parent, x, V));
+          jobs.push_back(job);
+          level_kids += kids;
+        }
+        if (Rows::defers_chain && jobs.size() - level_begin == 1 && level_kids == 1) {
+          // One child: its node now, its token with the chain's other tokens later.
+          deferring = true;
+          deferred_nodes.push_back(next.add(jobs.back().parent, no_token, V));
+          below.push_back(deferred_nodes.back());
+        } else {
+          if (deferring) {  // the deferred jobs first (in order), then this level's
+            const std::vector<sjd_children_job> level_jobs(
+                jobs.begin() + static_cast<std::ptrdiff_t>(level_begin), jobs.end());
+            jobs.resize(level_begin);
+            draw_jobs(draw_rng, true, nullptr);
+            jobs = level_jobs;
+            deferring = false;
+          }
+          draw_jobs(draw_rng, false, &below);
         }
       }
       if (below.empty()) break;
       level.swap(below);
     }
+    if (deferring) draw_jobs(draw_rng, true, nullptr);
+    rows.next_ready();
     draft = std::move(next);
-    next = detail::sjd_draft{};
+    next = {};
+    next.host_rows = !Rows::resident;
   }
   trim_cache(m, static_cast<index_t>(seq.size()) - 1);
   result.assign(seq.begin() + prompt_len, seq.end());

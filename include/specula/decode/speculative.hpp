@@ -88,16 +88,11 @@ index_t verify_step(const Verifier& verify, const sampling_params& target, const
   const index_t nodes = tree.size();
   buf.target_probs.resize(static_cast<std::size_t>(nodes * V));
   rows_to_probs(target, buf.logits, buf.target_probs, buf.scratch, V);
-  if (has_q) {
-    buf.draft_probs.resize(static_cast<std::size_t>(nodes * V));
-    for (index_t u = 0; u < nodes; ++u)
-      if (tree.num_children(u) == 0)
-        std::copy_n(buf.target_probs.begin() + static_cast<std::ptrdiff_t>(u * V), V,
-                    buf.draft_probs.begin() + static_cast<std::ptrdiff_t>(u * V));
-  }
-  return verify_one(verify, tree, V, buf.target_probs,
-                    has_q ? std::span<const float>(buf.draft_probs) : std::span<const float>(), rng,
-                    buf.out_tokens, buf.out_nodes);
+  if (!has_q)
+    return verify_one(verify, tree, V, buf.target_probs, {}, rng, buf.out_tokens, buf.out_nodes);
+  buf.draft_probs.resize(static_cast<std::size_t>(nodes * V));
+  return verify_with_leaves(verify, tree, V, buf.target_probs, buf.draft_probs, rng, buf.out_tokens,
+                            buf.out_nodes);
 }
 
 /// Greedy children: the `count` highest logits of `row` (ties: lowest id), best first.
@@ -115,6 +110,39 @@ inline index_t top_tokens(std::span<const float> row, index_t count, token_t* ou
     out[n] = static_cast<token_t>(best);
   }
   return n;
+}
+
+/// Tree drafts: adds the children of the shape's depth-`d` nodes below their draft nodes
+/// (shape node s is draft node shape_map[s], -1 when it was not drafted). `draw(u, count)`
+/// returns draft node u's children's tokens (a span of at most `count`: fewer when the row
+/// cannot supply them); `add(u, token)` appends a draft node below u and returns its index.
+/// Returns whether a node was added.
+template <class Draw, class Add>
+bool grow_tree_level(const token_tree& shape, std::vector<index_t>& shape_map, index_t d,
+                     Draw&& draw, Add&& add) {
+  const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
+  bool grew = false;
+  for (index_t s = 0; s < shape.size(); ++s) {
+    const index_t u = shape_map[sz(s)];
+    if (shape.depth(s) != d || u < 0 || shape.num_children(s) == 0) continue;
+    const std::span<const token_t> chosen = draw(u, shape.num_children(s));
+    index_t c = 0;
+    for (index_t sc = shape.first_child(s); sc >= 0 && c < static_cast<index_t>(chosen.size());
+         sc = shape.next_sibling(sc), ++c) {
+      shape_map[sz(sc)] = add(u, chosen[sz(c)]);
+      grew = true;
+    }
+  }
+  return grew;
+}
+
+/// The limits of a tree drafted in the shape `shape` (and of its partial levels).
+inline tree_limits shape_limits(const token_tree& shape) {
+  tree_limits limits;
+  limits.max_nodes = shape.size();
+  limits.max_depth = shape.max_depth();
+  limits.max_children = shape.max_width();
+  return limits;
 }
 
 /// Draft-model speculative decoding of one request (see file comment), as a task; `target` and
@@ -202,6 +230,7 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
         got = top_tokens(row, count, chosen.data());
       }
       chosen.resize(sz(got));
+      return std::span<const token_t>(chosen);
     };
     const auto add_node = [&](index_t parent, token_t t) {
       parents.push_back(parent);
@@ -308,30 +337,18 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
               pass_parents.push_back(v == c ? -1 : row_of[sz(parents[sz(v)])]);
               pass_tokens.push_back(tokens[sz(v)]);
             }
-            tree_limits limits;
-            limits.max_nodes = shape.size();
-            limits.max_depth = shape.max_depth();
-            limits.max_children = shape.max_width();
-            tree = token_tree(pass_parents, pass_tokens, limits);
+            tree = token_tree(pass_parents, pass_tokens, shape_limits(shape));
             co_await draft_pass(tree, draft_logits, st);
             rows = std::span<float>(draft_logits);
           }
-          bool grew = false;
-          for (index_t s = 0; s < shape.size(); ++s) {
-            const index_t u = shape_map[sz(s)];
-            if (shape.depth(s) != d || u < 0 || shape.num_children(s) == 0) continue;
-            draw_children(u, rows.subspan(d == 0 ? 0 : sz(row_of[sz(u)] * V), sz(V)),
-                          shape.num_children(s));
-            index_t c = 0;
-            for (index_t sc = shape.first_child(s);
-                 sc >= 0 && c < static_cast<index_t>(chosen.size());
-                 sc = shape.next_sibling(sc), ++c) {
-              shape_map[sz(sc)] = add_node(u, chosen[sz(c)]);
-              depth_of.push_back(d + 1);
-              grew = true;
-            }
-          }
-          if (!grew) break;
+          const auto draw = [&](index_t u, index_t count) {
+            return draw_children(u, rows.subspan(d == 0 ? 0 : sz(row_of[sz(u)] * V), sz(V)), count);
+          };
+          const auto add = [&](index_t u, token_t t) {
+            depth_of.push_back(d + 1);
+            return add_node(u, t);
+          };
+          if (!grow_tree_level(shape, shape_map, d, draw, add)) break;
         }
         if (!chain_committed) {
           // No second pass took the first pass's chain: commit it but the root.

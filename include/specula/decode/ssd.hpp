@@ -46,11 +46,13 @@
 #include <algorithm>
 #include <cmath>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "specula/core/error.hpp"
 #include "specula/core/types.hpp"
 #include "specula/decode/concepts.hpp"
+#include "specula/decode/row_top.hpp"
 #include "specula/decode/stats.hpp"
 #include "specula/decode/task.hpp"
 #include "specula/tree/builders.hpp"
@@ -107,23 +109,9 @@ struct diffusion_pick {
   bool operator==(const diffusion_pick&) const = default;
 };
 
-/// Argmax (lowest id on ties) and its softmax probability for one logit row.
-struct row_top {
-  index_t token = -1;
-  double confidence = 0.0;
-};
+/// row_top (row_top.hpp) of one logit row.
 inline row_top top_of(std::span<const float> row) {
-  row_top t;
-  float best = -INFINITY;
-  for (std::size_t y = 0; y < row.size(); ++y)
-    if (row[y] > best || t.token < 0) {
-      best = row[y];
-      t.token = static_cast<index_t>(y);
-    }
-  double sum = 0.0;
-  for (const float v : row) sum += std::exp(static_cast<double>(v) - static_cast<double>(best));
-  t.confidence = sum > 0.0 ? 1.0 / sum : 0.0;
-  return t;
+  return top_of(row.data(), static_cast<index_t>(row.size()));
 }
 
 /// A range of positions [begin, end).
@@ -175,22 +163,35 @@ struct diffusion_pass_plan {
   [[nodiscard]] bool whole(index_t u) const { return !cached || (refresh && u == 0); }
   /// The first position node u has a row for.
   [[nodiscard]] index_t first_position(index_t u) const { return whole(u) ? 0 : window.begin; }
-  /// Node u's rows in `logits` (positions first_position(u) onwards).
-  [[nodiscard]] std::span<const float> rows(std::span<const float> logits, index_t u) const {
-    index_t at = u * length;
-    if (cached) at = refresh ? (u == 0 ? 0 : length + (u - 1) * window.size()) : u * window.size();
-    const index_t count = whole(u) ? length : window.size();
-    return logits.subspan(static_cast<std::size_t>(at * vocab),
-                          static_cast<std::size_t>(count * vocab));
+  /// The pass's row index of node u's first row, and node u's row count.
+  [[nodiscard]] index_t first_row(index_t u) const {
+    if (!cached) return u * length;
+    return refresh ? (u == 0 ? 0 : length + (u - 1) * window.size()) : u * window.size();
+  }
+  [[nodiscard]] index_t row_count(index_t u) const { return whole(u) ? length : window.size(); }
+};
+
+/// Where a diffusion loop's rows live: `diffusion_host_rows` (the default) takes the logits of
+/// the loop's passes and summarises the rows it reads (top_of); a *resident* policy
+/// (`resident = true`: the example transformer's resident SSD) runs the pass itself
+/// (`pass(start, plan, tokens)`) and keeps only the summaries of every row, so that the logits
+/// never leave the device. `top(plan, u, pos)`: node u's row at sequence position pos.
+struct diffusion_host_rows {
+  static constexpr bool resident = false;
+  std::vector<float> logits;
+  [[nodiscard]] row_top top(const diffusion_pass_plan& plan, index_t u, index_t pos) const {
+    const auto at =
+        static_cast<std::size_t>((plan.first_row(u) + pos - plan.first_position(u)) * plan.vocab);
+    return top_of(logits.data() + at, plan.vocab);
   }
 };
 
 /// The stepwise rule: the most confident masked position of the first unfinished block, and its
-/// argmax. `rows` are the sequence's logit rows from position `first_row` on (the whole sequence,
-/// or at least the first unfinished block).
-inline diffusion_pick stepwise_choice(std::span<const token_t> seq, std::span<const float> rows,
-                                      index_t vocab, token_t mask, const diffusion_layout& lay,
-                                      index_t first_row = 0) {
+/// argmax. `top_at(pos)`: the summary of the sequence's row at position pos (rows of the first
+/// unfinished block are read).
+template <class TopAt>
+diffusion_pick stepwise_choice(std::span<const token_t> seq, token_t mask,
+                               const diffusion_layout& lay, TopAt&& top_at) {
   diffusion_pick pick;
   index_t block = -1;
   double best = -1.0;
@@ -198,8 +199,7 @@ inline diffusion_pick stepwise_choice(std::span<const token_t> seq, std::span<co
     if (seq[static_cast<std::size_t>(pos)] != mask) continue;
     if (block < 0) block = lay.block_of(pos);
     if (lay.block_of(pos) != block) break;
-    const auto t = top_of(rows.subspan(static_cast<std::size_t>((pos - first_row) * vocab),
-                                       static_cast<std::size_t>(vocab)));
+    const row_top t = top_at(pos);
     if (t.confidence > best) {
       best = t.confidence;
       pick = {pos, static_cast<token_t>(t.token)};
@@ -286,23 +286,36 @@ diffusion_start<Model> start_diffusion(const Model& m, std::span<const token_t> 
 
 namespace detail {
 
-/// Stepwise decoding of one request (see file comment), as a task.
-template <class Model>
+/// The pass of `plan` over `tokens` (rows_pass): run by a resident rows policy, else served
+/// into rows.logits by the driver.
+template <class Rows, class Start>
+optional_pass_awaiter diffusion_pass(Rows& rows, Start& start, const diffusion_pass_plan& plan,
+                                     std::span<const token_t> tokens, decode_stats& st) {
+  return rows_pass(
+      rows, st, [&](auto& r) { r.pass(start, plan, tokens); },
+      [&](auto& r) { return start.pass(plan, tokens, r.logits, st); });
+}
+
+/// Stepwise decoding of one request (see file comment), as a task. `resident_rows`: the rows
+/// policy when `Rows` is resident (see diffusion_host_rows), else unused.
+template <class Model, class Rows = diffusion_host_rows>
 decode_task stepwise_task(const Model& m, std::span<const token_t> prompt, ssd_options options,
-                          decode_stats& st, std::vector<token_t>& result) {
+                          decode_stats& st, std::vector<token_t>& result,
+                          Rows* resident_rows = nullptr) {
+  std::conditional_t<Rows::resident, int, Rows> local_rows{};
+  Rows& rows = rows_policy(local_rows, resident_rows);
   auto start = detail::start_diffusion(m, prompt, options);
   const diffusion_layout lay = start.lay;
   task_state& published = co_await publish(std::move(start.seq), lay.prompt_len, result, st, false);
   std::vector<token_t>& seq = published.seq;
   const index_t V = m.vocab_size();
   const token_t mask = m.mask_token();
-  std::vector<float> logits;
   for (index_t i = 0; i < options.gen_length; ++i) {
     const auto plan = start.plan(i, V);
-    co_await start.pass(plan, seq, logits, st);
+    co_await diffusion_pass(rows, start, plan, seq, st);
     detail::scoped_timer timer(st.verify_seconds);
-    const auto pick =
-        detail::stepwise_choice(seq, plan.rows(logits, 0), V, mask, lay, plan.first_position(0));
+    const auto pick = detail::stepwise_choice(seq, mask, lay,
+                                              [&](index_t pos) { return rows.top(plan, 0, pos); });
     seq[static_cast<std::size_t>(pick.position)] = pick.token;
     st.record_step(0);
     st.step_tokens.push_back(1);
@@ -311,10 +324,14 @@ decode_task stepwise_task(const Model& m, std::span<const token_t> prompt, ssd_o
   result.assign(seq.begin() + lay.prompt_len, seq.end());
 }
 
-/// SSD of one request (see file comment), as a task.
-template <class Model>
+/// SSD of one request (see file comment), as a task. `resident_rows`: the rows policy when
+/// `Rows` is resident (see diffusion_host_rows), else unused.
+template <class Model, class Rows = diffusion_host_rows>
 decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_options options,
-                     decode_stats& st, std::vector<token_t>& result) {
+                     decode_stats& st, std::vector<token_t>& result,
+                     Rows* resident_rows = nullptr) {
+  std::conditional_t<Rows::resident, int, Rows> local_rows{};
+  Rows& rows = rows_policy(local_rows, resident_rows);
   auto start = detail::start_diffusion(m, prompt, options);
   const diffusion_layout lay = start.lay;
   task_state& published = co_await publish(std::move(start.seq), lay.prompt_len, result, st, false);
@@ -328,7 +345,6 @@ decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_option
   std::vector<index_t> order;
   std::vector<detail::diffusion_pick> placed;  // per tree node
   std::vector<token_t> batch;
-  std::vector<float> logits;
   index_t masked = options.gen_length;
 
   while (masked > 0) {
@@ -377,7 +393,7 @@ decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_option
       }
     }
     // --- 2. One forward pass over every node's sequence (or its window, with the dual cache).
-    co_await start.pass(plan, batch, logits, st);
+    co_await diffusion_pass(rows, start, plan, batch, st);
     // --- 3. Verification against the stepwise rule, from the root.
     detail::scoped_timer timer(st.verify_seconds);
     const auto seq_of = [&](index_t u) {
@@ -386,8 +402,8 @@ decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_option
     index_t u = 0, accepted = 0;
     detail::diffusion_pick pick;
     for (;;) {
-      pick = detail::stepwise_choice(seq_of(u), plan.rows(logits, u), V, mask, lay,
-                                     plan.first_position(u));
+      pick = detail::stepwise_choice(seq_of(u), mask, lay,
+                                     [&](index_t pos) { return rows.top(plan, u, pos); });
       index_t next = -1;
       for (index_t c = tree.first_child(u); c >= 0 && next < 0; c = tree.next_sibling(c))
         if (placed[sz(c)] == pick) next = c;
@@ -406,12 +422,9 @@ decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_option
     // The next drafts: the accepted node's rows (its window with the dual cache; the other
     // positions keep their drafts from the last rows that covered them).
     drafts.resize(L);
-    const auto rows = plan.rows(logits, u);
     const index_t first = plan.first_position(u);
-    const auto covered = static_cast<index_t>(rows.size()) / V;
-    for (index_t pos = std::max(first, lay.prompt_len); pos < first + covered; ++pos)
-      if (seq[sz(pos)] == mask)
-        drafts[sz(pos)] = detail::top_of(rows.subspan(sz((pos - first) * V), sz(V)));
+    for (index_t pos = std::max(first, lay.prompt_len); pos < first + plan.row_count(u); ++pos)
+      if (seq[sz(pos)] == mask) drafts[sz(pos)] = rows.top(plan, u, pos);
   }
   result.assign(seq.begin() + lay.prompt_len, seq.end());
 }

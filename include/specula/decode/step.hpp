@@ -14,6 +14,7 @@
 #include "specula/core/rng.hpp"
 #include "specula/core/row.hpp"
 #include "specula/core/types.hpp"
+#include "specula/decode/row_draws.hpp"
 #include "specula/decode/stats.hpp"
 #include "specula/rules/exact.hpp"
 #include "specula/sample/categorical.hpp"
@@ -95,29 +96,30 @@ index_t verify_one(const Verifier& verify, const token_tree& tree, index_t vocab
   return accepted;
 }
 
-/// A sample from the probability row R with the uniform u.
-inline token_t sample_row(std::span<const float> R, double u) {
-  const auto w = [&](index_t y) { return static_cast<double>(R[static_cast<std::size_t>(y)]); };
-  const auto v = static_cast<index_t>(R.size());
-  return static_cast<token_t>(sample_inverse_cdf(v, w, positive_mass(v, w), u));
+/// verify_one after giving the tree's leaves (nodes without children, whose q rows no draw
+/// used) their p rows as q rows, so that every row the verifier is handed is valid.
+template <class Verifier>
+index_t verify_with_leaves(const Verifier& verify, const token_tree& tree, index_t vocab,
+                           std::span<const float> p_rows, std::span<float> q_rows,
+                           const request_rng& rng, std::vector<token_t>& out_tokens,
+                           std::vector<index_t>& out_nodes) {
+  for (index_t u = 0; u < tree.size(); ++u)
+    if (tree.num_children(u) == 0)
+      std::copy_n(p_rows.begin() + u * vocab, vocab, q_rows.begin() + u * vocab);
+  return verify_one(verify, tree, vocab, p_rows, q_rows, rng, out_tokens, out_nodes);
 }
 
-/// Adaptive Continuation's draw (SJD-PAC §4.2): keeps `old`, drawn from q_old, with probability
-/// min(1, R/q_old), else samples max(R − q_old, 0) (R itself when that has no mass); by the
-/// rejection lemma the result has law R. Draws: `keep_at` (Bernoulli), `resample_at`.
+/// A sample from the probability row R with the uniform u (row_draws.hpp).
+inline token_t sample_row(std::span<const float> R, double u) {
+  return sample_row(R.data(), static_cast<index_t>(R.size()), u);
+}
+
+/// Adaptive Continuation's draw (row_draws.hpp) over spans.
 inline token_t adaptive_continuation_draw(std::span<const float> R, std::span<const float> q_old,
                                           token_t old, const request_rng& rng, draw_id keep_at,
                                           draw_id resample_at) {
-  const exact_rule rule{};
-  const auto so = static_cast<std::size_t>(old);
-  if (philox_source{rng}.bernoulli(rule.accept_probability(R[so], q_old[so]), keep_at)) return old;
-  const auto v = static_cast<index_t>(R.size());
-  auto w = [&](index_t y) {
-    return rule.residual_weight(R[static_cast<std::size_t>(y)], q_old[static_cast<std::size_t>(y)]);
-  };
-  const double mass = positive_mass(v, w);
-  const double u = uniform_at(rng, resample_at);
-  return mass > 0.0 ? static_cast<token_t>(sample_inverse_cdf(v, w, mass, u)) : sample_row(R, u);
+  return adaptive_continuation_draw(R.data(), q_old.data(), static_cast<index_t>(R.size()), old,
+                                    rng, keep_at, resample_at);
 }
 
 }  // namespace specula::detail

@@ -39,6 +39,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -176,6 +177,46 @@ struct pass_awaiter {
   void await_suspend(decode_task::handle_type h) const noexcept { h.promise().pending = request; }
   void await_resume() const noexcept {}
 };
+
+/// `co_await`ed by a loop whose rows policy may run a pass itself (a *resident* policy: the
+/// rows stay where its model computes them): ready at once when it did (`ran`), else `pass`
+/// goes to the driver as a pass_awaiter's request.
+struct optional_pass_awaiter {
+  bool ran = false;
+  pass_awaiter pass{};
+  [[nodiscard]] bool await_ready() const noexcept { return ran; }
+  void await_suspend(decode_task::handle_type h) const noexcept { pass.await_suspend(h); }
+  void await_resume() const noexcept {}
+};
+
+/// A task's rows policy (sjd.hpp, ssd.hpp): `*resident` when `Rows` is resident (required),
+/// else `local` (the task's own host policy).
+template <class Rows>
+Rows& rows_policy(std::conditional_t<Rows::resident, int, Rows>& local, Rows* resident) {
+  if constexpr (Rows::resident) {
+    require_parameter(resident != nullptr, "rows", 0.0, "a resident rows policy is needed");
+    return *resident;
+  } else {
+    (void)resident;
+    return local;
+  }
+}
+
+/// The forward pass of a loop with a rows policy `rows` (sjd.hpp, ssd.hpp): a resident policy
+/// runs it now (`run(rows)`, counted and timed as the driver counts a target pass), else the
+/// driver serves `make_pass(rows)` (a pass_awaiter). Both are generic lambdas, instantiated
+/// for the policy that uses them only.
+template <class Rows, class Run, class MakePass>
+optional_pass_awaiter rows_pass(Rows& rows, decode_stats& st, Run&& run, MakePass&& make_pass) {
+  if constexpr (Rows::resident) {
+    scoped_timer timer(st.forward_seconds);
+    run(rows);
+    ++st.target_forwards;
+    return {true, {}};
+  } else {
+    return {false, make_pass(rows)};
+  }
+}
 
 /// `co_await publish(...)` (no suspension) moves the task's sequence into its promise, where
 /// the drivers read it, and gives the loop that record (its `seq` to work on, `prefilled` to

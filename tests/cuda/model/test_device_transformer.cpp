@@ -29,7 +29,10 @@
 #include <specula/testing/goodness_of_fit.hpp>
 #include <specula/tree/builders.hpp>
 #include <specula_example/device_resident_sd.hpp>
+#include <specula_example/device_resident_sjd.hpp>
 #include <specula_example/device_transformer.hpp>
+#include <specula_example/resident_greedy.hpp>
+#include <specula_example/resident_ssd.hpp>
 #include <specula_example/sessions.hpp>
 
 #include "../../decode/decode_test_util.hpp"
@@ -274,11 +277,7 @@ TEST_CASE("SSD on the device diffusion model equals host stepwise decoding", "[d
     decode_stats st;
     for (std::size_t i = 0; i < 3; ++i) {
       const auto prompt = decode_testing::bytes(prompts[i]);
-      ssd_options opt;
-      opt.gen_length = 24;
-      opt.block_size = 8;
-      opt.cache = cache;
-      opt.refresh_interval = 4;
+      ssd_options opt = ex::testing::small_ssd_options(cache);
       const auto ref = diffusion_stepwise_decode(host, prompt, opt);
       INFO("prompt " << prompts[i] << " dual cache " << (cache == ssd_cache::dual));
       CHECK(diffusion_stepwise_decode(dev, prompt, opt) == ref);
@@ -307,29 +306,39 @@ TEST_CASE("resident SD on the device samples the toy transformer's law and moves
   const auto tw = ex::testing::random_weights(c, 71), dw = ex::testing::random_weights(c, 72);
   const ex::device_transformer target(tw), draft(dw);
   ex::device_sd_ops ops(target, draft);
-  ex::resident_sd_options opt;
-  opt.draft_length = 2;
-  opt.max_new_tokens = 3;
-  const std::vector<token_t> prompt{0};
   const auto law = ex::testing::toy_sequence_law(tw);
-  decode_stats st;
-  const auto before = ops.traffic();
-  const auto g = specula::testing::g_test(ex::testing::toy_counts(
-                                              [&](const request_rng& rng, decode_stats* s) {
-                                                return ex::resident_speculative_decode(ops, prompt,
-                                                                                       opt, rng, s);
-                                              },
-                                              4000, 9, &st),
-                                          law);
-  INFO(g << ", step compression " << st.step_compression());
-  CHECK(g.impossible_observations == 0);
-  CHECK(g.p_value > 1e-4);
-  CHECK(st.step_compression() > 1.0);
-  // To the host: each drafted token (4 bytes), and per step the accepted count and the chain's
-  // output tokens (4 + 4 * (drafts + 1) bytes) -- never a logit or probability row.
-  const auto after = ops.traffic();
-  CHECK(after.bytes_to_host - before.bytes_to_host ==
-        static_cast<std::uint64_t>(8 * st.draft_forwards + 8 * st.steps));
+  for (const bool tree : {false, true}) {
+    ex::resident_sd_options opt;
+    opt.draft_length = 2;
+    opt.max_new_tokens = 3;
+    if (tree) opt.draft_tree = trees::full(2, 2);
+    const std::vector<token_t> prompt{0};
+    decode_stats st;
+    const auto before = ops.traffic();
+    const auto g = specula::testing::g_test(ex::testing::toy_counts(
+                                                [&](const request_rng& rng, decode_stats* s) {
+                                                  return ex::resident_speculative_decode(
+                                                      ops, prompt, opt, rng, s);
+                                                },
+                                                tree ? 2000 : 4000, 9, &st),
+                                            law);
+    INFO((tree ? "tree drafts: " : "chain drafts: ")
+         << g << ", step compression " << st.step_compression());
+    CHECK(g.impossible_observations == 0);
+    CHECK(g.p_value > 1e-4);
+    CHECK(st.step_compression() > 1.0);
+    const auto after = ops.traffic();
+    if (!tree) {
+      // To the host: each drafted token (4 bytes), and per step the accepted count and the
+      // chain's output tokens (4 + 4 * (drafts + 1) bytes) -- never a logit or probability row.
+      CHECK(after.bytes_to_host - before.bytes_to_host ==
+            static_cast<std::uint64_t>(8 * st.draft_forwards + 8 * st.steps));
+    } else {
+      // Per step at most: 4 bytes per draw slot (6), the count and 7 output slots.
+      CHECK(after.bytes_to_host - before.bytes_to_host <=
+            static_cast<std::uint64_t>((4 * 6 + 4 + 4 * 7) * st.steps));
+    }
+  }
 }
 
 TEST_CASE("resident SD on the device with top-k = 1 equals host greedy decoding",
@@ -344,14 +353,206 @@ TEST_CASE("resident SD on the device with top-k = 1 equals host greedy decoding"
   opt.max_new_tokens = 40;
   opt.target.top_k = 1;
   opt.draft.top_k = 1;
+  const auto& prompts = decode_testing::text_prompts();
+  for (const bool tree : {false, true}) {
+    // Tree drafts: SJD-PAC's shape, three draft candidates (top-3 draft rows) at the first
+    // level; with one-hot target rows the output is still greedy decoding.
+    if (tree) {
+      opt.draft_tree = trees::sjd_pac(3, 1, 8);
+      opt.draft.top_k = 3;
+    }
+    decode_stats st;
+    const auto before = ops.traffic();
+    for (std::size_t i = 0; i < 4; ++i) {
+      const auto prompt = decode_testing::bytes(prompts[i]);
+      ex::transformer_session hs(host);
+      INFO("prompt " << prompts[i] << (tree ? ", tree drafts" : ", chain drafts"));
+      CHECK(ex::resident_speculative_decode(ops, prompt, opt, request_rng{4, 0, 0}, &st) ==
+            decode_testing::greedy_reference(hs, prompt, 40));
+    }
+    CHECK(st.step_compression() > 1.0);
+    // Never a row (1 KiB each): per step at most 8 bytes per tree node and the count.
+    const auto nodes = static_cast<std::uint64_t>(tree ? opt.draft_tree->size() : 5);
+    CHECK(ops.traffic().bytes_to_host - before.bytes_to_host <=
+          (8 * nodes + 4) * static_cast<std::uint64_t>(st.steps));
+  }
+}
+
+TEST_CASE("resident SJD and SJD-PAC on the device sample the toy transformer's law",
+          "[device][stats]") {
+  if (!have_gpu("device resident SJD")) return;
+  const auto c = ex::testing::toy_gtest_config();
+  const auto tw = ex::testing::random_weights(c, 71);
+  const ex::device_transformer target(tw);
+  ex::device_sjd_ops ops(target);
+  const auto law = ex::testing::toy_sequence_law(tw);
+  const std::vector<token_t> prompt{0};
+  for (const bool pac : {false, true}) {
+    sjd_options o = pac ? sjd_options::sjd_pac(4, 2, 1) : sjd_options{};
+    o.window = pac ? 4 : 2;
+    o.max_new_tokens = 3;
+    INFO((pac ? "SJD-PAC" : "SJD"));
+    ex::testing::check_toy_gtest(
+        [&](const request_rng& rng, decode_stats* s) {
+          return ex::resident_sjd_decode(ops, prompt, o, rng, tree_verifier<>{}, s);
+        },
+        law, 2000);
+  }
+}
+
+TEST_CASE(
+    "resident SJD-PAC on the device with top-k = 1 equals host greedy decoding and moves "
+    "no rows",
+    "[device][models]") {
+  if (!have_gpu("device resident SJD-PAC greedy")) return;
+  const auto tw = ex::transformer_weights::load(models_dir / "text-target.safetensors");
+  const ex::transformer host(tw);
+  const ex::device_transformer target(tw);
+  ex::device_sjd_ops ops(target);
+  sjd_options o = sjd_options::sjd_pac();  // L = 64, K = 4, D = 3 (the authors' convention)
+  o.max_new_tokens = 40;
+  o.target.top_k = 1;
   decode_stats st;
+  const auto before = ops.traffic();
   const auto& prompts = decode_testing::text_prompts();
   for (std::size_t i = 0; i < 4; ++i) {
     const auto prompt = decode_testing::bytes(prompts[i]);
     ex::transformer_session hs(host);
     INFO("prompt " << prompts[i]);
-    CHECK(ex::resident_speculative_decode(ops, prompt, opt, request_rng{4, 0, 0}, &st) ==
+    CHECK(ex::resident_sjd_decode(ops, prompt, o, request_rng{6, 0, 0}, tree_verifier<>{}, &st) ==
           decode_testing::greedy_reference(hs, prompt, 40));
   }
+  // Per iteration at most: the count and 64 output tokens, and two batches of draw jobs (one
+  // job and one child slot per node, at most 4 children per node) -- no 1 KiB row.
+  const std::uint64_t per_step = 4 + 4 * 64 + 2 * (8 * 64 + 4 * 4 * 64);
+  CHECK(ops.traffic().bytes_to_host - before.bytes_to_host <=
+        per_step * static_cast<std::uint64_t>(st.steps));
+}
+
+TEST_CASE("resident Cool-SD on the device: omega = 1 keeps the target's law, omega = 2 does not",
+          "[device][stats]") {
+  if (!have_gpu("device resident Cool-SD")) return;
+  const auto c = ex::testing::toy_gtest_config();
+  const auto tw = ex::testing::random_weights(c, 71), dw = ex::testing::random_weights(c, 72);
+  const ex::device_transformer target(tw), draft(dw);
+  ex::device_sd_ops ops(target, draft);
+  ex::testing::check_toy_relaxed_omega(ops, ex::testing::toy_sequence_law(tw), 2000);
+}
+
+TEST_CASE("CUDA graphs give the same logits and loop outputs as direct launches",
+          "[device][models]") {
+  if (!have_gpu("device CUDA graphs")) return;
+  const auto tw = ex::transformer_weights::load(models_dir / "text-target.safetensors");
+  const auto dw = ex::transformer_weights::load(models_dir / "text-draft.safetensors");
+  const ex::device_transformer direct(tw), direct_draft(dw);
+  ex::device_transformer graphed(tw), graphed_draft(dw);
+  graphed.set_graphs(true);
+  graphed_draft.set_graphs(true);
+  REQUIRE(graphed.graphs());
+  REQUIRE_FALSE(direct.graphs());
+  const auto V = static_cast<std::size_t>(tw.config.vocab_size);
+  const auto prompt = decode_testing::bytes(decode_testing::text_prompts()[0]);
+  // The same evaluations (each shape twice: captured, then replayed) with commits between.
+  ex::device_session a(direct), b(graphed);
+  a.prefill(prompt);
+  b.prefill(prompt);
+  const token_tree shapes[] = {trees::chain(std::vector<token_t>{1}),
+                               trees::chain(std::vector<token_t>{1, 2, 3, 4}),
+                               trees::sjd_pac(3, 1, 8)};
+  for (int round = 0; round < 2; ++round)
+    for (const token_tree& shape : shapes) {
+      std::vector<token_t> tokens(shape.tokens().begin(), shape.tokens().end());
+      tokens[0] = prompt.back();
+      for (std::size_t i = 1; i < tokens.size(); ++i) tokens[i] = static_cast<token_t>(97 + i);
+      const token_tree tree(std::vector<index_t>(shape.parents().begin(), shape.parents().end()),
+                            tokens);
+      std::vector<float> la(static_cast<std::size_t>(tree.size()) * V), lb(la.size());
+      a.evaluate(tree, batch_view<float>(la.data(), tree.size(), tw.config.vocab_size));
+      b.evaluate(tree, batch_view<float>(lb.data(), tree.size(), tw.config.vocab_size));
+      CHECK(la == lb);
+      const std::vector<index_t> path{0};
+      a.commit(path);
+      b.commit(path);
+    }
+  // Sampled resident loops: the same rows, so the same draws.
+  ex::resident_sd_options so;
+  so.max_new_tokens = 32;
+  so.draft_tree = trees::full(2, 3);
+  ex::device_sd_ops sd_a(direct, direct_draft), sd_b(graphed, graphed_draft);
+  CHECK(ex::resident_speculative_decode(sd_a, prompt, so, request_rng{7, 0, 0}) ==
+        ex::resident_speculative_decode(sd_b, prompt, so, request_rng{7, 0, 0}));
+  sjd_options jo = sjd_options::sjd_pac(24, 3, 3, true);
+  jo.max_new_tokens = 32;
+  ex::device_sjd_ops sjd_a(direct), sjd_b(graphed);
+  CHECK(ex::resident_sjd_decode(sjd_a, prompt, jo, request_rng{7, 0, 0}) ==
+        ex::resident_sjd_decode(sjd_b, prompt, jo, request_rng{7, 0, 0}));
+}
+
+TEST_CASE("resident SSD on the device equals host stepwise decoding and moves row summaries only",
+          "[device][models]") {
+  if (!have_gpu("device resident SSD")) return;
+  const auto w = ex::transformer_weights::load(models_dir / "text-diffusion.safetensors");
+  const ex::transformer host(w);
+  const ex::device_transformer dev(w);
+  ex::resident_ssd_rows<ex::device_transformer> rows(dev);
+  const auto& prompts = decode_testing::text_prompts();
+  for (const auto cache : {ssd_cache::none, ssd_cache::dual}) {
+    decode_stats st;
+    std::uint64_t bytes = 0, bound = 0;
+    for (std::size_t i = 0; i < 3; ++i) {
+      const auto prompt = decode_testing::bytes(prompts[i]);
+      ssd_options opt = ex::testing::small_ssd_options(cache);
+      opt.tree = ssd_tree::mix_order;
+      opt.draft_length = 4;
+      const auto ref = diffusion_stepwise_decode(host, prompt, opt);
+      INFO("prompt " << prompts[i] << " dual cache " << (cache == ssd_cache::dual));
+      CHECK(ex::resident_stepwise_decode(dev, rows, prompt, opt) == ref);
+      const auto before = dev.traffic().bytes_to_host;
+      const auto passes = st.target_forwards;
+      CHECK(ex::resident_ssd_decode(dev, rows, prompt, opt, &st) == ref);
+      bytes += dev.traffic().bytes_to_host - before;
+      // At most 8 nodes of prompt + 24 rows per pass, 16 bytes each (a logit row: 1 KiB).
+      bound += static_cast<std::uint64_t>(st.target_forwards - passes) * 8 * (prompt.size() + 24) *
+               sizeof(specula::detail::row_top);
+    }
+    CHECK(st.step_compression() > 1.0);
+    CHECK(bytes % sizeof(specula::detail::row_top) == 0);
+    CHECK(bytes > 0);
+    CHECK(bytes <= bound);
+  }
+}
+
+TEST_CASE(
+    "resident Jacobi and multi-block on the device equal host greedy decoding and move row "
+    "summaries only",
+    "[device][models]") {
+  if (!have_gpu("device resident Jacobi")) return;
+  const auto tw = ex::transformer_weights::load(models_dir / "text-target.safetensors");
+  const ex::transformer host(tw);
+  const ex::device_transformer target(tw);
+  ex::resident_greedy_ops<ex::device_session> ops(target);
+  jacobi_options o;
+  o.window = 16;
+  o.max_new_tokens = 40;
+  decode_stats st;
+  const auto before = target.traffic().bytes_to_host;
+  const auto& prompts = decode_testing::text_prompts();
+  for (std::size_t i = 0; i < 4; ++i) {
+    const auto prompt = decode_testing::bytes(prompts[i]);
+    ex::transformer_session hs(host);
+    INFO("prompt " << prompts[i]);
+    const auto ref = decode_testing::greedy_reference(hs, prompt, 40);
+    CHECK(ex::resident_jacobi_decode(ops, prompt, o, request_rng{}, &st) == ref);
+    multiblock_options mo;
+    mo.block_size = 16;
+    mo.max_blocks = 2;
+    mo.spawn_ratio = 0.5;
+    mo.max_new_tokens = 40;
+    CHECK(ex::resident_multiblock_decode(ops, prompt, mo, request_rng{}, &st) == ref);
+  }
   CHECK(st.step_compression() > 1.0);
+  // 16 bytes per evaluated node (at most 33: the root, two blocks of 16, and as many recycled
+  // candidate nodes), never a 1 KiB row.
+  CHECK(target.traffic().bytes_to_host - before <=
+        static_cast<std::uint64_t>(st.target_forwards) * 64 * sizeof(specula::detail::row_top));
 }

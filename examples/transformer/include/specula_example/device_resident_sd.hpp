@@ -3,9 +3,10 @@
 /// @file
 /// `device_sd_ops`: the ops of `resident_speculative_decode` (resident_sd.hpp) on the GPU
 /// (target `specula_example_cuda`). Logits, q rows and p rows stay on the device; per step the
-/// host receives the drafted tokens (4 bytes each: the next draft pass's input), the accepted
-/// count and the emitted tokens, and sends the passes' small inputs (tokens, positions, masks,
-/// block tables), the random streams and the chain's parent list. `traffic()` adds them up.
+/// host receives the drafted tokens (4 bytes per draw slot: the next draft pass's input and
+/// the tree's shape), the accepted count and the emitted tokens, and sends the passes' small
+/// inputs (tokens, positions, masks, block tables), the random streams and the tree's parent
+/// list. `traffic()` adds them up.
 
 #include <cstdint>
 #include <memory>
@@ -25,10 +26,11 @@ class device_sd_ops {
 
   void start(std::span<const token_t> prompt, const resident_sd_options& options);
   [[nodiscard]] index_t draft_context() const noexcept;
-  token_t draft(std::span<const token_t> tokens, index_t i, const request_rng& rng);
-  void target(std::span<const token_t> tokens);
-  index_t verify(std::span<const token_t> chain, const request_rng& rng, std::span<token_t> out);
-  void commit_target(index_t accepted);
+  void draft_pass(const token_tree& tree, index_t commit, index_t first, index_t q_first);
+  index_t sample(index_t u, index_t k, const request_rng& rng, std::span<token_t> out);
+  void target(const token_tree& tree);
+  index_t verify(const token_tree& tree, const request_rng& rng, std::span<token_t> out);
+  void commit_target(std::span<const index_t> path);
   void rollback_draft(index_t n);
 
   /// Bytes between host and device so far: both models' evaluations and the ops' own copies.

@@ -29,6 +29,7 @@
 #include "specula/core/row.hpp"
 #include "specula/core/types.hpp"
 #include "specula/decode/concepts.hpp"
+#include "specula/decode/row_top.hpp"
 #include "specula/tree/token_tree.hpp"
 #include "specula_example/sessions.hpp"
 #include "specula_example/slot_cache.hpp"
@@ -125,6 +126,10 @@ class device_transformer {
   /// The same, logits left on the device (as `evaluate_device`).
   [[nodiscard]] const float* evaluate_tree_device(device_kv_cache& cache,
                                                   const token_tree& tree) const;
+  /// evaluate_tree with only each row's summary copied back (`specula::detail::row_top`, 16
+  /// bytes per node; see evaluate_sequences_tops).
+  void evaluate_tree_tops(device_kv_cache& cache, const token_tree& tree,
+                          std::span<specula::detail::row_top> tops) const;
   /// Appends `tokens` to `cache` as committed context.
   void prefill(device_kv_cache& cache, std::span<const token_t> tokens) const;
 
@@ -137,6 +142,14 @@ class device_transformer {
   void evaluate_cached(std::span<const dual_cache_pass<device_dual_cache>> passes,
                        batch_view<float> logits) const;
 
+  /// evaluate_sequences / evaluate_cached with only each row's summary copied back: its argmax
+  /// and softmax probability (`specula::detail::row_top`, computed on the device by the same
+  /// function as on the host), 16 bytes per row instead of the row's 4 V.
+  void evaluate_sequences_tops(std::span<const token_t> tokens, index_t length,
+                               std::span<specula::detail::row_top> tops) const;
+  void evaluate_cached_tops(std::span<const dual_cache_pass<device_dual_cache>> passes,
+                            std::span<specula::detail::row_top> tops) const;
+
   /// The model's CUDA stream (a `cudaStream_t`).
   [[nodiscard]] void* stream() const noexcept;
   /// Waits for the model's stream.
@@ -144,10 +157,22 @@ class device_transformer {
   /// Host <-> device bytes of the evaluations so far.
   [[nodiscard]] const device_traffic& traffic() const noexcept;
 
+  /// CUDA graphs for the forward pass's launch sequence: with them on, each pass shape (rows,
+  /// blocks, attention keys rounded up to 256) is captured once (up to 64 shapes; others are
+  /// launched directly) and replayed with one cudaGraphLaunch; the same kernels with the same
+  /// parameters, so the logits are the same bit for bit. Off by default (on when the
+  /// environment sets SPECULA_CUDA_GRAPHS=1 at construction).
+  void set_graphs(bool on);
+  [[nodiscard]] bool graphs() const noexcept;
+
  private:
   /// The forward pass over all blocks' nodes; with `stash`, each block's keys/values become its
   /// cache's pending nodes (else caches are only read). Returns the device logits.
   const float* run(std::span<const device_node_block> blocks, bool stash) const;
+  /// Where evaluate_sequences / evaluate_cached put their rows (defined with them).
+  struct row_sink;
+  void sequences_to(std::span<const token_t> tokens, index_t length, row_sink& sink) const;
+  void cached_to(std::span<const dual_cache_pass<device_dual_cache>> passes, row_sink& sink) const;
   std::unique_ptr<device_detail::context> ctx_;
 };
 

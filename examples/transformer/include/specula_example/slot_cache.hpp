@@ -64,8 +64,12 @@ class slot_cache {
   void commit(std::span<const index_t> path) {
     detail::check_commit_path(size_, pos_, mask_, path);
     from_.resize(path.size());
-    for (std::size_t k = 0; k < path.size(); ++k) from_[k] = size_ + path[k];
-    if (!path.empty()) storage_.gather(size_, from_);
+    bool moves = false;  // a chain prefix (path[k] = k) is already in place
+    for (std::size_t k = 0; k < path.size(); ++k) {
+      from_[k] = size_ + path[k];
+      moves = moves || path[k] != static_cast<index_t>(k);
+    }
+    if (moves) storage_.gather(size_, from_);
     size_ += static_cast<index_t>(path.size());
     drop_pending();
   }

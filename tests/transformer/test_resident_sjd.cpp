@@ -1,0 +1,113 @@
+// resident_sjd_decode (resident_sjd.hpp) with its host stand-in ops: the library's SJD loop
+// driven with the rows kept by the ops — the plumbing the device ops share (the ops' forward
+// pass and verification, the accepted path recovered from the emitted tokens, the chain below
+// the Proactive Drafting tree drawn as one batch, the q-row buffers swapped) — exercised
+// without a GPU. With the same rows and draws it equals sjd_decode token for token (sampled,
+// on the shipped text model); its output law is the target's (G-tests on the toy transformer;
+// negative control: a verifier that accepts the first path); with top-k = 1 it is greedy
+// decoding.
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <vector>
+
+#include <specula/decode/sjd.hpp>
+#include <specula_example/resident_sjd.hpp>
+
+#include "toy_sd_gtest.hpp"
+
+using namespace specula;
+using namespace specula::example;
+
+namespace {
+
+/// SJD (window 16), SJD-PAC as its authors ran it but on a window of 24, SJD-PAC with the
+/// lighter first-path tree and one-hot initialisation, and the authors' code's residual
+/// siblings (not lossless; the same draws on both sides).
+std::vector<sjd_options> resident_configurations(index_t max_new_tokens) {
+  std::vector<sjd_options> all(4);
+  all[1] = sjd_options::sjd_pac(24, 3, 3, true);
+  all[2] = sjd_options::sjd_pac(12, 2, 2);
+  all[2].pd_full_tree = false;
+  all[2].init = sjd_init::one_hot_q;
+  all[3] = sjd_options::sjd_pac(16, 3, 2);
+  all[3].official_residual_siblings = true;
+  for (auto& o : all) o.max_new_tokens = max_new_tokens;
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("resident SJD with host ops equals sjd_decode token for token", "[backend][models]") {
+  const std::filesystem::path dir{SPECULA_MODELS_DIR};
+  const auto model = transformer::load(dir / "text-target.safetensors");
+  host_sjd_ops ops(model);
+  const auto& prompts = decode_testing::text_prompts();
+  for (const sjd_options& o : resident_configurations(40)) {
+    decode_stats st;
+    for (std::size_t i = 0; i < 3; ++i) {
+      const auto prompt = decode_testing::bytes(prompts[i]);
+      transformer_session s(model);
+      INFO("prompt " << prompts[i] << ", window " << o.window << ", PD " << o.proactive_drafting);
+      const request_rng rng{11, static_cast<std::uint32_t>(i), 0};
+      CHECK(resident_sjd_decode(ops, prompt, o, rng, tree_verifier<>{}, &st) ==
+            sjd_decode(s, prompt, o, rng));
+    }
+    CHECK(st.tokens == 120);
+  }
+}
+
+TEST_CASE("resident SJD and SJD-PAC with host ops sample the toy transformer's law (G-test)",
+          "[backend][stats]") {
+  const auto c = example::testing::toy_gtest_config();
+  const auto tw = example::testing::random_weights(c, 71);
+  const transformer target(tw);
+  host_sjd_ops ops(target);
+  const std::vector<token_t> prompt{0};
+  const auto law = example::testing::toy_sequence_law(tw);
+  for (const bool pac : {false, true}) {
+    sjd_options o = pac ? sjd_options::sjd_pac(4, 2, 1) : sjd_options{};
+    o.window = pac ? 4 : 2;
+    o.max_new_tokens = 3;
+    INFO((pac ? "SJD-PAC" : "SJD"));
+    example::testing::check_toy_law(
+        [&](const request_rng& rng, decode_stats* st) {
+          return resident_sjd_decode(ops, prompt, o, rng, tree_verifier<>{}, st);
+        },
+        [&](const request_rng& rng, decode_stats* st) {
+          return resident_sjd_decode(ops, prompt, o, rng, decode_testing::first_path_verifier{},
+                                     st);
+        },
+        law);
+  }
+}
+
+TEST_CASE("resident SJD-PAC with top-k = 1 equals greedy decoding of the shipped text model",
+          "[backend][models]") {
+  const std::filesystem::path dir{SPECULA_MODELS_DIR};
+  const auto model = transformer::load(dir / "text-target.safetensors");
+  host_sjd_ops ops(model);
+  sjd_options o = sjd_options::sjd_pac(24, 3, 3, true);
+  o.max_new_tokens = 32;
+  o.target.top_k = 1;
+  decode_stats st;
+  for (const auto& text : decode_testing::text_prompts()) {
+    const auto prompt = decode_testing::bytes(text);
+    transformer_session ar(model);
+    INFO("prompt " << text);
+    CHECK(resident_sjd_decode(ops, prompt, o, request_rng{5, 0, 0}, tree_verifier<>{}, &st) ==
+          decode_testing::greedy_reference(ar, prompt, 32));
+  }
+  CHECK(st.step_compression() > 1.0);
+}
+
+TEST_CASE("resident SJD refuses the spatial priors", "[backend][bad_input]") {
+  const auto w = example::testing::random_weights(example::testing::small_config(), 3);
+  const transformer m(w);
+  host_sjd_ops ops(m);
+  sjd_options o;
+  o.init = sjd_init::horizontal_sample;
+  const std::vector<token_t> prompt{1, 2};
+  CHECK_THROWS_WITH(resident_sjd_decode(ops, prompt, o, request_rng{}), Catch::Contains("init"));
+}
