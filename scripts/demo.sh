@@ -130,9 +130,9 @@ rows_image=(
   "multiblock|ar|multiblock|--out-dir $OUT_DIR --image-model $IMAGE_MODEL"
 )
 rows_diffusion=(
-  "stepwise|stepwise|ar|--max-new-tokens 64"
-  "ssd chain|stepwise|ssd|--max-new-tokens 64"
-  "ssd mix-order|stepwise|ssd|--max-new-tokens 64 --mix-order"
+  "stepwise|stepwise|ar|--max-new-tokens 64 --cache none"
+  "ssd chain|stepwise|ssd|--max-new-tokens 64 --cache none"
+  "ssd mix-order|stepwise|ssd|--max-new-tokens 64 --mix-order --cache none"
   "stepwise, dual cache|stepwise, dual cache|ar|--max-new-tokens 64 --cache dual"
   "ssd chain, dual cache|stepwise, dual cache|ssd|--max-new-tokens 64 --cache dual"
   "ssd mix-order, dual cache|stepwise, dual cache|ssd|--max-new-tokens 64 --mix-order --cache dual"
@@ -194,7 +194,7 @@ for task in "${tasks[@]}"; do
       [[ $IMAGE_MODEL == image-ar ]] && image_tokens=64 || image_tokens=256
       titles+=("image: $IMAGE_MODEL, $SAMPLES x $image_tokens tokens (label 0), images in $OUT_DIR")
       ;;
-    diffusion) titles+=("diffusion: text-diffusion, $SAMPLES x 64 tokens") ;;
+    diffusion) titles+=("diffusion: text-diffusion, $SAMPLES x 64 tokens, blocks of 8 (the SSD paper's preset)") ;;
   esac
   for ((round = 0; round < REPEATS; ++round)); do
     log "$task: round $((round + 1)) of $REPEATS"

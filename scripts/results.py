@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate the tables of docs/RESULTS.md by running specula_demo on the shipped models.
 
-    python3 scripts/results.py [--build-dir build] [--tables sjd,k,cool,jacobi,ssd] [--quick]
+    python3 scripts/results.py [--build-dir build] [--tables sjd,k,sdtree,cool,jacobi,ssd,ssdcache] [--quick]
 
 Every table aggregates over the prompts (text, diffusion) or labels (image) listed below:
 tokens and target forward passes are summed, step compression is their ratio, and wall time
@@ -98,10 +98,18 @@ def diffusion_runs(demo, method, extra, tokens):
     return t
 
 
+def ssd_configs():
+    """SSD's rows: N = 3, 4, 5, the greedy chain and the mix-order tree: (N, name, options)."""
+    for n in [3, 4, 5]:
+        for mix in [False, True]:
+            name = f"SSD N = {n}, {'mix-order tree' if mix else 'greedy chain'}"
+            yield n, mix, name, ["--draft-length", str(n)] + (["--mix-order"] if mix else [])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build-dir", default="build")
-    ap.add_argument("--tables", default="sjd,k,sdtree,cool,jacobi,ssd")
+    ap.add_argument("--tables", default="sjd,k,sdtree,cool,jacobi,ssd,ssdcache")
     ap.add_argument("--quick", action="store_true", help="fewer tokens and samples")
     a = ap.parse_args()
     demo = os.path.join(a.build_dir, "examples", "demo", "specula_demo")
@@ -263,17 +271,31 @@ def main():
         print("| configuration | verification nodes | target forwards | step compression | "
               "step reduction | wall ms |")
         print("| --- | ---: | ---: | ---: | ---: | ---: |")
-        base = diffusion_runs(demo, "ar", [], tokens)
+        pin = ["--block-size", "32", "--cache", "none"]
+        base = diffusion_runs(demo, "ar", pin, tokens)
         print(f"| stepwise (one token per forward) | 1 | {base.forwards} | 1.000 | 0.0% | "
               f"{base.wall * 1e3:.0f} |")
-        for n in [3, 4, 5]:
-            for mix in [False, True]:
-                extra = ["--draft-length", str(n)] + (["--mix-order"] if mix else [])
-                t = diffusion_runs(demo, "ssd", extra, tokens)
-                nodes = 2 * n if mix else n + 1
-                name = f"SSD N = {n}, {'mix-order tree' if mix else 'greedy chain'}"
-                print(f"| {name} | {nodes} | {t.forwards} | {t.tokens / t.forwards:.3f} | "
-                      f"{100 * (1 - t.forwards / base.forwards):.1f}% | {t.wall * 1e3:.0f} |")
+        for n, mix, name, extra in ssd_configs():
+            t = diffusion_runs(demo, "ssd", pin + extra, tokens)
+            nodes = 2 * n if mix else n + 1
+            print(f"| {name} | {nodes} | {t.forwards} | {t.tokens / t.forwards:.3f} | "
+                  f"{100 * (1 - t.forwards / base.forwards):.1f}% | {t.wall * 1e3:.0f} |")
+        print()
+
+    if "ssdcache" in tables:
+        tokens = 32 if a.quick else 64
+        print("### SSD under the dual cache (the paper's preset: blocks of 8, refresh every 8)\n")
+        print(f"{len(DIFFUSION_PROMPTS)} prompts x {tokens} tokens; step compression = tokens / "
+              "forwards; every output equals stepwise decoding with the same cache (tests):\n")
+        print("| configuration | forwards, uncached | step compression, uncached | "
+              "forwards, dual cache | step compression, dual cache |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for _, _, name, extra in ssd_configs():
+            extra = ["--block-size", "8"] + extra
+            u = diffusion_runs(demo, "ssd", extra + ["--cache", "none"], tokens)
+            c = diffusion_runs(demo, "ssd", extra + ["--cache", "dual", "--refresh", "8"], tokens)
+            print(f"| {name} | {u.forwards} | {u.tokens / u.forwards:.3f} | {c.forwards} | "
+                  f"{c.tokens / c.forwards:.3f} |")
         print()
 
 

@@ -192,7 +192,7 @@ struct demo_options {
   bool no_ac = false;
   bool no_pd = false;
   // multiblock / ssd / diffusion ar
-  index_t block_size = -1;  // -1: the method's default (multiblock 64, diffusion 32)
+  index_t block_size = -1;  // -1: the method's default (multiblock 64, diffusion 8)
   index_t blocks = 2;
   double spawn_ratio = 0.85;
   bool no_recycling = false;
@@ -203,8 +203,8 @@ struct demo_options {
   std::string pool = "fifo";
   std::string spawn = "newest";
   bool mix_order = false;
-  // diffusion (ar, ssd): the dual cache
-  std::string cache = "none";
+  // diffusion (ar, ssd): the dual cache (empty: the default, dual, the SSD paper's setting)
+  std::string cache;
   index_t refresh = 8;
   bool fallback = false;
 
@@ -1164,7 +1164,7 @@ void print_help() {
       "  --lantern-k K        lantern: neighbours walked, nearest codebook vector (L2) first\n"
       "                       (1 .. 127, default 10)\n"
       "  --block-size N       multiblock: block size (default 64); ssd, diffusion ar: semi-AR\n"
-      "                       block size (default 32)\n"
+      "                       block size (default 8, the SSD paper's)\n"
       "  --blocks K           multiblock: blocks kept (default 2)\n"
       "  --spawn-ratio R      multiblock: spawn a block at ceil(R n) accepted tokens (0.85)\n"
       "  --no-recycling       multiblock: no n-gram pool\n"
@@ -1179,7 +1179,8 @@ void print_help() {
       "                       released code (default: verification may run past it)\n"
       "  --mix-order          ssd: the mix-order verification tree (2N nodes)\n"
       "  --cache none|dual    ssd, diffusion ar: evaluate through the dual (prefix and suffix)\n"
-      "                       KV cache (default none: whole sequences every pass)\n"
+      "                       KV cache (default dual, the SSD paper's setting) or whole\n"
+      "                       sequences every pass (none)\n"
       "  --refresh R          ssd, diffusion ar with --cache dual: refresh the cache at every\n"
       "                       block start and every R steps within a block (default 8)\n"
       "  --fallback           ssd: decode stepwise once fewer than N positions are masked\n"
@@ -1533,7 +1534,7 @@ void resolve(demo_options& o, const method_entry& m) {
     require(o.init == "repeat" || o.init == "random" || o.init == "context", "--init",
             "must be context, repeat or random for method multiblock, got '" + o.init + "'");
   }
-  if (o.block_size < 0) o.block_size = o.method == "multiblock" ? 64 : 32;
+  if (o.block_size < 0) o.block_size = o.method == "multiblock" ? 64 : 8;
   require(o.block_size >= 1 && o.block_size <= 256, "--block-size", "must be in [1, 256]");
   require(o.blocks >= 1 && o.blocks <= 16, "--blocks", "must be in [1, 16]");
   require(o.spawn_ratio > 0.0 && o.spawn_ratio <= 1.0, "--spawn-ratio", "must be in (0, 1]");
@@ -1549,6 +1550,7 @@ void resolve(demo_options& o, const method_entry& m) {
   if ((o.has("--cache") || o.has("--refresh")) && o.task != task_kind::diffusion)
     throw usage_error(std::string(o.has("--cache") ? "--cache" : "--refresh") +
                       ": only used by task diffusion");
+  if (o.cache.empty()) o.cache = o.task == task_kind::diffusion ? "dual" : "none";
   require(o.cache == "none" || o.cache == "dual", "--cache",
           "must be none or dual, got '" + o.cache + "'");
   require(o.refresh >= 1, "--refresh", "must be >= 1");

@@ -17,6 +17,24 @@
 
 using namespace specula;
 
+namespace {
+
+/// Passes whose accepted nodes reach past a refreshing step of the dual cache's schedule (blocks
+/// of `block`, refresh every `refresh` steps within a block): a step emitting k tokens from step
+/// t accepted nodes at steps t + 1 .. t + k - 1.
+index_t passes_across_refresh(const decode_stats& st, index_t block, index_t refresh) {
+  index_t t = 0, across = 0;
+  for (const index_t k : st.step_tokens) {
+    bool crossed = false;
+    for (index_t s = t + 1; s < t + k; ++s) crossed = crossed || s % block % refresh == 0;
+    across += crossed ? 1 : 0;
+    t += k;
+  }
+  return across;
+}
+
+}  // namespace
+
 TEST_CASE("SSD equals stepwise decoding on toy masked models", "[decode]") {
   decode_stats total;
   for (std::uint64_t seed = 1; seed <= 30; ++seed) {
@@ -53,7 +71,7 @@ TEST_CASE("SSD equals stepwise decoding on the shipped diffusion model", "[decod
   const auto& prompts = decode_testing::text_prompts();
   for (const auto cache : {ssd_cache::none, ssd_cache::dual}) {
     decode_stats chain_st, mix_st;
-    index_t differ = 0;
+    index_t differ = 0, across = 0;
     for (std::size_t i = 0; i < 6; ++i) {
       const auto prompt = decode_testing::bytes(prompts[i]);
       ssd_options opt;
@@ -67,10 +85,16 @@ TEST_CASE("SSD equals stepwise decoding on the shipped diffusion model", "[decod
       INFO("prompt " << prompts[i] << " dual cache " << (cache == ssd_cache::dual) << " R "
                      << opt.refresh_interval);
       opt.draft_length = 3;
-      CHECK(ssd_decode(model, prompt, opt, &chain_st) == ref);
+      decode_stats st;
+      CHECK(ssd_decode(model, prompt, opt, &st) == ref);
+      across += passes_across_refresh(st, opt.block_size, opt.refresh_interval);
+      chain_st.merge(st);
       opt.tree = ssd_tree::mix_order;
       opt.draft_length = 4;
-      CHECK(ssd_decode(model, prompt, opt, &mix_st) == ref);
+      st = {};
+      CHECK(ssd_decode(model, prompt, opt, &st) == ref);
+      across += passes_across_refresh(st, opt.block_size, opt.refresh_interval);
+      mix_st.merge(st);
       // Refreshing at every step is the uncached model.
       opt.refresh_interval = 1;
       CHECK(diffusion_stepwise_decode(model, prompt, opt) == uncached);
@@ -79,6 +103,9 @@ TEST_CASE("SSD equals stepwise decoding on the shipped diffusion model", "[decod
     CHECK(mix_st.step_compression() > 1.0);
     INFO(differ << " of 6 cached outputs differ from the uncached ones");
     CHECK(differ < 6);
+    // Without a cache every refresh is trivial; with it, passes accept nodes past a refresh.
+    INFO(across << " passes accepted nodes past a refresh");
+    CHECK(across > 0);
   }
 }
 
@@ -125,7 +152,7 @@ bool stepwise_below(const decode_stats& st, index_t gen_length, index_t n) {
 TEST_CASE("SSD equals stepwise decoding under the dual cache on toy models", "[decode]") {
   const std::vector<token_t> prompt{0, 3, 1};
   decode_stats total;
-  index_t stale = 0, runs = 0;
+  index_t stale = 0, runs = 0, across = 0;
   for (std::uint64_t seed = 1; seed <= 12; ++seed) {
     const toy_dual_cache_model model(5, seed);
     for (const index_t block : {3, 4, 12})
@@ -155,6 +182,7 @@ TEST_CASE("SSD equals stepwise decoding under the dual cache on toy models", "[d
               CHECK(ssd_decode(model, prompt, opt, &st) == ref);
               CHECK(st.tokens == 12);
               if (fallback) CHECK(stepwise_below(st, 12, n));
+              across += passes_across_refresh(st, block, refresh);
               total.merge(st);
             }
       }
@@ -164,6 +192,9 @@ TEST_CASE("SSD equals stepwise decoding under the dual cache on toy models", "[d
   CHECK(stale > 0);
   CHECK(stale < runs);
   CHECK(total.step_compression() > 1.0);
+  // Candidate selection runs across refreshes (and blocks): some passes accept nodes past one.
+  INFO(across << " passes accepted nodes past a refresh");
+  CHECK(across > 0);
 }
 
 TEST_CASE("SSD's fallback decodes the last positions stepwise, and only with the option",

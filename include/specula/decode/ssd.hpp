@@ -37,14 +37,24 @@
 /// position's keys/values; the other steps evaluate only the active block (the window), whose
 /// queries attend to the block's own fresh keys/values and to the cached ones of the prefix and
 /// suffix. Both loops follow this one schedule, so SSD stays identical to stepwise decoding under
-/// it: a tree node at depth d stands for stepwise step t + d, and SSD never builds a node past
-/// the next refreshing step (N is capped at next_refresh(t) - t - 1), so every node sees the
-/// cache of the same refresh, and the same window, as its stepwise step; every refreshing step
-/// becomes the root of an iteration, which it evaluates alone (a refresh; its fresh rows draft
-/// the next iteration).
+/// it: a tree node at depth d stands for stepwise step t + d and is evaluated as that step is.
+/// One pass evaluates the tree in groups, one `dual_cache_pass` each (`diffusion_pass_plan`):
+/// the root and its descendants before the next refreshing step through the request's current
+/// cache (refreshed by the root when step t refreshes); and every node at a refreshing step
+/// (the first refreshing step after t, and any later ones) evaluated whole into a spare
+/// cache, with its descendants before the following refresh evaluated over their window against
+/// it. Candidate selection therefore runs across refreshes and into the next block (the paper's
+/// cross-block selection), every node sees the cache of the same refresh and the same window as
+/// its stepwise step, and when the accepted path passes a refreshing node, that node's cache
+/// becomes the current one (nothing is recomputed). Drafts of positions outside the accepted
+/// node's window come from the last rows that covered them (a refresh's whole rows). The
+/// mix-order tree leaves out its out-of-order leaf at a refreshing step: that leaf would be a
+/// whole-sequence evaluation of its own (into a cache of its own), for a placement that the
+/// chain's node at the same depth is the in-order alternative of.
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -141,34 +151,39 @@ struct refresh_schedule {
   index_t interval = 1;
   /// Step t refreshes: a block's first step, and every `interval` steps within the block.
   [[nodiscard]] bool refresh_at(index_t t) const { return t % block_size % interval == 0; }
-  /// The first refreshing step after t (gen_length when none is left).
-  [[nodiscard]] index_t next_refresh(index_t t) const {
-    const index_t start = t - t % block_size;
-    const index_t next =
-        std::min(start + ((t - start) / interval + 1) * interval, start + block_size);
-    return std::min(next, gen_length);
-  }
 };
 
-/// One pass of a diffusion loop at step t: whole sequences, or a dual-cache pass (a refresh or
-/// the window only), and where each node's rows sit in the pass's logits.
+/// How one pass of a diffusion loop at step t evaluates a tree of node sequences, node u standing
+/// for stepwise step t + depth(u) (see file comment). Uncached: every node's whole sequence. With
+/// the dual cache the nodes split into groups, one `dual_cache_pass` each: a group starts at the
+/// root and at every other node whose step refreshes (its head) and holds the head's descendants
+/// before the next refreshing step, which share the head's window. The root group goes through
+/// the request's current cache (refreshed by the root when its step refreshes); every other
+/// group through a spare cache, which its head, evaluated whole, refreshes.
 struct diffusion_pass_plan {
+  struct group {
+    index_t cache = 0;  ///< index of its cache among the request's caches
+    position_range window;
+    bool refresh = false;
+    index_t begin = 0, end = 0;  ///< its nodes: order[begin, end), the head first
+  };
   index_t length = 0;
   index_t vocab = 0;
   bool cached = false;
-  bool refresh = false;
-  position_range window;
+  std::vector<index_t> order;     ///< the nodes in pass order
+  std::vector<index_t> group_of;  ///< per node
+  std::vector<index_t> at;        ///< per node: its first row in the pass's logits
+  std::vector<index_t> first;     ///< per node: the first position it has a row for
+  std::vector<index_t> count;     ///< per node: its rows
+  std::vector<group> groups;
 
-  /// Node u's rows cover the whole sequence, or the window.
-  [[nodiscard]] bool whole(index_t u) const { return !cached || (refresh && u == 0); }
   /// The first position node u has a row for.
-  [[nodiscard]] index_t first_position(index_t u) const { return whole(u) ? 0 : window.begin; }
-  /// The pass's row index of node u's first row, and node u's row count.
-  [[nodiscard]] index_t first_row(index_t u) const {
-    if (!cached) return u * length;
-    return refresh ? (u == 0 ? 0 : length + (u - 1) * window.size()) : u * window.size();
+  [[nodiscard]] index_t first_position(index_t u) const {
+    return first[static_cast<std::size_t>(u)];
   }
-  [[nodiscard]] index_t row_count(index_t u) const { return whole(u) ? length : window.size(); }
+  /// The pass's row index of node u's first row, and node u's row count.
+  [[nodiscard]] index_t first_row(index_t u) const { return at[static_cast<std::size_t>(u)]; }
+  [[nodiscard]] index_t row_count(index_t u) const { return count[static_cast<std::size_t>(u)]; }
 };
 
 /// Where a diffusion loop's rows live: `diffusion_host_rows` (the default) takes the logits of
@@ -185,6 +200,67 @@ struct diffusion_host_rows {
     return top_of(logits.data() + at, plan.vocab);
   }
 };
+
+/// The plan of the pass at step t over the nodes of `parent` (parent[0] = -1, parents before
+/// their children); `current` is the request's current cache, spare caches take the other
+/// indices from 0 on.
+inline diffusion_pass_plan plan_diffusion_pass(std::span<const index_t> parent, index_t t,
+                                               index_t vocab, const diffusion_layout& lay,
+                                               const refresh_schedule& schedule, bool cached,
+                                               index_t current) {
+  const auto n = static_cast<index_t>(parent.size());
+  const auto sz = [](index_t i) { return static_cast<std::size_t>(i); };
+  diffusion_pass_plan p;
+  p.length = lay.length;
+  p.vocab = vocab;
+  p.cached = cached;
+  p.group_of.assign(sz(n), 0);
+  p.at.assign(sz(n), 0);
+  p.first.assign(sz(n), 0);
+  p.count.assign(sz(n), lay.length);
+  if (!cached) {
+    for (index_t u = 0; u < n; ++u) {
+      p.order.push_back(u);
+      p.at[sz(u)] = u * lay.length;
+    }
+    p.groups.push_back({0, {}, false, 0, n});
+    return p;
+  }
+  std::vector<index_t> depth(sz(n), 0);
+  index_t spare = 0;
+  for (index_t u = 0; u < n; ++u) {
+    if (u > 0) depth[sz(u)] = depth[sz(parent[sz(u)])] + 1;
+    const index_t step = t + depth[sz(u)];
+    // A node past the last step (the chain filled every position) joins its parent's group.
+    if (u == 0 || (step < schedule.gen_length && schedule.refresh_at(step))) {
+      diffusion_pass_plan::group g;
+      g.cache = u == 0 ? current : (spare < current ? spare : spare + 1);
+      if (u > 0) ++spare;
+      g.window = lay.window_of_step(step);
+      g.refresh = schedule.refresh_at(step);
+      p.group_of[sz(u)] = static_cast<index_t>(p.groups.size());
+      p.groups.push_back(g);
+    } else {
+      p.group_of[sz(u)] = p.group_of[sz(parent[sz(u)])];
+    }
+  }
+  index_t row = 0;
+  for (std::size_t gi = 0; gi < p.groups.size(); ++gi) {
+    auto& g = p.groups[gi];
+    g.begin = static_cast<index_t>(p.order.size());
+    for (index_t u = 0; u < n; ++u) {
+      if (p.group_of[sz(u)] != static_cast<index_t>(gi)) continue;
+      const bool whole = g.refresh && static_cast<index_t>(p.order.size()) == g.begin;
+      p.order.push_back(u);
+      p.at[sz(u)] = row;
+      p.first[sz(u)] = whole ? 0 : g.window.begin;
+      p.count[sz(u)] = whole ? lay.length : g.window.size();
+      row += p.count[sz(u)];
+    }
+    g.end = static_cast<index_t>(p.order.size());
+  }
+  return p;
+}
 
 /// The stepwise rule: the most confident masked position of the first unfinished block, and its
 /// argmax. `top_at(pos)`: the summary of the sequence's row at position pos (rows of the first
@@ -242,26 +318,56 @@ struct dual_cache_of<Model> {
 };
 
 /// A request's start: input checked, layout, the prompt followed by the masks, its refresh
-/// schedule, and its dual cache (unused without one).
+/// schedule, and its dual caches (unused without one): `caches[current]` holds the state of the
+/// last refresh on the committed path, the others are spares that a pass refreshes ahead.
 template <class Model>
 struct diffusion_start {
   diffusion_layout lay;
   std::vector<token_t> seq;
   refresh_schedule schedule;
   bool cached = false;
-  typename dual_cache_of<Model>::type cache{};
+  std::deque<typename dual_cache_of<Model>::type> caches;
+  index_t current = 0;
+  std::vector<token_t> tokens;       // the pending cached pass's node sequences, in pass order
+  std::vector<cached_group> groups;  // and its groups
 
-  /// The plan of the pass at step t.
-  [[nodiscard]] diffusion_pass_plan plan(index_t t, index_t vocab) const {
-    return {lay.length, vocab, cached, cached && schedule.refresh_at(t), lay.window_of_step(t)};
+  /// The plan of the pass at step t over the nodes of `parent` (see plan_diffusion_pass).
+  [[nodiscard]] diffusion_pass_plan plan(std::span<const index_t> parent, index_t t,
+                                         index_t vocab) const {
+    return plan_diffusion_pass(parent, t, vocab, lay, schedule, cached, current);
   }
-  /// The pass of `plan` over the node sequences `tokens`.
-  pass_awaiter pass(const diffusion_pass_plan& plan, std::span<const token_t> tokens,
+  /// The pass of `plan` over the node sequences `nodes` (in node order).
+  pass_awaiter pass(const diffusion_pass_plan& plan, std::span<const token_t> nodes,
                     std::vector<float>& logits, decode_stats& st) {
+    if (!plan.cached) return sequences_pass(nodes, lay.length, logits, st);
+    return cached_pass(cached_groups(plan, nodes), lay.length, logits, st);
+  }
+  /// The groups of the cached pass of `plan` over the node sequences `nodes` (in node order),
+  /// one per plan group, over the nodes in pass order (`tokens`); grows `caches` as needed.
+  std::span<const cached_group> cached_groups(const diffusion_pass_plan& plan,
+                                              std::span<const token_t> nodes) {
+    const auto L = static_cast<std::size_t>(lay.length);
+    tokens.resize(nodes.size());
+    for (std::size_t i = 0; i < plan.order.size(); ++i)
+      std::copy_n(
+          nodes.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(plan.order[i]) * L),
+          L, tokens.begin() + static_cast<std::ptrdiff_t>(i * L));
+    groups.clear();
+    for (const auto& g : plan.groups) {
+      while (caches.size() <= static_cast<std::size_t>(g.cache)) caches.emplace_back();
+      groups.push_back(
+          {&caches[static_cast<std::size_t>(g.cache)],
+           std::span<const token_t>(tokens).subspan(static_cast<std::size_t>(g.begin) * L,
+                                                    static_cast<std::size_t>(g.end - g.begin) * L),
+           g.window.begin, g.window.end, g.refresh});
+    }
+    return groups;
+  }
+  /// Node u of `plan` is the committed path's last node: its group's cache becomes current.
+  void accept(const diffusion_pass_plan& plan, index_t u) {
     if (plan.cached)
-      return cached_pass(cache, tokens, lay.length, plan.window.begin, plan.window.end,
-                         plan.refresh, logits, st);
-    return sequences_pass(tokens, lay.length, logits, st);
+      current =
+          plan.groups[static_cast<std::size_t>(plan.group_of[static_cast<std::size_t>(u)])].cache;
   }
 };
 template <class Model>
@@ -310,8 +416,9 @@ decode_task stepwise_task(const Model& m, std::span<const token_t> prompt, ssd_o
   std::vector<token_t>& seq = published.seq;
   const index_t V = m.vocab_size();
   const token_t mask = m.mask_token();
+  const index_t root[] = {-1};
   for (index_t i = 0; i < options.gen_length; ++i) {
-    const auto plan = start.plan(i, V);
+    const auto plan = start.plan(root, i, V);
     co_await diffusion_pass(rows, start, plan, seq, st);
     detail::scoped_timer timer(st.verify_seconds);
     const auto pick = detail::stepwise_choice(seq, mask, lay,
@@ -344,12 +451,13 @@ decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_option
   std::vector<detail::row_top> drafts;  // per position, from the last accepted node's rows
   std::vector<index_t> order;
   std::vector<detail::diffusion_pick> placed;  // per tree node
-  std::vector<token_t> batch;
+  std::vector<index_t> parents;                // per tree node
+  std::vector<index_t> cands;                  // per tree node: the candidate it places
+  std::vector<token_t> batch;                  // the node sequences, in node order
   index_t masked = options.gen_length;
 
   while (masked > 0) {
     const index_t step = options.gen_length - masked;  // the stepwise step of the root
-    const auto plan = start.plan(step, V);
     // --- 1. Candidates in semi-autoregressive order, and the tree's node states.
     token_tree tree;
     placed.assign(1, {});
@@ -365,21 +473,30 @@ decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_option
       });
       auto n = static_cast<index_t>(
           std::min<std::size_t>(order.size(), static_cast<std::size_t>(options.draft_length)));
-      // Never past the next refresh: node depth d is stepwise step `step + d`. A refreshing
-      // root goes alone: its fresh rows draft the next iteration (the drafts of a new block
-      // would otherwise come from the last refresh).
-      if (plan.cached)
-        n = plan.refresh ? 0 : std::min(n, start.schedule.next_refresh(step) - step - 1);
       if (options.fallback && masked < options.draft_length) n = 0;
-      tree = n == 0 ? token_tree()
-                    : (options.tree == ssd_tree::mix_order ? trees::ssd_mix_order(n)
-                                                           : trees::chain(n));
-      // Chain node i (1..n) places candidate i - 1; extra node n + 1 + k places candidate k + 1.
-      placed.resize(sz(tree.size()));
-      for (index_t u = 1; u < tree.size(); ++u) {
-        const index_t cand = u <= n ? u - 1 : u - n;
-        placed[sz(u)] = {order[sz(cand)], static_cast<token_t>(drafts[sz(order[sz(cand)])].token)};
+      // Chain node i (1..n) places candidate i - 1 at depth i; the mix-order tree's leaf below
+      // chain node k (0..n-2) places candidate k + 1 at depth k + 1 — except, with the dual
+      // cache, at a refreshing step, where it would be a whole-sequence evaluation of its own
+      // for a node the chain's node at that depth already covers in order.
+      parents.assign(1, -1);
+      cands.assign(1, -1);
+      for (index_t i = 1; i <= n; ++i) {
+        parents.push_back(i - 1);
+        cands.push_back(i - 1);
       }
+      if (options.tree == ssd_tree::mix_order)
+        for (index_t k = 0; k + 2 <= n; ++k) {
+          if (start.cached && step + k + 1 < options.gen_length &&
+              start.schedule.refresh_at(step + k + 1))
+            continue;
+          parents.push_back(k);
+          cands.push_back(k + 1);
+        }
+      tree = token_tree(parents);
+      placed.resize(sz(tree.size()));
+      for (index_t u = 1; u < tree.size(); ++u)
+        placed[sz(u)] = {order[sz(cands[sz(u)])],
+                         static_cast<token_t>(drafts[sz(order[sz(cands[sz(u)])])].token)};
       batch.resize(sz(tree.size()) * L);
       for (index_t u = 0; u < tree.size(); ++u) {
         auto node_seq = std::span<token_t>(batch.data() + sz(u) * L, L);
@@ -392,7 +509,9 @@ decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_option
         if (u > 0) node_seq[sz(placed[sz(u)].position)] = placed[sz(u)].token;
       }
     }
-    // --- 2. One forward pass over every node's sequence (or its window, with the dual cache).
+    // --- 2. One forward pass over every node's sequence (with the dual cache: each node's window
+    // against the cache of its stepwise step's refresh, the nodes at refreshing steps whole).
+    const auto plan = start.plan(parents, step, V);
     co_await diffusion_pass(rows, start, plan, batch, st);
     // --- 3. Verification against the stepwise rule, from the root.
     detail::scoped_timer timer(st.verify_seconds);
@@ -412,6 +531,7 @@ decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_option
       ++accepted;
     }
     std::copy(seq_of(u).begin(), seq_of(u).end(), seq.begin());
+    start.accept(plan, u);
     // No pick when the accepted node has no masked position left (the chain filled them all).
     const index_t emitted = accepted + (pick.position >= 0 ? 1 : 0);
     if (pick.position >= 0) seq[sz(pick.position)] = pick.token;
@@ -419,8 +539,8 @@ decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_option
     st.record_step(accepted);
     st.step_tokens.push_back(emitted);
     st.tokens += emitted;
-    // The next drafts: the accepted node's rows (its window with the dual cache; the other
-    // positions keep their drafts from the last rows that covered them).
+    // The next drafts: the accepted node's rows (its window with the dual cache unless it
+    // refreshed; the other positions keep their drafts from the last rows that covered them).
     drafts.resize(L);
     const index_t first = plan.first_position(u);
     for (index_t pos = std::max(first, lay.prompt_len); pos < first + plan.row_count(u); ++pos)

@@ -16,7 +16,8 @@
 ///   model): each round it evaluates every task waiting for the draft model in one batched call,
 ///   then every task waiting for the target, then (masked models) every task waiting for whole
 ///   sequences — one call per distinct sequence length — then every task waiting for a
-///   dual-cache pass (one `evaluate_cached` call), and resumes them. Tasks that finished
+///   dual-cache pass (one `evaluate_cached` call, a task's pass can hold several
+///   `dual_cache_pass`es), and resumes them. Tasks that finished
 ///   drop out; the others keep going.
 ///
 /// A request's randomness comes from its own `request_rng`, and a batched pass computes each
@@ -62,13 +63,23 @@ enum class pass_kind {
   cached,     ///< the (masked) target model over node sequences through a dual cache
 };
 
+/// One `dual_cache_pass` of a cached pass: node sequences `tokens` of the request's `length`
+/// through `*cache`, a cache of the model's `dual_cache` type that lives in the task (only a
+/// driver whose model is a `dual_cache_model` serves such a pass, and it casts back to that type).
+struct cached_group {
+  void* cache = nullptr;
+  std::span<const token_t> tokens;
+  index_t window_begin = 0;
+  index_t window_end = 0;
+  bool refresh = false;
+};
+
 /// What a suspended task asks for. The driver resizes `*logits` to one row per node (per token
 /// for sequences) and fills it; target and sequence passes are timed into `stats->
 /// forward_seconds` and counted in `stats->target_forwards`, draft passes counted in
-/// `stats->draft_forwards` (their time belongs to the task's drafting). A cached pass is a
-/// `dual_cache_pass` whose cache, of the model's `dual_cache` type, lives in the task (`cache`
-/// points to it; only a driver whose model is a `dual_cache_model` serves such a pass, and it
-/// casts back to that type); it is timed and counted as a target pass.
+/// `stats->draft_forwards` (their time belongs to the task's drafting). A cached pass is one or
+/// more `dual_cache_pass`es of the request (`groups`, each through its own cache), evaluated in
+/// one call; it is timed and counted as one target pass.
 struct pass_request {
   pass_kind kind = pass_kind::target;
   const token_tree* tree = nullptr;
@@ -76,15 +87,19 @@ struct pass_request {
   index_t length = 0;
   std::vector<float>* logits = nullptr;
   decode_stats* stats = nullptr;
-  void* cache = nullptr;
-  index_t window_begin = 0;
-  index_t window_end = 0;
-  bool refresh = false;
+  std::span<const cached_group> groups;  ///< cached passes only
 
-  /// The pass as the model's `dual_cache_pass` (cached passes only).
+  /// Appends the pass's groups to `out` as the model's `dual_cache_pass`es (cached passes only)
+  /// and returns the logit rows they write.
   template <class Cache>
-  [[nodiscard]] dual_cache_pass<Cache> as_cached() const {
-    return {static_cast<Cache*>(cache), tokens, length, window_begin, window_end, refresh};
+  index_t append_cached(std::vector<dual_cache_pass<Cache>>& out) const {
+    index_t rows = 0;
+    for (const cached_group& g : groups) {
+      out.push_back({static_cast<Cache*>(g.cache), g.tokens, length, g.window_begin, g.window_end,
+                     g.refresh});
+      rows += out.back().rows();
+    }
+    return rows;
   }
 };
 
@@ -246,24 +261,22 @@ inline publish_awaiter publish(std::span<const token_t> prompt, std::vector<toke
 
 inline pass_awaiter target_pass(const token_tree& tree, std::vector<float>& logits,
                                 decode_stats& st) {
-  return {{pass_kind::target, &tree, {}, 0, &logits, &st}};
+  return {{pass_kind::target, &tree, {}, 0, &logits, &st, {}}};
 }
 inline pass_awaiter draft_pass(const token_tree& tree, std::vector<float>& logits,
                                decode_stats& st) {
-  return {{pass_kind::draft, &tree, {}, 0, &logits, &st}};
+  return {{pass_kind::draft, &tree, {}, 0, &logits, &st, {}}};
 }
 inline pass_awaiter sequences_pass(std::span<const token_t> tokens, index_t length,
                                    std::vector<float>& logits, decode_stats& st) {
-  return {{pass_kind::sequences, nullptr, tokens, length, &logits, &st}};
+  return {{pass_kind::sequences, nullptr, tokens, length, &logits, &st, {}}};
 }
-/// A dual-cache pass (see `dual_cache_pass`) over the node sequences `tokens` of `length`;
-/// `cache` is the task's own `Model::dual_cache`.
-template <class Cache>
-pass_awaiter cached_pass(Cache& cache, std::span<const token_t> tokens, index_t length,
-                         index_t window_begin, index_t window_end, bool refresh,
-                         std::vector<float>& logits, decode_stats& st) {
-  return {{pass_kind::cached, nullptr, tokens, length, &logits, &st, &cache, window_begin,
-           window_end, refresh}};
+/// A pass of one or more dual-cache passes (see `dual_cache_pass`), `groups`, over node sequences
+/// of `length`, each through one of the task's own `Model::dual_cache`s (distinct ones); their
+/// rows land in `logits` in group order. `groups` must live until the task resumes.
+inline pass_awaiter cached_pass(std::span<const cached_group> groups, index_t length,
+                                std::vector<float>& logits, decode_stats& st) {
+  return {{pass_kind::cached, nullptr, {}, length, &logits, &st, groups}};
 }
 
 // ----- Faults -----
@@ -564,12 +577,13 @@ void serve_solo(M& m, const pass_request& rq, index_t vocab) {
   }
   if (rq.kind == pass_kind::cached) {
     if constexpr (dual_cache_model<M>) {
-      const auto pass = rq.as_cached<typename M::dual_cache>();
-      const index_t rows = pass.rows();
+      std::vector<dual_cache_pass<typename M::dual_cache>> passes;
+      const index_t rows = rq.append_cached(passes);
       rq.logits->resize(static_cast<std::size_t>(rows * V));
       scoped_timer timer(st.forward_seconds);
       guarded(source, "evaluate", [&] {
-        m.evaluate_cached(std::span(&pass, 1), batch_view<float>(rq.logits->data(), rows, V));
+        m.evaluate_cached(std::span<const dual_cache_pass<typename M::dual_cache>>(passes),
+                          batch_view<float>(rq.logits->data(), rows, V));
       });
       ++st.target_forwards;
       check_rows(source, *rq.logits, V);
@@ -876,10 +890,11 @@ class batch_runner {
   void serve_cached(const M& m, std::span<const index_t> waiting) {
     const index_t V = vocab_;
     std::vector<dual_cache_pass<typename M::dual_cache>> passes;
+    std::vector<index_t> rows;  // per request
     index_t total = 0;
     for (const index_t r : waiting) {
-      passes.push_back(task(r).pending().template as_cached<typename M::dual_cache>());
-      total += passes.back().rows();
+      rows.push_back(task(r).pending().append_cached(passes));
+      total += rows.back();
     }
     rows_.resize(static_cast<std::size_t>(total * V));
     const auto t0 = std::chrono::steady_clock::now();
@@ -890,7 +905,7 @@ class batch_runner {
     std::ptrdiff_t at = 0;
     for (std::size_t i = 0; i < waiting.size(); ++i) {
       const pass_request& rq = task(waiting[i]).pending();
-      const auto n = static_cast<std::ptrdiff_t>(passes[i].rows()) * V;
+      const auto n = static_cast<std::ptrdiff_t>(rows[i]) * V;
       rq.logits->assign(rows_.begin() + at, rows_.begin() + at + n);
       at += n;
       rq.stats->forward_seconds += seconds;

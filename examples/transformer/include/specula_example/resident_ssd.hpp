@@ -37,15 +37,21 @@ class resident_ssd_rows {
     const index_t length = start.lay.length;
     if constexpr (dual_cache_model<Model>) {
       if (plan.cached) {
-        const dual_cache_pass<typename Model::dual_cache> p{
-            &start.cache, tokens, length, plan.window.begin, plan.window.end, plan.refresh};
-        const auto passes = std::span<const dual_cache_pass<typename Model::dual_cache>>(&p, 1);
-        tops_.resize(static_cast<std::size_t>(p.rows()));
+        // One dual_cache_pass per plan group, through its own cache, over the group's nodes.
+        using cache_t = typename Model::dual_cache;
+        specula::detail::pass_request req;
+        req.kind = specula::detail::pass_kind::cached;
+        req.length = length;
+        req.groups = start.cached_groups(plan, tokens);
+        passes_.clear();
+        const index_t rows = req.append_cached(passes_);
+        const auto passes = std::span<const dual_cache_pass<cache_t>>(passes_);
+        tops_.resize(static_cast<std::size_t>(rows));
         if constexpr (requires { m_->evaluate_cached_tops(passes, std::span(tops_)); }) {
           m_->evaluate_cached_tops(passes, tops_);
         } else {
           logits_.resize(tops_.size() * static_cast<std::size_t>(plan.vocab));
-          m_->evaluate_cached(passes, batch_view<float>(logits_.data(), p.rows(), plan.vocab));
+          m_->evaluate_cached(passes, batch_view<float>(logits_.data(), rows, plan.vocab));
           summarise(plan.vocab);
         }
         return;
@@ -78,6 +84,7 @@ class resident_ssd_rows {
   const Model* m_;
   std::vector<specula::detail::row_top> tops_;
   std::vector<float> logits_;  // the host stand-in's
+  std::vector<dual_cache_pass<typename specula::detail::dual_cache_of<Model>::type>> passes_;
 };
 
 /// diffusion_stepwise_decode with `rows` (over the same model `m`) as the loop's resident rows
