@@ -2,6 +2,10 @@
 """Regenerate the tables of docs/RESULTS.md by running specula_demo on the shipped models.
 
     python3 scripts/results.py [--build-dir build] [--tables sjd,k,sdtree,cool,jacobi,ssd,ssdcache] [--quick]
+                               [--models-dir DIR]
+
+`--tables jf` prints only the text-target vs text-target-jf table of `jacobi`; `--models-dir`
+runs the demo on the models of DIR (e.g. a candidate text-target-jf next to the shipped ones).
 
 Every table aggregates over the prompts (text, diffusion) or labels (image) listed below:
 tokens and target forward passes are summed, step compression is their ratio, and wall time
@@ -33,8 +37,11 @@ DIFFUSION_PROMPTS = [
 ]
 
 
+DEMO_EXTRA = []  # --models-dir DIR, when given
+
+
 def run(demo, args):
-    cmd = [demo, "--json", "--quiet"] + args
+    cmd = [demo, "--json", "--quiet"] + args + DEMO_EXTRA
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
@@ -111,7 +118,11 @@ def main():
     ap.add_argument("--build-dir", default="build")
     ap.add_argument("--tables", default="sjd,k,sdtree,cool,jacobi,ssd,ssdcache")
     ap.add_argument("--quick", action="store_true", help="fewer tokens and samples")
+    ap.add_argument("--models-dir", default=None,
+                    help="the demo's --models-dir (default: the shipped examples/models)")
     a = ap.parse_args()
+    if a.models_dir:
+        DEMO_EXTRA.extend(["--models-dir", a.models_dir])
     demo = os.path.join(a.build_dir, "examples", "demo", "specula_demo")
     if not os.path.exists(demo):
         sys.exit(f"{demo} not found: build it first (cmake --build {a.build_dir} "
@@ -191,8 +202,9 @@ def main():
                 print(f"| {sched} | {delta} | {t.tokens / t.forwards:.3f} | {mean_acc:.3f} |")
         print()
 
-    if "jacobi" in tables:
-        print("### Jacobi vs multi-block vs multi-block + rejection recycling (greedy)\n")
+    if "jacobi" in tables or "jf" in tables:
+        if "jacobi" in tables:
+            print("### Jacobi vs multi-block vs multi-block + rejection recycling (greedy)\n")
         rows = [
             ("Jacobi, running window 64", "jacobi", ["--window", "64"]),
             ("Jacobi, fixed blocks of 64 (multi-block K = 1)", "multiblock",
@@ -208,11 +220,12 @@ def main():
             ("multi-block K = 2, r = 0.85 + recycling, released pool and spawn (defaults)",
              "multiblock", []),
         ]
-        print(f"text-target, {len(TEXT_PROMPTS)} prompts x {text_tokens} tokens (block 64; "
-              "per-key pool: 4 n-grams of 16 per key; released pool: 4 sequences):\n")
-        print(HEADER)
-        for name, m, extra in rows:
-            print(text_runs(demo, m, extra, text_tokens).row(name))
+        if "jacobi" in tables:
+            print(f"text-target, {len(TEXT_PROMPTS)} prompts x {text_tokens} tokens (block 64; "
+                  "per-key pool: 4 n-grams of 16 per key; released pool: 4 sequences):\n")
+            print(HEADER)
+            for name, m, extra in rows:
+                print(text_runs(demo, m, extra, text_tokens).row(name))
         # The same configurations (and blocks of 16, the second training round's block size)
         # on text-target-jf, text-target after Jacobi Forcing, next to the base model; each
         # model's output is its own greedy output.
@@ -233,35 +246,38 @@ def main():
             j = text_runs(demo, m, extra + ["--model", "text-target-jf"], text_tokens)
             print(f"| {name} | {b.forwards} | {b.tokens / b.forwards:.3f} | {b.wall * 1e3:.0f} | "
                   f"{j.forwards} | {j.tokens / j.forwards:.3f} | {j.wall * 1e3:.0f} |")
-        # Window initialisation (the demo's default is the released code's `context`) and the
-        # verification extent (--ra-only: within the real-active block, as the released code).
-        print(f"\nInitialisation and verification extent, the same {len(TEXT_PROMPTS)} prompts x "
-              f"{text_tokens} tokens (step compression; base / JF):\n")
-        print("| configuration | context | repeat | random | context, --ra-only |")
-        print("| --- | ---: | ---: | ---: | ---: |")
-        for name, m, extra in [
-                ("Jacobi, running window 16", "jacobi", ["--window", "16"]),
-                ("multi-block K = 2, r = 0.85, block 16", "multiblock",
-                 ["--no-recycling", "--block-size", "16"]),
-                ("multi-block K = 2, r = 0.85 + recycling, block 16", "multiblock",
-                 ["--block-size", "16"]),
-                ("multi-block K = 2, r = 0.85 + recycling, block 64", "multiblock", [])]:
-            cells = []
-            for init, ra in [("context", []), ("repeat", []), ("random", []),
-                             ("context", ["--ra-only"])]:
-                if ra and m != "multiblock":
-                    cells.append("—")
-                    continue
-                b = text_runs(demo, m, extra + ["--init", init] + ra, text_tokens)
-                j = text_runs(demo, m, extra + ["--init", init] + ra
-                              + ["--model", "text-target-jf"], text_tokens)
-                cells.append(f"{b.tokens / b.forwards:.3f} / {j.tokens / j.forwards:.3f}")
-            print(f"| {name} | " + " | ".join(cells) + " |")
-        print(f"\nimage-ar, 8 labels x 1 sample x 64 tokens (greedy):\n")
-        print(HEADER)
-        for name, m, extra in rows:
-            print(image_runs(demo, m, extra, 1).row(name))
-        print()
+        if "jacobi" not in tables:
+            print()
+        if "jacobi" in tables:
+            # Window initialisation (the demo's default is the released code's `context`) and the
+            # verification extent (--ra-only: within the real-active block, as the released code).
+            print(f"\nInitialisation and verification extent, the same {len(TEXT_PROMPTS)} prompts x "
+                  f"{text_tokens} tokens (step compression; base / JF):\n")
+            print("| configuration | context | repeat | random | context, --ra-only |")
+            print("| --- | ---: | ---: | ---: | ---: |")
+            for name, m, extra in [
+                    ("Jacobi, running window 16", "jacobi", ["--window", "16"]),
+                    ("multi-block K = 2, r = 0.85, block 16", "multiblock",
+                     ["--no-recycling", "--block-size", "16"]),
+                    ("multi-block K = 2, r = 0.85 + recycling, block 16", "multiblock",
+                     ["--block-size", "16"]),
+                    ("multi-block K = 2, r = 0.85 + recycling, block 64", "multiblock", [])]:
+                cells = []
+                for init, ra in [("context", []), ("repeat", []), ("random", []),
+                                 ("context", ["--ra-only"])]:
+                    if ra and m != "multiblock":
+                        cells.append("—")
+                        continue
+                    b = text_runs(demo, m, extra + ["--init", init] + ra, text_tokens)
+                    j = text_runs(demo, m, extra + ["--init", init] + ra
+                                  + ["--model", "text-target-jf"], text_tokens)
+                    cells.append(f"{b.tokens / b.forwards:.3f} / {j.tokens / j.forwards:.3f}")
+                print(f"| {name} | " + " | ".join(cells) + " |")
+            print(f"\nimage-ar, 8 labels x 1 sample x 64 tokens (greedy):\n")
+            print(HEADER)
+            for name, m, extra in rows:
+                print(image_runs(demo, m, extra, 1).row(name))
+            print()
 
     if "ssd" in tables:
         tokens = 32 if a.quick else 64

@@ -187,8 +187,11 @@ MODELS = {
         config=dict(vocab_size=256, d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=640,
                     max_seq_len=256, rope_theta=10000.0, norm_eps=1e-5, causal=True,
                     mask_token=-1),
-        jf=dict(prompt_bytes=32, new_tokens=112, mask="nc", ar_weight=1.0, ar_data="corpus",
-                ar_batch=4,
+        # recipe: tools/jacobi_forcing.py RECIPES ("released": the authors' trainer's loss;
+        # "corpus": the AR term on corpus windows). eval: the learning curve's Jacobi speed
+        # measure, every eval_every steps (0: only the round ends' records).
+        jf=dict(prompt_bytes=32, new_tokens=112, mask="nc", recipe="corpus", ar_batch=4,
+                eval=dict(prompts=24, prompt_bytes=32, n=16, new_tokens=112), eval_every=0,
                 rounds=[dict(block=8, window=8, prompts=800, steps=350),
                         dict(block=16, window=4, prompts=800, steps=350)]),
         train=dict(steps=700, batch=8, seq_len=255, lr=3e-4, warmup=20, min_lr_frac=0.1,
@@ -995,6 +998,21 @@ def train_image_large(name, spec, out, steps, seed, _corpus, n_train=24000):
     return model, inputs, targets, wall, last, extra, "image-vq"
 
 
+def loss_description(rc, js, cfg):
+    """What the Jacobi Forcing loss computed, in words (model card)."""
+    pc = ("KL(clean logits, detached || noisy logits) at the noisy positions "
+          + ("at or after each block's first divergence from its clean copy"
+             if rc["pc_positions"] == "from_divergence" else "of every block")
+          + ", averaged over those positions"
+          + (" and divided by the number of blocks in the batch (batch x blocks)"
+             if rc["pc_norm"] == "per_block" else ""))
+    ar = ("next-token cross-entropy over the packed clean stream (the prompt, then the clean "
+          "blocks: the collected greedy output)" if rc["ar_data"] == "clean_blocks" else
+          f"next-token cross-entropy on training-corpus windows (batch {js['ar_batch']} x "
+          f"{cfg['max_seq_len']}), not on the packed sequences")
+    return f"L_pc + {rc['ar_weight']:g} * L_AR; L_pc = {pc}; L_AR = {ar}"
+
+
 def train_jacobi_forcing(name, spec, out, steps, seed, corpus, collector=None):
     """Jacobi Forcing fine-tuning of spec["base"] (tools/jacobi_forcing.py): per round, collect
     trajectories with the current model on training-split prompts, pack, train L_pc + w L_AR."""
@@ -1024,6 +1042,32 @@ def train_jacobi_forcing(name, spec, out, steps, seed, corpus, collector=None):
     prompts_file.write_bytes(train_b)
     wall, rounds_log, last = 0.0, [], float("nan")
     current = base_path
+    rc = jf.recipe(js)
+    log(f"{name}: loss recipe {js.get('recipe', 'corpus')}: {rc}")
+    curve = []  # the learning curve: step, losses, held-out NLL, Jacobi speed
+
+    def checkpoint_eval(round_index, step_in_round, done_steps, pc, ar):
+        path = tmp / "eval-model.safetensors"
+        write_safetensors(path, model_tensors(model),
+                          {"specula.config": json.dumps(dict(architecture="llama", **cfg)),
+                           "specula.name": f"{name}-eval"})
+        sp = jf.jacobi_speed(collector, path, tmp / "eval-traj.safetensors", read_safetensors,
+                             **js.get("eval", {}))
+        sample = sp.pop("first_output")
+        nll, _ = evaluate_heldout(model, inputs, targets)
+        model.train()
+        e = dict(round=round_index + 1, round_step=step_in_round, step=done_steps,
+                 l_pc=pc, l_ar=ar, heldout_nll_fp32=nll, **sp)
+        curve.append(e)
+        log(f"{name} curve: step {done_steps} (round {round_index + 1} step {step_in_round}) "
+            f"nll {nll:.5f} Jacobi {sp['tokens_per_forward']:.3f} tokens/forward "
+            f"({sp['points_per_block']:.2f} points per block) distinct 4-grams "
+            f"{sp['distinct_4grams']:.3f}; first output {sample!r}")
+
+    eval_every = js.get("eval_every", 0)
+    done = 0
+    if eval_every:
+        checkpoint_eval(-1, 0, 0, float("nan"), float("nan"))
     for ri, rd in enumerate(js["rounds"]):
         n, w = rd["block"], rd["window"]
         N = js["new_tokens"] // n
@@ -1033,45 +1077,60 @@ def train_jacobi_forcing(name, spec, out, steps, seed, corpus, collector=None):
         jf.collect(collector, current, prompts_file, rd["prompts"], js["prompt_bytes"], n,
                    js["new_tokens"], traj_path, log)
         traj, _ = jf.read_trajectories(traj_path, read_safetensors)
-        seqs, positions, P, L, fracs = jf.pack_round(traj, N, n, w)
+        seqs, positions, P, L, fracs, keep = jf.pack_round(traj, N, n, w, rc["pc_positions"])
         points_per_block = (len(traj["points"]) / len(traj["block_prompt"]))
         mask = jf.packed_mask(P, N, n, js["mask"], w)
         log(f"{name} round {ri + 1}: n {n}, w {w}, {len(seqs)} packed sequences of {L} slots "
             f"(prompt {P}, {N} blocks), {points_per_block:.2f} trajectory points per block; "
             f"mean noisy fraction per window position "
-            f"{[round(float(fracs[:, j::w].mean()), 3) for j in range(min(w, N))]}")
+            f"{[round(float(fracs[:, j::w].mean()), 3) for j in range(min(w, N))]}; "
+            f"consistency positions kept {float(keep.float().mean()):.3f}")
         stats = dict(pc=[], ar=[])
 
         def loss_fn(step):
+            if eval_every and step and step % eval_every == 0:
+                tail = stats["pc"][-eval_every:]
+                checkpoint_eval(ri, step, done + step, float(np.mean(tail)),
+                                float(np.mean(stats["ar"][-eval_every:])))
             idx = torch.randint(0, len(seqs), (tr["batch"],), generator=g)
-            l_pc, l_ar = jf.jf_losses(model, seqs[idx], positions, mask, P, N, n)
-            if js["ar_data"] == "corpus":  # the pretraining objective on training-split text
+            l_pc, l_ar = jf.jf_losses(model, seqs[idx], positions, mask, P, N, n, keep[idx],
+                                      rc["pc_norm"])
+            if rc["ar_data"] == "corpus":  # the pretraining objective on training-split text
                 wnd = corpus_batch()
                 lg = model(wnd[:, :-1])
                 l_ar = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), wnd[:, 1:].reshape(-1))
-            stats["pc"].append(float(l_pc))
-            stats["ar"].append(float(l_ar))
-            return l_pc + js["ar_weight"] * l_ar
+            elif rc["ar_data"] != "clean_blocks":
+                raise ValueError(f"ar_data {rc['ar_data']!r}: expected 'corpus' or 'clean_blocks'")
+            stats["pc"].append(float(l_pc.detach()))
+            stats["ar"].append(float(l_ar.detach()))
+            return l_pc + rc["ar_weight"] * l_ar
 
         r_wall, last = train_loop(model, tr, r_steps, loss_fn, f"{name} round {ri + 1}")
-        nll, _ = evaluate_heldout(model, inputs, targets)
+        done += r_steps
         tail = max(1, r_steps // 10)
+        if eval_every:
+            since = r_steps % eval_every or eval_every
+            checkpoint_eval(ri, r_steps, done, float(np.mean(stats["pc"][-since:])),
+                            float(np.mean(stats["ar"][-since:])))
+        nll, _ = evaluate_heldout(model, inputs, targets)
         rounds_log.append(dict(
             block_size=n, window=w, blocks=N, prompts=len(seqs), prompt_bytes=js["prompt_bytes"],
             new_tokens=js["new_tokens"], steps=r_steps,
             trajectory_points_per_block=round(points_per_block, 3),
             collected_with=current.name if ri else base_path.name,
+            consistency_positions_kept=round(float(keep.float().mean()), 4),
             final_l_pc=float(np.mean(stats["pc"][-tail:])),
             final_l_ar=float(np.mean(stats["ar"][-tail:])),
             heldout_nll_fp32=nll, wall_seconds=round(time.time() - t0, 1)))
         log(f"{name} round {ri + 1}: L_pc {rounds_log[-1]['final_l_pc']:.4f} L_AR "
             f"{rounds_log[-1]['final_l_ar']:.4f}, held-out nll {nll:.5f} (base {base_nll:.5f})")
         wall += time.time() - t0
-        if ri + 1 < len(js["rounds"]):  # the next round collects with this round's model
-            current = tmp / f"round{ri + 1}-model.safetensors"
-            write_safetensors(current, model_tensors(model),
-                              {"specula.config": json.dumps(dict(architecture="llama", **cfg)),
-                               "specula.name": f"{name}-round{ri + 1}"})
+        # Every round's model is kept next to the output (git-ignored): the next round collects
+        # with it, and it can be evaluated on its own (docs/jacobi_forcing.md).
+        current = Path(out) / f"{name}.round{ri + 1}.safetensors"
+        write_safetensors(current, model_tensors(model),
+                          {"specula.config": json.dumps(dict(architecture="llama", **cfg)),
+                           "specula.name": f"{name}-round{ri + 1}"})
     for f in tmp.iterdir():
         f.unlink()
     tmp.rmdir()
@@ -1086,9 +1145,8 @@ def train_jacobi_forcing(name, spec, out, steps, seed, corpus, collector=None):
                          "prompt_bytes bytes at evenly spaced offsets",
             noisy_views="released data preparation: t_b = linspace(0, 1, w)[b mod w], noise = "
                         "(n - first mismatch) / n, the nearest point (ties: earliest)",
-            loss="L_pc + ar_weight * L_AR; L_pc = mean over noisy-block positions of "
-                 "KL(clean logits, detached || noisy logits), L_AR = next-token CE over prompt + "
-                 "clean blocks",
+            recipe=js.get("recipe", "corpus"), loss_settings=rc, learning_curve=curve,
+            loss=loss_description(rc, js, cfg),
             collector="examples/jacobi_trajectories.cpp (block-mode greedy Jacobi, guesses "
                       "initialised from the context)"),
     )
@@ -1271,10 +1329,8 @@ def markdown_card(c):
                   f"- noisy views: {js['noisy_views']}",
                   f"- mask: {js['mask']} (noise-conditioned, Fig. 2b)" if js["mask"] == "nc"
                   else f"- mask: {js['mask']}",
-                  f"- loss: {js['loss']}; ar_weight {js['ar_weight']}, L_AR on "
-                  + ("training-corpus windows (batch "
-                     f"{js['ar_batch']} x {c['config']['max_seq_len']})"
-                     if js["ar_data"] == "corpus" else "the packed clean stream"), "",
+                  f"- loss (recipe `{js.get('recipe', 'corpus')}`, tools/jacobi_forcing.py): "
+                  f"{js['loss']}", "",
                   "| round | block n | window w | blocks | prompts | steps | collected with | "
                   "points per block | L_pc | L_AR | held-out NLL (fp32) | wall s |",
                   "| ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: "
@@ -1285,6 +1341,21 @@ def markdown_card(c):
                          f"{r['trajectory_points_per_block']:.2f} | {r['final_l_pc']:.4f} | "
                          f"{r['final_l_ar']:.4f} | {r['heldout_nll_fp32']:.4f} | "
                          f"{r['wall_seconds']:.0f} |")
+        if js.get("learning_curve"):
+            ev = js.get("eval", {})
+            lines += ["", "Learning curve: held-out NLL and greedy block-mode Jacobi decoding "
+                      f"(blocks of {ev.get('n', 16)}, guesses drawn from the context) of "
+                      f"{ev.get('prompts', 24)} held-out prompts of {ev.get('prompt_bytes', 32)} "
+                      f"bytes, {ev.get('new_tokens', 112)} new tokens each (step 0: the base "
+                      "model; L_pc, L_AR: means since the previous row):", "",
+                      "| step | round | L_pc | L_AR | held-out NLL (fp32) | points per block | "
+                      "Jacobi tokens / forward | distinct 4-grams of the output |",
+                      "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            for e in js["learning_curve"]:
+                lines.append(f"| {e['step']} | {e['round']} | {e['l_pc']:.4f} | "
+                             f"{e['l_ar']:.4f} | {e['heldout_nll_fp32']:.4f} | "
+                             f"{e['points_per_block']:.2f} | {e['tokens_per_forward']:.3f} | "
+                             f"{e['distinct_4grams']:.3f} |")
     lines += ["", "## Training", "",
               f"- {c['train_steps']} steps, batch {tr['batch']} x {tr['seq_len']} tokens, "
               f"AdamW lr {tr['lr']} (warmup {tr['warmup']}, cosine to {tr['min_lr_frac']} x), "
@@ -1367,7 +1438,36 @@ def main():
     ap.add_argument("--rewrite-cards", action="store_true",
                     help="only rewrite the markdown cards of --only (default: all) from their "
                          ".card.json and the README; no training")
+    ap.add_argument("--jf-recipe", choices=["released", "corpus"], default=None,
+                    help="text-target-jf: the loss recipe (tools/jacobi_forcing.py RECIPES; "
+                         "default: the spec's)")
+    ap.add_argument("--jf-rounds", type=int, default=None,
+                    help="text-target-jf: train only the first K rounds of the spec")
+    ap.add_argument("--jf-round-steps", default=None,
+                    help="text-target-jf: comma-separated steps of each round (replaces the "
+                         "spec's; --steps-scale still applies)")
+    ap.add_argument("--jf-prompts", type=int, default=None,
+                    help="text-target-jf: prompts (trajectories) per round (default: the spec's)")
+    ap.add_argument("--jf-eval-every", type=int, default=None,
+                    help="text-target-jf: learning-curve point (held-out NLL, Jacobi speed) every "
+                         "this many steps of a round and at each round's end (0: none)")
     args = ap.parse_args()
+    jf_spec = MODELS["text-target-jf"]
+    js = dict(jf_spec["jf"], rounds=[dict(r) for r in jf_spec["jf"]["rounds"]])
+    if args.jf_recipe:
+        js["recipe"] = args.jf_recipe
+    if args.jf_rounds:
+        js["rounds"] = js["rounds"][:args.jf_rounds]
+    if args.jf_round_steps:
+        for r, k in zip(js["rounds"], args.jf_round_steps.split(",")):
+            r["steps"] = int(k)
+    if args.jf_eval_every is not None:
+        js["eval_every"] = args.jf_eval_every
+    if args.jf_prompts:
+        for r in js["rounds"]:
+            r["prompts"] = args.jf_prompts
+    MODELS["text-target-jf"] = dict(jf_spec, jf=js, train=dict(
+        jf_spec["train"], steps=sum(r["steps"] for r in js["rounds"])))
     if args.rewrite_cards:
         for name in args.only or list(MODELS):
             card = Path(args.out) / f"{name}.card.json"
@@ -1396,6 +1496,9 @@ def main():
         command += f" --threads {args.threads}"
     if args.collector:
         command += f" --collector {args.collector}"
+    for flag in ("jf_recipe", "jf_rounds", "jf_round_steps", "jf_prompts", "jf_eval_every"):
+        if getattr(args, flag) is not None:
+            command += f" --{flag.replace('_', '-')} {getattr(args, flag)}"
     log(f"torch {torch.__version__}, numpy {np.__version__}, {args.threads} threads; "
         f"training {', '.join(names)} into {out}")
 
