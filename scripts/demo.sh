@@ -212,6 +212,7 @@ rest = sys.argv[5:]
 sep = rest.index("--")
 tasks, titles = rest[:sep], rest[sep + 1:]
 
+non_resident = set()
 for task, title in zip(tasks, titles):
     rows = [line.split("|") for line in open(os.path.join(tmp, task + ".rows")).read().splitlines()]
     results = {}
@@ -248,7 +249,11 @@ for task, title in zip(tasks, titles):
             speedup = "%.2fx" % (statistics.median(1e3 * x["wall_seconds"] for x in b_runs) / wall)
         else:
             speedup = "—"
-        print("| %s | %d | %s | %.3f | %s | %s |" % (label, d["tokens"], forwards,
+        shown = label
+        if device == "cuda" and d.get("parameters", {}).get("resident") is False:
+            shown += " †"  # the host's loop over the GPU model: logits to the host each pass
+            non_resident.add(d["parameters"].get("non_resident_reason", "?"))
+        print("| %s | %d | %s | %.3f | %s | %s |" % (shown, d["tokens"], forwards,
                                                      d["step_compression"], wall_text, speedup))
 
 print("\nforwards: target-model forward passes (draft-model passes in parentheses); step")
@@ -257,4 +262,7 @@ print("%d interleaved runs (range in parentheses); speedup: the baseline's media
 print("the method's (baseline: ar, or stepwise decoding with the same cache); device: %s%s."
       % (device, "" if device == "cuda" else ", backend threads: %s%s" % (
           threads, " (text-xl: as its title says)" if "text-xl" in tasks else "")))
+if non_resident:
+    print("\n†: not a resident loop on the GPU (the host's loop over the GPU model, logits copied to")
+    print("the host each pass): " + "; ".join(sorted(non_resident)) + ".")
 PY

@@ -336,6 +336,7 @@ class demo_session {
   decltype(auto) with(F&& f) {
 #ifdef SPECULA_DEMO_CUDA
     if (device_) return f(*device_);
+    if (device_guided_) return f(*device_guided_);
 #endif
     if (llama_ != nullptr) return f(*llama_);
     return session_ ? f(*session_) : f(*guided_);
@@ -344,6 +345,7 @@ class demo_session {
   decltype(auto) with(F&& f) const {
 #ifdef SPECULA_DEMO_CUDA
     if (device_) return f(*device_);
+    if (device_guided_) return f(*device_guided_);
 #endif
     if (llama_ != nullptr) return f(std::as_const(*llama_));
     return session_ ? f(*session_) : f(*guided_);
@@ -357,9 +359,20 @@ class demo_session {
                llama_session* llama = nullptr)
       : vocab_limit_(vocab_limit), progress_(progress), llama_(llama) {
     if (llama != nullptr) return;
+    const auto uncond = [null_label](std::span<const token_t> prompt) {
+      std::vector<token_t> u(prompt.begin(), prompt.end());
+      u.front() = null_label;  // the prompt is the class label
+      return u;
+    };
 #ifdef SPECULA_DEMO_CUDA
-    if (device != nullptr) {  // --cfg is refused with --device cuda (parse checks)
-      device_.emplace(*device);
+    if (device != nullptr) {
+      if (cfg_scale == 1.0) {
+        device_.emplace(*device);
+        return;
+      }
+      // --cfg on the GPU: both streams in one device pass, the rows mixed on the host.
+      device_pair_.emplace(*device, 2);
+      device_guided_.emplace(*device_pair_, static_cast<float>(cfg_scale), uncond);
       return;
     }
 #else
@@ -370,12 +383,7 @@ class demo_session {
       return;
     }
     pair_.emplace(model, 2);
-    guided_.emplace(*pair_, static_cast<float>(cfg_scale),
-                    [null_label](std::span<const token_t> prompt) {
-                      std::vector<token_t> u(prompt.begin(), prompt.end());
-                      u.front() = null_label;  // the prompt is the class label
-                      return u;
-                    });
+    guided_.emplace(*pair_, static_cast<float>(cfg_scale), uncond);
   }
   demo_session(const demo_session&) = delete;
   demo_session& operator=(const demo_session&) = delete;
@@ -411,6 +419,8 @@ class demo_session {
   std::optional<ex::transformer_session> session_;
 #ifdef SPECULA_DEMO_CUDA
   std::optional<ex::device_session> device_;
+  std::optional<ex::device_batch> device_pair_;
+  std::optional<specula::cfg_model<ex::device_batch>> device_guided_;
 #endif
   std::optional<ex::transformer_batch> pair_;
   std::optional<specula::cfg_model<ex::transformer_batch>> guided_;
@@ -489,24 +499,41 @@ std::vector<token_t> ar_decode(Model& m, std::span<const token_t> prompt, index_
   return out;
 }
 
-/// --device cuda: whether the method runs as a resident loop (rows kept on the GPU, only tokens,
-/// counters and row summaries crossing): sd and cool-sd sampled (no --greedy / --draft-greedy /
-/// --p-min), sjd and sjd-pac (the exact variant, random initialisation), jacobi and multiblock
-/// (greedy), ar (resident SD
-/// without drafts, so that speedups compare resident with resident; greedy as top-k = 1), and on
-/// the diffusion task ssd and its stepwise baseline; never on a task whose rows are restricted to
-/// part of the vocabulary (image).
-bool resident_loop(const demo_options& o, index_t vocab_limit, index_t vocab) {
-  if (o.device != "cuda" || o.no_resident || vocab_limit < vocab || o.cfg != 1.0) return false;
-  if (o.task == task_kind::diffusion) return o.method == "ssd" || o.method == "ar";
-  if (o.method == "ar" || o.method == "jacobi" || o.method == "multiblock") return true;
-  if (o.method == "sd" || o.method == "cool-sd")
-    return !o.greedy && !o.draft_greedy && o.p_min <= 0.0;
-  if (o.method == "sjd" || o.method == "sjd-pac")
-    return o.sjd_variant == "exact" && o.init.find("horizontal") == std::string::npos &&
-           o.init.find("vertical") == std::string::npos;
-  return false;
+/// --device cuda: why the method does not run as a resident loop (rows kept on the GPU, only
+/// tokens, counters and row summaries crossing), or "" when it does. Resident: sd and cool-sd
+/// (chain or tree drafts, sampled; --p-min; --greedy and --draft-greedy as top-k = 1 rows, whose
+/// one-hot rows make the exact rule greedy), sjd and sjd-pac (the exact variant, random
+/// initialisation), jacobi and multiblock (greedy), ar (resident SD without drafts, so that
+/// speedups compare resident with resident; greedy as top-k = 1), and on the diffusion task ssd
+/// and its stepwise baseline; the image task's vocabulary limit is applied on the GPU
+/// (device_transformer::set_vocab_limit). The others run through device_session: the same loop
+/// as on the host, logits copied to the host each pass.
+std::string non_resident_reason(const demo_options& o) {
+  if (o.device != "cuda") return "not on the GPU";
+  if (o.no_resident) return "--no-resident";
+  if (o.cfg != 1.0) return "--cfg (the guided pair's rows are mixed on the host)";
+  if (o.task == task_kind::diffusion) return "";  // ar (stepwise) and ssd
+  if (o.method == "ar" || o.method == "jacobi" || o.method == "multiblock") return "";
+  if (o.method == "sd" || o.method == "cool-sd") {
+    if ((o.greedy || o.draft_greedy) && (o.draft_tree_width > 0 || o.draft_tree_lantern))
+      return "greedy tree drafts (siblings: the draft's top tokens, chosen on the host)";
+    return "";
+  }
+  if (o.method == "sjd" || o.method == "sjd-pac") {
+    if (o.sjd_variant != "exact")
+      return "--sjd-variant " + o.sjd_variant + " (the authors' deviations run on the host)";
+    if (o.init.find("horizontal") != std::string::npos ||
+        o.init.find("vertical") != std::string::npos)
+      return "--init " + o.init + " (the spatial priors read committed rows on the host)";
+    return "";
+  }
+  if (o.method == "lantern")
+    return "lantern (no resident verifier for LANTERN++'s neighbour table)";
+  if (o.method == "lookup") return "lookup (the n-gram proposal drafts from host state)";
+  return "no resident loop for --method " + o.method;
 }
+
+bool resident_loop(const demo_options& o) { return non_resident_reason(o).empty(); }
 
 /// f(the masked diffusion model in use): the GPU model with --device cuda, else the host one.
 template <class F>
@@ -533,7 +560,7 @@ specula::ssd_options ssd_options_of(const demo_options& o) {
 /// pass of text-diffusion.
 std::vector<token_t> run_diffusion_stepwise(const run_input& in, decode_stats& st) {
 #ifdef SPECULA_DEMO_CUDA
-  if (in.device != nullptr && resident_loop(in.opt, in.vocab_limit, in.model.vocab_size())) {
+  if (in.device != nullptr && resident_loop(in.opt)) {
     ex::resident_ssd_rows<ex::device_transformer> rows(*in.device);
     return ex::resident_stepwise_decode(*in.device, rows, in.prompt, ssd_options_of(in.opt), &st);
   }
@@ -546,7 +573,7 @@ std::vector<token_t> run_diffusion_stepwise(const run_input& in, decode_stats& s
 std::vector<token_t> run_ar(const run_input& in, decode_stats& st) {
   if (in.opt.task == task_kind::diffusion) return run_diffusion_stepwise(in, st);
 #ifdef SPECULA_DEMO_CUDA
-  if (in.device != nullptr && resident_loop(in.opt, in.vocab_limit, in.model.vocab_size())) {
+  if (in.device != nullptr && resident_loop(in.opt)) {
     // Resident SD without drafts: each step one pass of the root, the token drawn on the GPU
     // (a one-node tree's verification emits a sample of p).
     ex::device_sd_ops ops(*in.device, *in.device);
@@ -648,8 +675,7 @@ std::vector<token_t> speculative(const run_input& in, decode_stats& st, sd_rule 
   else if (o.draft_tree_width > 0)
     so.draft_tree = specula::trees::full(o.draft_tree_width, o.draft_tree_depth);
 #ifdef SPECULA_DEMO_CUDA
-  if (rule != sd_rule::lantern && in.device_draft != nullptr &&
-      resident_loop(o, in.vocab_limit, in.model.vocab_size())) {
+  if (rule != sd_rule::lantern && in.device_draft != nullptr && resident_loop(o)) {
     ex::device_sd_ops ops(*in.device, *in.device_draft);
     ex::resident_sd_options ro;
     ro.draft_length = so.draft_length;
@@ -657,7 +683,13 @@ std::vector<token_t> speculative(const run_input& in, decode_stats& st, sd_rule 
     ro.max_new_tokens = so.max_new_tokens;
     ro.target = so.target;
     ro.draft = so.draft;
-    if (rule == sd_rule::cool) ro.relaxed = cool_rule(o);
+    ro.draft_p_min = so.draft_p_min;
+    // Greedy drafts: one-hot q rows at the draft's argmax (top-k = 1), which the exact rule
+    // verifies as speculative_decode verifies greedy drafts; --greedy: one-hot p rows too, so
+    // that the exact rule emits the target's argmax (greedy verification).
+    if (o.greedy || o.draft_greedy) ro.draft.top_k = 1;
+    if (o.greedy) ro.target.top_k = 1;
+    if (rule == sd_rule::cool && !o.greedy) ro.relaxed = cool_rule(o);
     auto out = ex::resident_speculative_decode(ops, in.prompt, ro, in.rng, &st);
     if (in.progress != nullptr) in.progress->advance(static_cast<index_t>(out.size()));
     return out;
@@ -810,7 +842,7 @@ specula::sjd_options sjd_options_of(const run_input& in, bool pac) {
 std::optional<std::vector<token_t>> resident_sjd(const run_input& in,
                                                  const specula::sjd_options& so, decode_stats& st) {
 #ifdef SPECULA_DEMO_CUDA
-  if (in.device != nullptr && resident_loop(in.opt, in.vocab_limit, in.model.vocab_size())) {
+  if (in.device != nullptr && resident_loop(in.opt)) {
     ex::device_sjd_ops ops(*in.device);
     auto out = ex::resident_sjd_decode(ops, in.prompt, so, in.rng, specula::tree_verifier<>{}, &st);
     if (in.progress != nullptr) in.progress->advance(static_cast<index_t>(out.size()));
@@ -876,7 +908,7 @@ specula::jacobi_init jacobi_init_of(const std::string& init) {
 template <class Run>
 std::optional<std::vector<token_t>> resident_greedy(const run_input& in, Run&& run) {
 #ifdef SPECULA_DEMO_CUDA
-  if (in.device != nullptr && resident_loop(in.opt, in.vocab_limit, in.model.vocab_size())) {
+  if (in.device != nullptr && resident_loop(in.opt)) {
     ex::resident_greedy_ops<ex::device_session> ops(*in.device);
     auto out = run(ops);
     if (in.progress != nullptr) in.progress->advance(static_cast<index_t>(out.size()));
@@ -945,7 +977,7 @@ json params_multiblock(const demo_options& o) {
 /// Self-speculative decoding of the masked diffusion model (text-diffusion).
 std::vector<token_t> run_ssd(const run_input& in, decode_stats& st) {
 #ifdef SPECULA_DEMO_CUDA
-  if (in.device != nullptr && resident_loop(in.opt, in.vocab_limit, in.model.vocab_size())) {
+  if (in.device != nullptr && resident_loop(in.opt)) {
     ex::resident_ssd_rows<ex::device_transformer> rows(*in.device);
     return ex::resident_ssd_decode(*in.device, rows, in.prompt, ssd_options_of(in.opt), &st);
   }
@@ -1078,13 +1110,14 @@ void print_help() {
       "  --threads N          threads of the example backend's products and attention, for\n"
       "                       every model of the run (default 1; 0: one per hardware thread)\n"
       "  --device cpu|cuda    run the models on the CPU (default: the example backend) or on\n"
-      "                       the GPU (device_transformer; CUDA builds, no --cfg); on the\n"
-      "                       text task sd and cool-sd (sampled, chain or tree drafts, no\n"
-      "                       --p-min),\n"
-      "                       sjd and sjd-pac (exact variant, random init), jacobi,\n"
-      "                       multiblock, ar,\n"
-      "                       and on the diffusion task ssd and ar keep their rows on the\n"
-      "                       GPU (resident loops)\n"
+      "                       the GPU (device_transformer; CUDA builds); ar, sd and cool-sd\n"
+      "                       (chain or tree drafts, --p-min; greedy with chain drafts),\n"
+      "                       sjd and sjd-pac (exact variant, random init), jacobi and\n"
+      "                       multiblock on the text and image tasks, and ssd and ar on the\n"
+      "                       diffusion task keep their rows on the GPU (resident loops);\n"
+      "                       the others (lookup, lantern, --cfg, the spatial priors, the\n"
+      "                       authors' sjd variants) run the host's loop over the GPU model\n"
+      "                       (logits to the host each pass; the run says so on stderr)\n"
       "  --no-resident        with --device cuda: no resident loops (every loop copies its\n"
       "                       logits rows to the host, as on the CPU)\n"
       "  --prompt TEXT        text prompt (bytes; default: the start of a Python class)\n"
@@ -1480,7 +1513,6 @@ void resolve(demo_options& o, const method_entry& m) {
   if (o.device == "cuda") {
 #ifdef SPECULA_DEMO_CUDA
     require(ex::cuda_device_available(), "--device", "no CUDA device");
-    require(o.cfg == 1.0, "--cfg", "guidance is not available with --device cuda");
 #else
     require(false, "--device", "this build has no CUDA (specula_example_cuda was not built)");
 #endif
@@ -1794,6 +1826,16 @@ int run(int argc, char** argv) {
   if (o.device == "cuda") {
     device.emplace(model->weights());
     if (draft) device_draft.emplace(draft->weights());
+    // The image task's rows are restricted to image tokens on the GPU itself.
+    if (vocab_limit < model->vocab_size()) {
+      device->set_vocab_limit(vocab_limit);
+      if (device_draft) device_draft->set_vocab_limit(vocab_limit);
+    }
+    if (!o.quiet && !resident_loop(o))
+      std::fprintf(stderr,
+                   "[specula_demo] --method %s runs with the non-resident path on the GPU "
+                   "(device_session: the host's loop, logits copied to the host each pass): %s\n",
+                   o.method.c_str(), non_resident_reason(o).c_str());
   }
 #endif
   const double load_seconds =
@@ -1866,7 +1908,10 @@ int run(int argc, char** argv) {
   params["threads"] = model->options().threads;
   params["kernel"] = model->kernel() == ex::matmul_kernel::builtin ? "builtin" : "blas";
   params["backend"] = o.backend;
-  if (o.device == "cuda") params["resident"] = resident_loop(o, vocab_limit, model->vocab_size());
+  if (o.device == "cuda") {
+    params["resident"] = resident_loop(o);
+    if (!resident_loop(o)) params["non_resident_reason"] = non_resident_reason(o);
+  }
   if (o.task == task_kind::image) {
     params["model"] = o.image_model;
     params["label"] = label;

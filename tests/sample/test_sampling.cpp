@@ -18,22 +18,8 @@ using namespace specula;
 
 namespace {
 
-/// Law of `probs` (non-negative weights) by hand: w / sum(w).
-std::vector<double> normalised(const std::vector<float>& w) {
-  double s = 0;
-  for (float v : w) s += v;
-  std::vector<double> p;
-  for (float v : w) p.push_back(v / s);
-  return p;
-}
-
-/// The reference pipeline's probabilities (sort-based, written apart from the library's
-/// select-based passes), as a law in double.
-std::vector<double> reference_law(const sampling_params& sp, std::vector<float> logits) {
-  std::vector<float> probs(logits.size()), scratch(logits.size());
-  testing::reference_logits_to_probs(sp, logits, {}, probs, scratch);
-  return normalised(probs);
-}
+using testing::reference_law;
+std::vector<double> normalised(const std::vector<float>& w) { return testing::normalised_law(w); }
 
 std::vector<request_rng> streams(index_t n, std::uint64_t seed) {
   std::vector<request_rng> r;
@@ -86,24 +72,13 @@ TEST_CASE("sample_from_probs fits each row's law (G-test)", "[sample][stats]") {
 
 TEST_CASE("sample_from_logits fits the reference pipeline's law per row (G-test)",
           "[sample][stats]") {
-  const std::vector<float> logits = {1.0f, 2.5f, -0.5f, 0.0f, 2.0f, -3.0f, 1.5f};
-  const auto V = static_cast<index_t>(logits.size());
-  std::vector<sampling_params> params(4);
-  params[1].temperature = 0.7f;
-  params[1].top_k = 3;
-  params[2].top_p = 0.8f;
-  params[3].temperature = 1.3f;
-  params[3].min_p = 0.2f;
-  const index_t per = 15000, B = 4 * per;
-  std::vector<float> rows;
-  std::vector<sampling_params> per_row;
-  for (index_t r = 0; r < B; ++r) {
-    rows.insert(rows.end(), logits.begin(), logits.end());
-    per_row.push_back(params[static_cast<std::size_t>(r % 4)]);
-  }
+  const testing::filtered_rows_case c(15000);
+  const auto& logits = c.logits;
+  const auto& params = c.params;
+  const index_t V = c.vocab(), B = c.rows;
   const auto rng = streams(B, 5);
   std::vector<token_t> out(static_cast<std::size_t>(B));
-  sample_from_logits<float>(host::par, batch_view<const float>{rows.data(), B, V}, per_row, rng,
+  sample_from_logits<float>(host::par, batch_view<const float>{c.data.data(), B, V}, c.per_row, rng,
                             out);
   const auto plain = reference_law(params[0], logits);
   for (std::size_t k = 0; k < 4; ++k) {

@@ -7,12 +7,15 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <vector>
 
 #include <specula_example/resident_greedy.hpp>
 
 #include "../decode/decode_test_util.hpp"
+#include "image_test_util.hpp"
+#include "transformer_test_util.hpp"
 
 using namespace specula;
 using namespace specula::example;
@@ -67,4 +70,26 @@ TEST_CASE("resident multi-block decoding with host ops equals greedy decoding",
   const std::vector<token_t> prompt{1, 2};
   CHECK_THROWS_WITH(resident_multiblock_decode(ops, prompt, stochastic),
                     Catch::Contains("stochastic"));
+}
+
+TEST_CASE(
+    "resident Jacobi and multi-block on a vocabulary-limited image model equal greedy decoding "
+    "of rows masked by the caller",
+    "[backend][models]") {
+  // The image task on the GPU: the label tokens are cut from every row by the model itself
+  // (set_vocab_limit), not by the demo's session on the host.
+  const example::testing::image_task image(SPECULA_MODELS_DIR);
+  const transformer limited = image.limited(), plain(image.weights);
+  resident_greedy_ops<transformer_session> ops(limited);
+  const auto jo = example::testing::jacobi_window8(image.tokens());
+  const auto mo = example::testing::two_blocks_of8(image.tokens());
+  for (const index_t label : {0, 3}) {
+    const std::vector<token_t> prompt{image.vq.label_token(label)};
+    example::testing::tail_masked_session<transformer_session> masked(plain, image.limit());
+    const auto ref = decode_testing::greedy_reference(masked, prompt, image.tokens());
+    INFO("label " << label);
+    CHECK(std::all_of(ref.begin(), ref.end(), [&](token_t t) { return t < image.limit(); }));
+    CHECK(resident_jacobi_decode(ops, prompt, jo, request_rng{4, 0, 0}) == ref);
+    CHECK(resident_multiblock_decode(ops, prompt, mo, request_rng{4, 0, 0}) == ref);
+  }
 }

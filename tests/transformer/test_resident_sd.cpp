@@ -65,6 +65,34 @@ TEST_CASE("resident SD with host ops samples the toy transformer's sequence law 
   check_resident_toy_law(opt);
 }
 
+TEST_CASE(
+    "resident SD with a dynamic draft length (p-min) samples the toy transformer's sequence law "
+    "(G-test) and stops drafting",
+    "[backend][stats]") {
+  resident_sd_options opt;
+  opt.draft_length = 2;
+  opt.max_new_tokens = 3;
+  opt.draft_p_min = 0.5f;
+  check_resident_toy_law(opt);
+  // The threshold stops some drafts: fewer draft passes than without it, same seeds.
+  const auto c = example::testing::toy_gtest_config();
+  const transformer target(example::testing::random_weights(c, 71)),
+      draft(example::testing::random_weights(c, 72));
+  host_sd_ops ops(target, draft);
+  const std::vector<token_t> prompt{0};
+  decode_stats with, without;
+  resident_sd_options plain = opt;
+  plain.draft_p_min = 0.0f;
+  for (std::uint32_t r = 0; r < 200; ++r) {
+    (void)resident_speculative_decode(ops, prompt, opt, request_rng{5, r, 0}, &with);
+    (void)resident_speculative_decode(ops, prompt, plain, request_rng{5, r, 0}, &without);
+  }
+  INFO("draft passes: " << with.draft_forwards << " with p-min 0.5, " << without.draft_forwards
+                        << " without");
+  CHECK(with.draft_forwards < without.draft_forwards);
+  CHECK(with.draft_forwards > 0);
+}
+
 TEST_CASE("resident tree SD with host ops samples the toy transformer's sequence law (G-test)",
           "[backend][stats]") {
   resident_sd_options opt;
@@ -165,6 +193,10 @@ TEST_CASE("resident SD rejects bad input", "[backend][bad_input]") {
   CHECK_THROWS_WITH(resident_speculative_decode(ops, prompt, opt, {}),
                     Catch::Contains("max_new_tokens"));
   opt.max_new_tokens = 4;
+  opt.draft_p_min = 1.5f;
+  CHECK_THROWS_WITH(resident_speculative_decode(ops, prompt, opt, {}),
+                    Catch::Contains("draft_p_min"));
+  opt.draft_p_min = 0.0f;
   opt.relaxed = scheduled_relaxed_rule{};
   opt.relaxed->schedule.delta = -1.0;
   CHECK_THROWS_WITH(resident_speculative_decode(ops, prompt, opt, {}),

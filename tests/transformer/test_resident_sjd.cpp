@@ -9,13 +9,16 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <vector>
 
 #include <specula/decode/sjd.hpp>
 #include <specula_example/resident_sjd.hpp>
 
+#include "image_test_util.hpp"
 #include "toy_sd_gtest.hpp"
+#include "transformer_test_util.hpp"
 
 using namespace specula;
 using namespace specula::example;
@@ -100,6 +103,33 @@ TEST_CASE("resident SJD-PAC with top-k = 1 equals greedy decoding of the shipped
           decode_testing::greedy_reference(ar, prompt, 32));
   }
   CHECK(st.step_compression() > 1.0);
+}
+
+TEST_CASE(
+    "resident SJD on a vocabulary-limited image model equals sjd_decode over rows masked by the "
+    "caller",
+    "[backend][models]") {
+  // The image task on the GPU: the model cuts the label tokens from its rows (set_vocab_limit);
+  // the same rows and draws as the demo's host loop, which masks them in its session.
+  const example::testing::image_task image(SPECULA_MODELS_DIR);
+  const transformer limited = image.limited(), plain(image.weights);
+  host_sjd_ops ops(limited);
+  std::vector<sjd_options> configurations(2);
+  configurations[1] = sjd_options::sjd_pac(16, 3, 2);
+  for (sjd_options& o : configurations) {
+    o.max_new_tokens = image.tokens();
+    o.init_tokens_end = image.limit();  // random initialisation draws image tokens
+    o.image_width = image.vq.grid();
+    for (std::uint32_t i = 0; i < 2; ++i) {
+      const std::vector<token_t> prompt{image.vq.label_token(static_cast<index_t>(i))};
+      example::testing::tail_masked_session<transformer_session> masked(plain, image.limit());
+      const request_rng rng{13, i, 0};
+      const auto out = resident_sjd_decode(ops, prompt, o, rng);
+      INFO("label " << i << ", PD " << o.proactive_drafting);
+      CHECK(out == sjd_decode(masked, prompt, o, rng));
+      CHECK(std::all_of(out.begin(), out.end(), [&](token_t t) { return t < image.limit(); }));
+    }
+  }
 }
 
 TEST_CASE("resident SJD refuses the spatial priors", "[backend][bad_input]") {

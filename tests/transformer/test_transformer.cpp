@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -158,6 +159,37 @@ TEST_CASE("a batch of requests equals each request evaluated alone", "[backend]"
   batch.commit(1, path);
   CHECK(batch.cache(1).size() == before1 + static_cast<index_t>(path.size()));
   CHECK(batch.cache(0).size() == before0);
+}
+
+TEST_CASE("a vocabulary limit sets the logits past it to -inf and leaves the others", "[backend]") {
+  const auto w = random_weights(small_config(), 15);
+  const transformer plain(w);
+  transformer limited(w);
+  const index_t V = plain.vocab_size(), limit = V - 3;
+  CHECK(limited.vocab_limit() == V);
+  limited.set_vocab_limit(limit);
+  CHECK(limited.vocab_limit() == limit);
+  std::mt19937_64 g(9);
+  const auto context = random_tokens(g, 6, V);
+  const token_tree t = random_tree(g, 7, 3, V, context.back());
+  std::vector<float> a(static_cast<std::size_t>(t.size() * V)), b(a.size());
+  transformer_session sa(plain), sb(limited);
+  sa.prefill(context);
+  sb.prefill(context);
+  sa.evaluate(t, batch_view<float>(a.data(), t.size(), V));
+  sb.evaluate(t, batch_view<float>(b.data(), t.size(), V));
+  for (index_t i = 0; i < t.size(); ++i)
+    for (index_t v = 0; v < V; ++v) {
+      const auto k = static_cast<std::size_t>(i * V + v);
+      if (v < limit)
+        CHECK(b[k] == a[k]);
+      else
+        CHECK(b[k] == -std::numeric_limits<float>::infinity());
+    }
+  limited.set_vocab_limit(V);  // lifted
+  CHECK(limited.vocab_limit() == V);
+  CHECK_THROWS_WITH(limited.set_vocab_limit(0), Catch::Contains("limit"));
+  CHECK_THROWS_WITH(limited.set_vocab_limit(V + 1), Catch::Contains("limit"));
 }
 
 TEST_CASE("rollback then re-evaluation equals a fresh evaluation", "[backend]") {

@@ -4,6 +4,7 @@
 // double-precision reference forward pass written straight from docs/model_format.md.
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <span>
 #include <vector>
@@ -201,5 +202,21 @@ inline token_tree random_tree(std::mt19937_64& g, index_t n, index_t max_depth, 
   }
   return token_tree(parents, tokens);
 }
+
+/// A session whose rows are set to -inf from token `limit` on after each evaluation, as the demo
+/// restricts the image model's rows on the host: the reference of a model's vocabulary limit
+/// (transformer::set_vocab_limit, device_transformer::set_vocab_limit).
+template <class Session>
+struct tail_masked_session : Session {
+  index_t limit;
+  template <class Model>
+  tail_masked_session(const Model& m, index_t lim) : Session(m), limit(lim) {}
+  void evaluate(const token_tree& nodes, batch_view<float> logits) {
+    Session::evaluate(nodes, logits);
+    for (index_t i = 0; i < nodes.size(); ++i)
+      for (index_t v = limit; v < logits.cols; ++v)
+        logits[i][v] = -std::numeric_limits<float>::infinity();
+  }
+};
 
 }  // namespace specula::example::testing

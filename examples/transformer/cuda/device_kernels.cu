@@ -7,6 +7,7 @@
 
 #include "device_kernels.hpp"
 #include "specula/decode/row_top.hpp"
+#include "specula_example/vocab_limit.hpp"
 
 namespace specula::example::device_detail {
 namespace {
@@ -272,7 +273,34 @@ __global__ void row_tops_kernel(const float* logits, int rows, int vocab,
     out[r] = specula::detail::top_of(logits + static_cast<std::size_t>(r) * vocab, vocab);
 }
 
+__global__ void vocab_limit_kernel(float* logits, int vocab, int limit) {
+  specula::example::detail::vocab_limit_op{limit}(
+      logits + static_cast<std::size_t>(blockIdx.x) * vocab, vocab,
+      static_cast<index_t>(threadIdx.x), static_cast<index_t>(blockDim.x));
+}
+
+__global__ void row_max_kernel(const float* data, int vocab, float* out) {
+  __shared__ float red[32];
+  const float* row = data + static_cast<std::size_t>(blockIdx.x) * vocab;
+  float m = -INFINITY;
+  for (int t = threadIdx.x; t < vocab; t += blockDim.x) m = fmaxf(m, row[t]);
+  m = block_reduce<true>(m, red);
+  if (threadIdx.x == 0) out[blockIdx.x] = m;
+}
+
 }  // namespace
+
+cudaError_t vocab_limit(cudaStream_t stream, float* logits, int rows, int vocab, int limit) {
+  if (rows <= 0 || limit >= vocab) return cudaSuccess;
+  vocab_limit_kernel<<<rows, threads, 0, stream>>>(logits, vocab, limit);
+  return cudaGetLastError();
+}
+
+cudaError_t row_max(cudaStream_t stream, const float* data, int rows, int vocab, float* out) {
+  if (rows <= 0) return cudaSuccess;
+  row_max_kernel<<<rows, threads, 0, stream>>>(data, vocab, out);
+  return cudaGetLastError();
+}
 
 cudaError_t row_tops(cudaStream_t stream, const float* logits, int rows, int vocab, void* out) {
   if (rows <= 0) return cudaSuccess;

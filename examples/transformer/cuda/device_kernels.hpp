@@ -50,6 +50,13 @@ cudaError_t swiglu(cudaStream_t stream, float* gate_up, int rows, int d_ff);
 cudaError_t gather_rows(cudaStream_t stream, float* data, int planes, int capacity, int row_size,
                         int at, const std::int32_t* from, int count);
 
+/// Logits [limit, vocab) of each of `rows` rows set to -inf (detail::vocab_limit_op, one CTA per
+/// row; vocab_limit.hpp).
+cudaError_t vocab_limit(cudaStream_t stream, float* logits, int rows, int vocab, int limit);
+
+/// out[r] <- the largest of the `vocab` entries of row r, for `rows` rows (one CTA per row).
+cudaError_t row_max(cudaStream_t stream, const float* data, int rows, int vocab, float* out);
+
 /// out[r] <- specula::detail::top_of(row r) for `rows` rows of `vocab` logits (one thread per
 /// row). `out` points to specula::detail::row_top entries.
 cudaError_t row_tops(cudaStream_t stream, const float* logits, int rows, int vocab, void* out);

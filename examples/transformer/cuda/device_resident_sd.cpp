@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "device_buffers.hpp"
+#include "device_kernels.hpp"
 #include "device_tree_verify.hpp"
 #include "device_verify.hpp"
 #include "specula/core/error.hpp"
@@ -37,6 +38,10 @@ struct device_sd_ops::state {
   device_array<step_inputs> draft_inputs;
   device_array<token_t> drafted;
   device_array<std::int32_t> counts;  // the draw count
+  device_array<float> row_max;        // draft_p_min: the largest entry of the drawn q row
+  float draft_p_min = 0.0f;
+  index_t max_row = -1;  // the q row whose largest entry max_value holds (-1: none)
+  float max_value = 0.0f;
   device_detail::device_tree_verify verifier;
   cudaEvent_t drafted_rows = nullptr;  // the draft stream's q rows, awaited by the target's
   std::optional<scheduled_relaxed_rule> relaxed;  // Cool-SD's rule (unset: exact)
@@ -73,6 +78,7 @@ device_sd_ops::device_sd_ops(const device_transformer& target, const device_tran
   s_->draft_inputs.ensure(1);
   s_->counts.ensure(1);
   s_->drafted.ensure(1);
+  s_->row_max.ensure(1);
 }
 
 device_sd_ops::device_sd_ops(device_sd_ops&&) noexcept = default;
@@ -98,6 +104,8 @@ void device_sd_ops::start(std::span<const token_t> prompt, const resident_sd_opt
   s.drafted.ensure(static_cast<std::size_t>(
       std::max<index_t>(1, options.draft_tree ? options.draft_tree->max_width() : 1)));
   s.draft_rng_valid = false;
+  s.draft_p_min = options.draft_p_min;
+  s.max_row = -1;
   s.target.prefill(prompt);
   if (options.draft_length > 0 || options.draft_tree) s.draft.prefill(prompt);  // else unused
 }
@@ -145,11 +153,33 @@ index_t device_sd_ops::sample(index_t u, index_t k, const request_rng& rng,
   check(cudaMemcpyAsync(out.data(), s.drafted.ptr, static_cast<std::size_t>(k) * sizeof(token_t),
                         cudaMemcpyDeviceToHost, stream),
         "cudaMemcpyAsync");
+  if (s.draft_p_min > 0.0f) enqueue_row_max(u);  // draft_max(u) follows: the same round trip
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   s.own.bytes_to_host += static_cast<std::size_t>(k) * sizeof(token_t);
   index_t got = 0;
   while (got < k && out[static_cast<std::size_t>(got)] >= 0) ++got;
   return got;
+}
+
+void device_sd_ops::enqueue_row_max(index_t u) {
+  state& s = *s_;
+  const cudaStream_t stream = s.draft_stream();
+  check(device_detail::row_max(stream, s.row(s.q, u), 1, static_cast<int>(s.V), s.row_max.ptr),
+        "row_max");
+  check(cudaMemcpyAsync(&s.max_value, s.row_max.ptr, sizeof(float), cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync");
+  s.own.bytes_to_host += sizeof(float);
+  s.max_row = u;
+}
+
+float device_sd_ops::draft_max(index_t u) {
+  state& s = *s_;
+  if (s.max_row != u) {
+    enqueue_row_max(u);
+    check(cudaStreamSynchronize(s.draft_stream()), "cudaStreamSynchronize");
+  }
+  s.max_row = -1;  // the next draft pass rewrites the rows
+  return s.max_value;
 }
 
 void device_sd_ops::target(const token_tree& tree) {

@@ -74,6 +74,7 @@ struct context {
   // so the graphs are dropped whenever either is reallocated.
   bool graphs_enabled = false;
   std::map<std::array<std::int64_t, 3>, cudaGraphExec_t> graphs;
+  index_t vocab_limit = 0;  // 0: the whole vocabulary (set_vocab_limit)
 
   void drop_graphs() noexcept {
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
@@ -300,6 +301,16 @@ void device_transformer::set_graphs(bool on) {
   ctx_->graphs_enabled = on;
 }
 bool device_transformer::graphs() const noexcept { return ctx_->graphs_enabled; }
+void device_transformer::set_vocab_limit(index_t limit) {
+  require_parameter(limit >= 1 && limit <= vocab_size(), "limit", static_cast<double>(limit),
+                    "must be in [1, vocab_size]");
+  synchronize();
+  ctx_->drop_graphs();  // the captured passes launch the mask with the old limit, or none
+  ctx_->vocab_limit = limit;
+}
+index_t device_transformer::vocab_limit() const noexcept {
+  return ctx_->vocab_limit > 0 ? ctx_->vocab_limit : vocab_size();
+}
 
 namespace {
 
@@ -427,6 +438,10 @@ const float* device_transformer::run(std::span<const device_node_block> blocks, 
         device_detail::rms_norm(x.stream, x.x, x.norm, c.norm_eps, x.xn, rows, static_cast<int>(d)),
         "rms_norm");
     x.linear(x.xn, d, R, d, x.output, c.vocab_size, x.logits, c.vocab_size, 0.0f);
+    if (x.vocab_limit > 0 && x.vocab_limit < c.vocab_size)
+      check(device_detail::vocab_limit(x.stream, x.logits, rows, static_cast<int>(c.vocab_size),
+                                       static_cast<int>(x.vocab_limit)),
+            "vocab_limit");
   };
   if (!x.graphs_enabled) {
     enqueue();

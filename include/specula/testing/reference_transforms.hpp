@@ -13,6 +13,7 @@
 #include <limits>
 #include <span>
 #include <stdexcept>
+#include <vector>
 
 #include "specula/core/exp.hpp"
 #include "specula/sample/transforms.hpp"
@@ -118,5 +119,47 @@ inline void reference_logits_to_probs(const sampling_params& params, std::span<f
   if (params.min_p > 0.0f && !probs.empty())
     reference_keep_at_least(probs, params.min_p * *std::max_element(probs.begin(), probs.end()));
 }
+
+/// w / sum(w) in double: the law of non-negative weights, normalised by hand.
+inline std::vector<double> normalised_law(const std::vector<float>& w) {
+  double s = 0;
+  for (const float v : w) s += v;
+  std::vector<double> p;
+  p.reserve(w.size());
+  for (const float v : w) p.push_back(v / s);
+  return p;
+}
+
+/// The reference pipeline's law of one row of logits (the probabilities above, in double).
+inline std::vector<double> reference_law(const sampling_params& sp, std::vector<float> logits) {
+  std::vector<float> probs(logits.size()), scratch(logits.size());
+  reference_logits_to_probs(sp, logits, {}, probs, scratch);
+  return normalised_law(probs);
+}
+
+/// The filtered-rows G-test case of the row samplers (host and device): one row of 7 logits
+/// repeated over 4 x `per` rows, row r drawn with params[r % 4] (plain; temperature 0.7 with
+/// top-k 3; top-p 0.8; temperature 1.3 with min-p 0.2), whose laws are reference_law(params[k],
+/// logits).
+struct filtered_rows_case {
+  std::vector<float> logits = {1.0f, 2.5f, -0.5f, 0.0f, 2.0f, -3.0f, 1.5f};
+  std::vector<sampling_params> params = std::vector<sampling_params>(4);
+  index_t rows = 0;
+  std::vector<float> data;               ///< rows x logits.size()
+  std::vector<sampling_params> per_row;  ///< params[r % 4]
+
+  explicit filtered_rows_case(index_t per) : rows(4 * per) {
+    params[1].temperature = 0.7f;
+    params[1].top_k = 3;
+    params[2].top_p = 0.8f;
+    params[3].temperature = 1.3f;
+    params[3].min_p = 0.2f;
+    for (index_t r = 0; r < rows; ++r) {
+      data.insert(data.end(), logits.begin(), logits.end());
+      per_row.push_back(params[static_cast<std::size_t>(r % 4)]);
+    }
+  }
+  [[nodiscard]] index_t vocab() const { return static_cast<index_t>(logits.size()); }
+};
 
 }  // namespace specula::testing

@@ -16,11 +16,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include <specula/decode/cfg.hpp>
 #include <specula/decode/jacobi.hpp>
 #include <specula/decode/multiblock.hpp>
 #include <specula/decode/sjd.hpp>
@@ -34,8 +36,10 @@
 #include <specula_example/resident_greedy.hpp>
 #include <specula_example/resident_ssd.hpp>
 #include <specula_example/sessions.hpp>
+#include <specula_example/vq_image.hpp>
 
 #include "../../decode/decode_test_util.hpp"
+#include "../../transformer/image_test_util.hpp"
 #include "../../transformer/toy_sd_gtest.hpp"
 #include "../../transformer/transformer_test_util.hpp"
 
@@ -555,4 +559,113 @@ TEST_CASE(
   // candidate nodes), never a 1 KiB row.
   CHECK(target.traffic().bytes_to_host - before <=
         static_cast<std::uint64_t>(st.target_forwards) * 64 * sizeof(specula::detail::row_top));
+}
+
+TEST_CASE(
+    "the device vocabulary limit: rows equal the host's limited rows, the resident image loops "
+    "equal host greedy decoding of masked rows",
+    "[device][models]") {
+  if (!have_gpu("device vocabulary limit")) return;
+  const ex::testing::image_task image(models_dir);
+  const auto& w = image.weights;
+  const ex::transformer host = image.limited();
+  ex::device_transformer dev(w);
+  const index_t V = w.config.vocab_size, limit = image.limit();
+  dev.set_vocab_limit(limit);
+  CHECK(dev.vocab_limit() == limit);
+  const auto tokens = heldout_windows("image-ar.heldout.safetensors", 1, 40);
+  ex::transformer_session hs(host);
+  ex::device_session ds(dev);
+  const auto first = std::span<const token_t>(tokens).first(8);
+  hs.prefill(first);
+  ds.prefill(first);
+  const auto rest = std::span<const token_t>(tokens).subspan(8);
+  const auto h = chain_rows(hs, rest, V), d = chain_rows(ds, rest, V);
+  std::vector<float> h_kept, d_kept;
+  bool tails_masked = true;
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    if (static_cast<index_t>(i % static_cast<std::size_t>(V)) < limit) {
+      h_kept.push_back(h[i]);
+      d_kept.push_back(d[i]);
+    } else {
+      tails_masked =
+          tails_masked && d[i] == -std::numeric_limits<float>::infinity() && h[i] == d[i];
+    }
+  }
+  CHECK(tails_masked);
+  CHECK(worst(d_kept, h_kept) <= tolerance);
+  // The resident loops of the image task: Jacobi, multi-block and SJD-PAC with top-k = 1 on
+  // the limited device model equal host greedy decoding of rows masked by the caller.
+  const ex::transformer plain(w);
+  ex::resident_greedy_ops<ex::device_session> greedy(dev);
+  ex::device_sjd_ops sjd(dev);
+  const auto jo = ex::testing::jacobi_window8(image.tokens());
+  const auto mo = ex::testing::two_blocks_of8(image.tokens());
+  sjd_options so = sjd_options::sjd_pac(16, 3, 2);
+  so.max_new_tokens = image.tokens();
+  so.target.top_k = 1;
+  so.init_tokens_end = limit;
+  for (const index_t label : {0, 5}) {
+    const std::vector<token_t> prompt{image.vq.label_token(label)};
+    ex::testing::tail_masked_session<ex::transformer_session> masked(plain, limit);
+    const auto ref = decode_testing::greedy_reference(masked, prompt, image.tokens());
+    INFO("label " << label);
+    CHECK(ex::resident_jacobi_decode(greedy, prompt, jo, request_rng{}) == ref);
+    CHECK(ex::resident_multiblock_decode(greedy, prompt, mo, request_rng{}) == ref);
+    CHECK(ex::resident_sjd_decode(sjd, prompt, so, request_rng{3, 0, 0}, tree_verifier<>{}) == ref);
+  }
+}
+
+TEST_CASE("resident SD with p-min on the device samples the toy transformer's law",
+          "[device][stats]") {
+  if (!have_gpu("device resident SD with p-min")) return;
+  const auto c = ex::testing::toy_gtest_config();
+  const auto tw = ex::testing::random_weights(c, 71), dw = ex::testing::random_weights(c, 72);
+  const ex::device_transformer target(tw), draft(dw);
+  ex::device_sd_ops ops(target, draft);
+  ex::resident_sd_options opt;
+  opt.draft_length = 2;
+  opt.max_new_tokens = 3;
+  opt.draft_p_min = 0.5f;
+  const std::vector<token_t> prompt{0};
+  decode_stats st;
+  const auto before = ops.traffic();
+  const auto g = specula::testing::g_test(ex::testing::toy_counts(
+                                              [&](const request_rng& rng, decode_stats* s) {
+                                                return ex::resident_speculative_decode(ops, prompt,
+                                                                                       opt, rng, s);
+                                              },
+                                              4000, 9, &st),
+                                          ex::testing::toy_sequence_law(tw));
+  INFO(g << ", step compression " << st.step_compression());
+  CHECK(g.impossible_observations == 0);
+  CHECK(g.p_value > 1e-4);
+  // Per draft pass its token and its row's largest q entry (8 bytes); per step the count and
+  // at most 3 output tokens.
+  CHECK(ops.traffic().bytes_to_host - before.bytes_to_host <=
+        static_cast<std::uint64_t>(8 * st.draft_forwards + 16 * st.steps));
+}
+
+TEST_CASE("guidance on the device: cfg_model over device_batch equals the host's guided pair",
+          "[device][models]") {
+  if (!have_gpu("device CFG")) return;
+  const auto vq = ex::vq_codebook::load(models_dir / "image-vq.safetensors",
+                                        models_dir / "image-ar-256.safetensors");
+  const auto w = ex::transformer_weights::load(models_dir / "image-ar-256.safetensors");
+  const ex::transformer host(w);
+  const ex::device_transformer dev(w);
+  const token_t null_label = vq.label_token(-1);
+  const auto uncond = [null_label](std::span<const token_t> prompt) {
+    std::vector<token_t> u(prompt.begin(), prompt.end());
+    u.front() = null_label;
+    return u;
+  };
+  ex::transformer_batch host_pair(host, 2);
+  ex::device_batch dev_pair(dev, 2);
+  cfg_model<ex::transformer_batch> host_guided(host_pair, 3.0f, uncond);
+  cfg_model<ex::device_batch> dev_guided(dev_pair, 3.0f, uncond);
+  const std::vector<token_t> prompt{vq.label_token(2)};
+  // Greedy decoding of the guided rows (48 tokens): the same tokens.
+  CHECK(decode_testing::greedy_reference(dev_guided, prompt, 48) ==
+        decode_testing::greedy_reference(host_guided, prompt, 48));
 }

@@ -4,9 +4,9 @@
 /// `device_sd_ops`: the ops of `resident_speculative_decode` (resident_sd.hpp) on the GPU
 /// (target `specula_example_cuda`). Logits, q rows and p rows stay on the device; per step the
 /// host receives the drafted tokens (4 bytes per draw slot: the next draft pass's input and
-/// the tree's shape), the accepted count and the emitted tokens, and sends the passes' small
-/// inputs (tokens, positions, masks, block tables), the random streams and the tree's parent
-/// list. `traffic()` adds them up.
+/// the tree's shape; with draft_p_min 4 more per drafted row, its largest q entry), the accepted
+/// count and the emitted tokens, and sends the passes' small inputs (tokens, positions, masks,
+/// block tables), the random streams and the tree's parent list. `traffic()` adds them up.
 
 #include <cstdint>
 #include <memory>
@@ -28,6 +28,8 @@ class device_sd_ops {
   [[nodiscard]] index_t draft_context() const noexcept;
   void draft_pass(const token_tree& tree, index_t commit, index_t first, index_t q_first);
   index_t sample(index_t u, index_t k, const request_rng& rng, std::span<token_t> out);
+  /// With draft_p_min: the largest entry of q row u (4 bytes; fetched with the row's draw).
+  float draft_max(index_t u);
   void target(const token_tree& tree);
   index_t verify(const token_tree& tree, const request_rng& rng, std::span<token_t> out);
   void commit_target(std::span<const index_t> path);
@@ -38,6 +40,7 @@ class device_sd_ops {
 
  private:
   struct state;
+  void enqueue_row_max(index_t u);
   std::unique_ptr<state> s_;
 };
 

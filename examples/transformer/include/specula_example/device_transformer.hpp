@@ -165,6 +165,12 @@ class device_transformer {
   void set_graphs(bool on);
   [[nodiscard]] bool graphs() const noexcept;
 
+  /// As `transformer::set_vocab_limit`: every logit row (evaluate, evaluate_device, the row
+  /// summaries) restricted to tokens [0, limit) on the GPU, the others' logits -inf (one kernel
+  /// after the vocabulary GEMM). `limit` in [1, vocab_size()]; vocab_size() lifts it.
+  void set_vocab_limit(index_t limit);
+  [[nodiscard]] index_t vocab_limit() const noexcept;
+
  private:
   /// The forward pass over all blocks' nodes; with `stash`, each block's keys/values become its
   /// cache's pending nodes (else caches are only read). Returns the device logits.
@@ -178,8 +184,12 @@ class device_transformer {
 
 /// One request of a device transformer as a `specula::session_model`.
 using device_session = basic_session<device_transformer, device_kv_cache>;
+/// Several requests of a device transformer in one forward pass (`batched_session_model`; e.g.
+/// classifier-free guidance's conditional and unconditional streams under `specula::cfg_model`).
+using device_batch = basic_batch<device_transformer, device_kv_cache, device_node_block>;
 
 static_assert(session_model<device_session>);
+static_assert(batched_session_model<device_batch>);
 static_assert(masked_model<device_transformer>);
 static_assert(dual_cache_model<device_transformer>);
 

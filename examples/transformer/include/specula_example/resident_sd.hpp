@@ -57,7 +57,10 @@ struct resident_sd_options {
   /// Tree drafts: the shape of each step's draft tree (as speculative_options::draft_tree;
   /// siblings drawn without replacement). Unset: a chain of `draft_length` drafts.
   std::optional<token_tree> draft_tree;
-  index_t max_new_tokens = 64;    ///< >= 1
+  index_t max_new_tokens = 64;  ///< >= 1
+  /// Dynamic draft length (as speculative_options::draft_p_min; chain drafts only): drafting of
+  /// a step stops at the first draft row whose largest q probability is below this, in [0, 1].
+  float draft_p_min = 0.0f;
   sampling_params target{};       ///< target logits -> p
   sampling_params draft{};        ///< draft logits -> q
   token_t stop_token = no_token;  ///< generation ends after emitting it (-1: never)
@@ -77,6 +80,7 @@ struct resident_sd_options {
 /// - `sample(u, k, rng, out)`: draws up to k distinct tokens from q row u (keyed draws at
 ///   position u of `rng`) into out[0 ..) and returns how many (fewer when the row has fewer
 ///   positive entries);
+/// - `draft_max(u)`: the largest probability of q row u (with `draft_p_min` only);
 /// - `target(tree)`: evaluates `tree` with the target model into p rows, one per node;
 /// - `verify(tree, rng, out)`: verifies the tree (node u's children drawn from q row u) against
 ///   the p rows; writes the accepted drafts and the emitted token to out[0 .. accepted] (out has
@@ -90,6 +94,7 @@ concept resident_sd_ops = requires(O& o, const token_tree& tree, std::span<const
   { o.draft_context() } -> std::convertible_to<index_t>;
   o.draft_pass(tree, i, i, i);
   { o.sample(i, i, rng, out) } -> std::convertible_to<index_t>;
+  { o.draft_max(i) } -> std::convertible_to<float>;
   o.target(tree);
   { o.verify(tree, rng, out) } -> std::convertible_to<index_t>;
   o.commit_target(path);
@@ -161,6 +166,8 @@ std::vector<token_t> resident_speculative_decode(Ops& ops, std::span<const token
                     static_cast<double>(options.max_new_tokens), "must be >= 1");
   validate_sampling_params(options.target);
   validate_sampling_params(options.draft);
+  require_parameter(options.draft_p_min >= 0.0f && options.draft_p_min <= 1.0f, "draft_p_min",
+                    static_cast<double>(options.draft_p_min), "must be in [0, 1]");
   if (options.relaxed) options.relaxed->validate();
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
   decode_stats local;
@@ -200,8 +207,12 @@ std::vector<token_t> resident_speculative_decode(Ops& ops, std::span<const token
           const auto len = static_cast<index_t>(pending.size());
           ops.draft_pass(trees::chain(pending), len, len - 1, i);
           ++st.draft_forwards;
+          // The draw comes first (the device ops fetch the row's largest probability with the
+          // drawn token, one round trip); at a stopping position it is dropped (keyed draws:
+          // no other draw depends on it), so the drafts are speculative_decode's.
           if (draw(i, 1).empty())
             throw_if_failed({status::no_mass, i, -1, 0.0}, "draft", "the draft row has no mass");
+          if (options.draft_p_min > 0.0f && ops.draft_max(i) < options.draft_p_min) break;
           add(i, chosen[0]);
           pending.assign(1, chosen[0]);
         }
@@ -292,6 +303,11 @@ class basic_host_sd_ops {
     return sample_without_replacement_keys(
         V_, [&](index_t y) { return static_cast<double>(q[y]); }, k, rng,
         static_cast<std::uint32_t>(u), out.data(), keys_.data());
+  }
+
+  [[nodiscard]] float draft_max(index_t u) const {
+    const float* q = buf_.draft_probs.data() + u * V_;
+    return *std::max_element(q, q + V_);
   }
 
   void target(const token_tree& tree) {

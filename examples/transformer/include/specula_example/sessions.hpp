@@ -5,8 +5,9 @@
 ///
 /// - `transformer_session`: one request, a `specula::model` (evaluate a token tree below the
 ///   committed context, commit an accepted path).
-/// - `transformer_batch`: several requests evaluated in one forward pass, a
-///   `specula::batched_session_model` (the batched decoding loops' model).
+/// - `transformer_batch` (`basic_batch`): several requests evaluated in one forward pass, a
+///   `specula::batched_session_model` (the batched decoding loops' model; `device_batch` on
+///   the GPU).
 /// - `transformer` itself is a `specula::masked_model` (whole-sequence evaluation with a mask
 ///   token) when its file is a bidirectional model.
 ///
@@ -64,22 +65,25 @@ class basic_session {
 /// One request of a host transformer as a `specula::session_model`.
 using transformer_session = basic_session<transformer, kv_cache>;
 
-/// Several requests of one transformer, evaluated together, as a `specula::batched_model`.
-class transformer_batch {
+/// Several requests of one model, evaluated together (one forward pass per call), as a
+/// `specula::batched_model`: `Model` (the host `transformer`, or `device_transformer`) evaluates
+/// `Block`s (`node_block`, `device_node_block`) over `Cache`s.
+template <class Model, class Cache, class Block>
+class basic_batch {
  public:
-  transformer_batch(const transformer& model, index_t batch)
+  basic_batch(const Model& model, index_t batch)
       : model_(&model), caches_(static_cast<std::size_t>(batch)) {
     require_parameter(batch > 0, "batch", static_cast<double>(batch), "must be > 0");
   }
 
   [[nodiscard]] index_t vocab_size() const noexcept { return model_->vocab_size(); }
   [[nodiscard]] index_t batch_size() const noexcept { return static_cast<index_t>(caches_.size()); }
-  [[nodiscard]] kv_cache& cache(index_t request) { return caches_.at(checked(request)); }
+  [[nodiscard]] Cache& cache(index_t request) { return caches_.at(checked(request)); }
 
   /// Starts request `request` (see transformer_session::prefill).
   void prefill(index_t request, std::span<const token_t> prompt) {
     if (prompt.empty()) throw_if_failed({status::empty_input, request, -1, 0.0}, "prompt");
-    kv_cache& c = caches_[checked(request)];
+    Cache& c = caches_[checked(request)];
     c.clear();
     if (prompt.size() > 1) model_->prefill(c, prompt.first(prompt.size() - 1));
   }
@@ -110,7 +114,7 @@ class transformer_batch {
           throw_if_failed({status::invalid_parameter, static_cast<index_t>(i), -1,
                            static_cast<double>(requests[i])},
                           "requests", "listed twice");
-      blocks_[i] = tree_block(caches_[checked(requests[i])], trees[i], storage_[i]);
+      blocks_[i] = tree_block<Block>(caches_[checked(requests[i])], trees[i], storage_[i]);
     }
     model_->evaluate(blocks_, logits);
   }
@@ -135,12 +139,15 @@ class transformer_batch {
     return static_cast<std::size_t>(request);
   }
 
-  const transformer* model_;
-  std::vector<kv_cache> caches_;
+  const Model* model_;
+  std::vector<Cache> caches_;
   std::vector<tree_block_storage> storage_;
-  std::vector<node_block> blocks_;
+  std::vector<Block> blocks_;
   std::vector<index_t> all_;
 };
+
+/// Several requests of a host transformer, evaluated in one forward pass.
+using transformer_batch = basic_batch<transformer, kv_cache, node_block>;
 
 static_assert(session_model<transformer_session>);
 static_assert(batched_session_model<transformer_batch>);

@@ -39,10 +39,11 @@ concept slot_storage = requires(S& s, index_t n, std::span<const index_t> from) 
 
 /// Slot-layout cache bookkeeping over a storage (see file comment).
 template <slot_storage Storage>
-class slot_cache {
+class slot_cache : public detail::cache_bookkeeping<slot_cache<Storage>> {
+  using base = detail::cache_bookkeeping<slot_cache<Storage>>;
+  using base::size_;
+
  public:
-  /// Number of committed positions.
-  [[nodiscard]] index_t size() const noexcept { return size_; }
   /// Number of pending nodes (added by the last evaluation, not yet committed).
   [[nodiscard]] index_t pending() const noexcept { return static_cast<index_t>(pos_.size()); }
   [[nodiscard]] Storage& storage() noexcept { return storage_; }
@@ -74,25 +75,6 @@ class slot_cache {
     drop_pending();
   }
 
-  /// Keeps every pending node as a chain.
-  void commit_all() {
-    std::vector<index_t> path(static_cast<std::size_t>(pending()));
-    for (index_t i = 0; i < pending(); ++i) path[static_cast<std::size_t>(i)] = i;
-    commit(path);
-  }
-
-  /// Drops pending nodes and truncates the committed context to `n` positions.
-  void rollback(index_t n) {
-    detail::check_rollback(n, size_);
-    size_ = n;
-    drop_pending();
-  }
-
-  void clear() {
-    size_ = 0;
-    drop_pending();
-  }
-
   void drop_pending() noexcept {
     pos_.clear();
     mask_.clear();
@@ -115,7 +97,6 @@ class slot_cache {
 
  private:
   Storage storage_;
-  index_t size_ = 0;
   std::vector<index_t> pos_;
   std::vector<std::uint64_t> mask_;
   std::vector<index_t> from_;

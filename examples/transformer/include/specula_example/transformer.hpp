@@ -42,6 +42,7 @@
 #include "specula/tree/token_tree.hpp"
 #include "specula_example/kernels.hpp"
 #include "specula_example/safetensors.hpp"
+#include "specula_example/vocab_limit.hpp"
 
 namespace specula::example {
 
@@ -398,14 +399,45 @@ inline void check_rollback(index_t n, index_t size) {
                     ("must be in [0, " + std::to_string(size) + "]").c_str());
 }
 
+/// What every key/value cache layout shares (kv_cache, slot_cache): the committed size, commit of
+/// every pending node as a chain, rollback and clear, over the cache's own `pending()`,
+/// `commit(path)` and `drop_pending()`.
+template <class Cache>
+class cache_bookkeeping {
+ public:
+  /// Number of committed positions.
+  [[nodiscard]] index_t size() const noexcept { return size_; }
+
+  /// Keeps every pending node as a chain (for a block evaluated as a causal chain).
+  void commit_all() {
+    auto& self = static_cast<Cache&>(*this);
+    std::vector<index_t> path(static_cast<std::size_t>(self.pending()));
+    for (std::size_t i = 0; i < path.size(); ++i) path[i] = static_cast<index_t>(i);
+    self.commit(path);
+  }
+
+  /// Drops pending nodes and truncates the committed context to `n` positions.
+  void rollback(index_t n) {
+    check_rollback(n, size_);
+    size_ = n;
+    static_cast<Cache&>(*this).drop_pending();
+  }
+
+  void clear() {
+    size_ = 0;
+    static_cast<Cache&>(*this).drop_pending();
+  }
+
+ protected:
+  index_t size_ = 0;
+};
+
 }  // namespace detail
 
 /// One request's key/value cache: the committed context and the pending nodes of the last
 /// evaluation.
-class kv_cache {
+class kv_cache : public detail::cache_bookkeeping<kv_cache> {
  public:
-  /// Number of committed positions.
-  [[nodiscard]] index_t size() const noexcept { return size_; }
   /// Number of pending nodes (added by the last evaluation, not yet committed).
   [[nodiscard]] index_t pending() const noexcept { return pending_n_; }
 
@@ -427,25 +459,6 @@ class kv_cache {
                     v_[l].begin() + static_cast<std::ptrdiff_t>(dst));
       }
     size_ += static_cast<index_t>(path.size());
-    drop_pending();
-  }
-
-  /// Keeps every pending node as a chain (for a block evaluated as a causal chain).
-  void commit_all() {
-    std::vector<index_t> path(static_cast<std::size_t>(pending_n_));
-    for (index_t i = 0; i < pending_n_; ++i) path[static_cast<std::size_t>(i)] = i;
-    commit(path);
-  }
-
-  /// Drops pending nodes and truncates the committed context to `n` positions.
-  void rollback(index_t n) {
-    detail::check_rollback(n, size_);
-    size_ = n;
-    drop_pending();
-  }
-
-  void clear() {
-    size_ = 0;
     drop_pending();
   }
 
@@ -486,7 +499,6 @@ class kv_cache {
       if (x.size() < need) x.resize(need);
   }
 
-  index_t size_ = 0;
   index_t kv_dim_ = 0;
   std::vector<std::vector<float>> k_, v_;    // per layer: positions x kv_dim (after RoPE)
   std::vector<std::vector<float>> pk_, pv_;  // per layer: pending nodes x kv_dim
@@ -511,8 +523,9 @@ struct tree_block_storage {
   std::vector<std::uint64_t> mask;
 };
 
-[[nodiscard]] inline node_block tree_block(kv_cache& cache, const token_tree& tree,
-                                           tree_block_storage& storage) {
+/// (`Block`: `node_block` over a `kv_cache`, or the device transformer's `device_node_block`.)
+template <class Block = node_block, class Cache>
+[[nodiscard]] Block tree_block(Cache& cache, const token_tree& tree, tree_block_storage& storage) {
   storage.positions.resize(static_cast<std::size_t>(tree.size()));
   for (index_t i = 0; i < tree.size(); ++i)
     storage.positions[static_cast<std::size_t>(i)] = cache.size() + tree.depth(i);
@@ -606,6 +619,19 @@ class transformer {
   [[nodiscard]] matmul_kernel kernel() const noexcept { return options_.kernel; }
   /// The options in force (`threads` resolved).
   [[nodiscard]] const backend_options& options() const noexcept { return options_; }
+
+  /// Restricts every logit row to tokens [0, limit): the others' logits become -inf
+  /// (vocab_limit.hpp; the image model's label tokens). `limit` in [1, vocab_size()];
+  /// vocab_size() lifts the limit. Set it before evaluating (not while another thread evaluates).
+  void set_vocab_limit(index_t limit) {
+    require_parameter(limit >= 1 && limit <= vocab_size(), "limit", static_cast<double>(limit),
+                      "must be in [1, vocab_size]");
+    vocab_limit_ = limit;
+  }
+  /// The limit in force (vocab_size() when none).
+  [[nodiscard]] index_t vocab_limit() const noexcept {
+    return vocab_limit_ > 0 ? vocab_limit_ : vocab_size();
+  }
 
   /// Evaluates the blocks of several requests in one batch. `logits` gets one row per node,
   /// blocks in order (rows = total nodes, cols = vocab_size), or may be empty to only fill the
@@ -882,6 +908,9 @@ class transformer {
         std::copy_n(out.begin() + static_cast<std::ptrdiff_t>(i * c.vocab_size), c.vocab_size,
                     logits.data + i * logits.row_stride);
     }
+    if (vocab_limit() < c.vocab_size)
+      for (index_t i = 0; i < total; ++i)
+        detail::vocab_limit_op{vocab_limit()}(logits.data + i * logits.row_stride, c.vocab_size);
   }
 
   static void rope(float* v, index_t hd, const float* cs, const float* sn) noexcept {
@@ -905,6 +934,7 @@ class transformer {
   std::vector<packed_layer> layers_;
   detail::linear_weights output_;
   std::vector<float> rope_cos_, rope_sin_;
+  index_t vocab_limit_ = 0;  // 0: the whole vocabulary
 };
 
 }  // namespace specula::example
