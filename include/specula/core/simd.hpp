@@ -24,6 +24,7 @@
 /// (for tests and benchmarks). Define `SPECULA_NO_SIMD` to compile the scalar loops only.
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -176,6 +177,17 @@ struct tile_checks {
   double p_sum[max_tiles] = {};
   double q_sum[max_tiles] = {};
   float low = 0.0f;
+  /// The AVX2 (lanes 0-7) and AVX-512 kernels keep no minimum: they OR the bits of every entry
+  /// of both rows into these lanes across the tiles of one dense_tile_sums call (one integer
+  /// operation per vector, off the floating-point pipes the sums need). Only when a sign bit was
+  /// seen (a negative entry, or -0 or NaN with the sign set, which valid rows do not hold in
+  /// practice) does dense_tile_sums compute the minimum, by a second scan of those tiles.
+  alignas(64) std::uint32_t lane_bits[16] = {};
+  [[nodiscard]] bool saw_sign_bit() const noexcept {
+    std::uint32_t any = 0;
+    for (std::uint32_t v : lane_bits) any |= v;
+    return (any >> 31) != 0;
+  }
 };
 
 /// What a checked pass learned about the rows of a dense form: the entry sums of p and q, each
@@ -319,6 +331,18 @@ template <bool HasQ, bool Check = false>
   return acc.finish(c, 0);
 }
 
+/// combine_lanes of lanes 0-3 (`lo`) and 4-7 (`hi`) in registers: the same additions as
+/// combine_lanes (each commutes exactly), so the same bits.
+__attribute__((target("avx2,fma"), always_inline)) inline double combine_lanes_avx2(
+    __m256d lo, __m256d hi) noexcept {
+  const __m256d lo_pairs = _mm256_add_pd(lo, _mm256_permute_pd(lo, 0x5));  // l0+l1, ., l2+l3, .
+  const __m256d hi_pairs = _mm256_add_pd(hi, _mm256_permute_pd(hi, 0x5));
+  const __m256d lo_quad = _mm256_add_pd(lo_pairs, _mm256_permute2f128_pd(lo_pairs, lo_pairs, 1));
+  const __m256d hi_quad = _mm256_add_pd(hi_pairs, _mm256_permute2f128_pd(hi_pairs, hi_pairs, 1));
+  return _mm_cvtsd_f64(
+      _mm_add_sd(_mm256_castpd256_pd128(lo_quad), _mm256_castpd256_pd128(hi_quad)));
+}
+
 /// G tiles at once, `stride` elements apart, `len` elements each (independent lane chains: G
 /// times the instruction-level and memory-level parallelism of one tile); out[0 .. G) get their
 /// weight sums and, with Check, c->p_sum[0 .. G) and c->q_sum[0 .. G) their entry sums.
@@ -334,7 +358,7 @@ __attribute__((target("avx2,fma"))) inline void tile_group_avx2(const float* p, 
   __m256d lo[ng], hi[ng];    // weight lanes 0-3 and 4-7 of each tile
   __m256d plo[ng], phi[ng];  // entry sums of p and q (Check with q)
   __m256d qlo[ng], qhi[ng];
-  __m256 low[ng];  // minima (Check)
+  __m256i bits[ng];  // OR of the entries' bits (Check; see tile_checks::lane_bits)
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
     lo[g] = zero;
@@ -343,7 +367,7 @@ __attribute__((target("avx2,fma"))) inline void tile_group_avx2(const float* p, 
     phi[g] = zero;
     qlo[g] = zero;
     qhi[g] = zero;
-    low[g] = _mm256_setzero_ps();
+    bits[g] = _mm256_setzero_si256();
   }
   // Sums as fmadd(x, 1, acc): acc + x rounded once, the same bits, issued on the FMA pipes
   // (the conversions, subtractions and maxima keep the add pipes busy).
@@ -366,11 +390,11 @@ __attribute__((target("avx2,fma"))) inline void tile_group_avx2(const float* p, 
           phi[g] = _mm256_fmadd_pd(p1, one, phi[g]);
           qlo[g] = _mm256_fmadd_pd(q0, one, qlo[g]);
           qhi[g] = _mm256_fmadd_pd(q1, one, qhi[g]);
-          // One minimum for both rows (see tile_lanes::add).
-          low[g] = _mm256_min_ps(_mm256_min_ps(pv, qv), low[g]);
+          bits[g] = _mm256_or_si256(
+              _mm256_or_si256(_mm256_castps_si256(pv), _mm256_castps_si256(qv)), bits[g]);
         }
       } else if constexpr (Check) {
-        low[g] = _mm256_min_ps(pv, low[g]);
+        bits[g] = _mm256_or_si256(_mm256_castps_si256(pv), bits[g]);
       }
       if constexpr (Check && !HasQ) {
         lo[g] = _mm256_fmadd_pd(_mm256_max_pd(zero, d0), one, lo[g]);
@@ -381,13 +405,20 @@ __attribute__((target("avx2,fma"))) inline void tile_group_avx2(const float* p, 
       }
     }
   if constexpr (Check) {
-    __m256 m = low[0];
-    for (int g = 1; g < G; ++g) m = _mm256_min_ps(low[g], m);
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, m);
-    for (float v : lanes) c->low = v < c->low ? v : c->low;
+    __m256i m = bits[0];
+    for (int g = 1; g < G; ++g) m = _mm256_or_si256(bits[g], m);
+    auto* lanes = reinterpret_cast<__m256i*>(c->lane_bits);
+    _mm256_store_si256(lanes, _mm256_or_si256(m, _mm256_load_si256(lanes)));
   }
   for (int g = 0; g < G; ++g) {
+    if (i == len) {  // no tail: combine the lanes in registers (tile_lanes::finish's bits)
+      out[g] = combine_lanes_avx2(lo[g], hi[g]);
+      if constexpr (Check) {
+        c->p_sum[g] = HasQ ? combine_lanes_avx2(plo[g], phi[g]) : out[g];
+        if constexpr (HasQ) c->q_sum[g] = combine_lanes_avx2(qlo[g], qhi[g]);
+      }
+      continue;
+    }
     tile_lanes<HasQ, Check> acc;
     _mm256_storeu_pd(acc.w, lo[g]);
     _mm256_storeu_pd(acc.w + 4, hi[g]);
@@ -401,6 +432,17 @@ __attribute__((target("avx2,fma"))) inline void tile_group_avx2(const float* p, 
       acc.add(static_cast<int>(k), p[g * stride + j], HasQ ? q[g * stride + j] : 0.0f, c);
     out[g] = acc.finish(c, g);
   }
+}
+
+/// combine_lanes of eight lanes held in one vector, in registers: ((l0 + l1) + (l2 + l3)) +
+/// ((l4 + l5) + (l6 + l7)), the same additions (each commutes exactly), so the same bits.
+__attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline double combine_lanes_avx512(
+    __m512d v) noexcept {
+  const __m512d pairs = _mm512_add_pd(v, _mm512_permute_pd(v, 0x55));           // l0+l1, l2+l3, ...
+  const __m512d quads = _mm512_add_pd(pairs, _mm512_permutex_pd(pairs, 0x4E));  // + other pair
+  const __m256d sum =
+      _mm256_add_pd(_mm512_castpd512_pd256(quads), _mm512_extractf64x4_pd(quads, 1));
+  return _mm_cvtsd_f64(_mm256_castpd256_pd128(sum));
 }
 
 /// Adds the entries of one group of eight (as doubles) to a tile's accumulators (AVX-512).
@@ -436,11 +478,11 @@ __attribute__((target(SPECULA_AVX512_TARGET))) inline void tile_group_avx512(
   const __m512d zero = _mm512_setzero_pd();
   constexpr auto ng = static_cast<std::size_t>(G);
   __m512d w[ng], ps[ng], qs[ng];  // weight lanes; entry sums of p and q (Check with q)
-  __m512 low[ng];                 // minima (Check)
+  __m512i bits[ng];               // OR of the entries' bits (Check; see tile_checks::lane_bits)
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
     w[g] = ps[g] = qs[g] = zero;
-    low[g] = _mm512_setzero_ps();
+    bits[g] = _mm512_setzero_si512();
   }
   index_t i = 0;
   for (; i + 16 <= len; i += 16)
@@ -448,10 +490,12 @@ __attribute__((target(SPECULA_AVX512_TARGET))) inline void tile_group_avx512(
       const float* pg = p + g * stride + i;
       const float* qg = HasQ ? q + g * stride + i : nullptr;
       if constexpr (Check) {
-        // One minimum for both rows (see tile_lanes::add); NaN entries leave it as it is.
-        const __m512 pv = _mm512_loadu_ps(pg);
-        low[g] = HasQ ? _mm512_min_ps(_mm512_min_ps(pv, _mm512_loadu_ps(qg)), low[g])
-                      : _mm512_min_ps(pv, low[g]);
+        // The bits of both rows' entries (one ternary-logic OR of three with q).
+        if constexpr (HasQ)
+          bits[g] = _mm512_ternarylogic_epi32(bits[g], _mm512_loadu_si512(pg),
+                                              _mm512_loadu_si512(qg), 0xFE);
+        else
+          bits[g] = _mm512_or_si512(_mm512_loadu_si512(pg), bits[g]);
       }
       // The conversions read memory again (two 32-byte loads folded into the conversions cost
       // less than extracting the upper half of a 64-byte register).
@@ -466,8 +510,8 @@ __attribute__((target(SPECULA_AVX512_TARGET))) inline void tile_group_avx512(
       __m256 qv = pv;
       if constexpr (HasQ) qv = _mm256_loadu_ps(q + g * stride + i);
       if constexpr (Check) {
-        const __m256 m = HasQ ? _mm256_min_ps(pv, qv) : pv;
-        low[g] = _mm512_min_ps(_mm512_zextps256_ps512(m), low[g]);  // upper lanes 0: no change
+        const __m256i m = _mm256_or_si256(_mm256_castps_si256(pv), _mm256_castps_si256(qv));
+        bits[g] = _mm512_or_si512(_mm512_zextsi256_si512(m), bits[g]);  // upper lanes 0
       }
       tile_add_avx512<HasQ, Check>(w[g], ps[g], qs[g], _mm512_cvtps_pd(pv),
                                    HasQ ? _mm512_cvtps_pd(qv) : zero);
@@ -475,13 +519,19 @@ __attribute__((target(SPECULA_AVX512_TARGET))) inline void tile_group_avx512(
     i += 8;
   }
   if constexpr (Check) {
-    __m512 m = low[0];
-    for (int g = 1; g < G; ++g) m = _mm512_min_ps(low[g], m);
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, m);
-    for (float v : lanes) c->low = v < c->low ? v : c->low;
+    __m512i m = bits[0];
+    for (int g = 1; g < G; ++g) m = _mm512_or_si512(bits[g], m);
+    _mm512_store_si512(c->lane_bits, _mm512_or_si512(m, _mm512_load_si512(c->lane_bits)));
   }
   for (int g = 0; g < G; ++g) {
+    if (i == len) {  // no tail: combine the lanes in registers (tile_lanes::finish's bits)
+      out[g] = combine_lanes_avx512(w[g]);
+      if constexpr (Check) {
+        c->p_sum[g] = HasQ ? combine_lanes_avx512(ps[g]) : out[g];
+        if constexpr (HasQ) c->q_sum[g] = combine_lanes_avx512(qs[g]);
+      }
+      continue;
+    }
     tile_lanes<HasQ, Check> acc;
     _mm512_storeu_pd(acc.w, w[g]);
     if constexpr (Check && HasQ) {
@@ -694,6 +744,7 @@ inline index_t wide_tile_groups(const dense_f32_weights& f, index_t begin, index
 template <bool Check = false>
 inline void dense_tile_sums(const dense_f32_weights& f, index_t begin, index_t end, index_t n,
                             index_t tile, double* out, dense_scan* scan = nullptr) noexcept {
+  const index_t first = begin;
   tile_checks c;
   if constexpr (Check) c.low = scan->low;
   auto record = [&](int tiles) {
@@ -726,7 +777,20 @@ inline void dense_tile_sums(const dense_f32_weights& f, index_t begin, index_t e
       (void)dense_tile_sum<true>(f, t, e, &c);  // the rows' entries; weights from element calls
     record(1);
   }
-  if constexpr (Check) scan->low = c.low;
+  if constexpr (Check) {
+    if (c.saw_sign_bit()) {
+      // The minimum tile_lanes::add keeps, over the tiles summed here (rarely needed).
+      const index_t last = first + (end - 1 - first) / tile * tile;
+      const index_t stop = last + tile < n ? last + tile : n;
+      for (index_t i = first; i < stop; ++i) {
+        const float pf = f.p[i];
+        const float qf = f.q != nullptr ? f.q[i] : pf;
+        const float m = pf < qf ? pf : qf;  // q when either is NaN, as tile_lanes::add
+        c.low = m < c.low ? m : c.low;
+      }
+    }
+    scan->low = c.low;
+  }
 }
 
 /// Tiles per dense_tile_sums call of the passes (a stack buffer of their sums).
