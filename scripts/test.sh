@@ -11,6 +11,8 @@
 #              SPECULA_NO_PYTHON=1 (do not build the Python package into
 #              $BUILD_DIR/python-package/venv; python.pytest is then skipped),
 #              SPECULA_PYTHON (the interpreter of that environment),
+#              SPECULA_CUDA_SASS=1 (compile the CUDA code to sm_90 machine code even without a
+#              GPU; by default a machine without a visible GPU compiles it to PTX only, see below),
 #              SPECULA_NO_LLAMA_CPP=1 (do not fetch and build llama.cpp for the `llama` tests;
 #              they are then not configured). llama.cpp is fetched from PyPI and built once into
 #              ~/.cache/specula (scripts/llama_cpp.sh), in the background while the rest builds;
@@ -41,6 +43,17 @@ if [[ "${SPECULA_NO_LLAMA_CPP:-0}" != 1 ]]; then
     { scripts/llama_cpp.sh && scripts/llama_cpp.sh --python; } >/dev/null 2>"$BUILD_DIR/llama_cpp.log" &
     llama_pid=$!
   fi
+fi
+
+# Without a GPU the device tests skip, so the CUDA code only has to compile: it is compiled to
+# PTX only (CMAKE_CUDA_ARCHITECTURES=90-virtual). Every kernel still goes through nvcc's front
+# end and NVVM; ptxas, which turns PTX into sm_90 machine code and took about a third of the
+# CUDA build, does not run. A machine with a GPU (and scripts/gpu_check.sh, which configures
+# its own tree for sm_90) builds machine code as before.
+if [[ "${SPECULA_CUDA_SASS:-0}" != 1 && " ${CMAKE_ARGS:-} " != *CMAKE_CUDA_ARCHITECTURES* ]] &&
+  ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  log "no GPU visible: CUDA code compiled to PTX only (SPECULA_CUDA_SASS=1 for sm_90 code)"
+  extra_cmake_args+=(-DCMAKE_CUDA_ARCHITECTURES=90-virtual)
 fi
 
 t=$(now_s)
