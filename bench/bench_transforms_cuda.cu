@@ -75,23 +75,34 @@ sampling_params serving_params() {
   return sp;
 }
 
+/// What both kinds of case start from: without a device, the case is skipped (false);
+/// otherwise `vocab * batch` serving logits and the serving parameters are on the device.
+template <class T>
+struct serving_inputs {
+  std::size_t n;
+  device_buffer d_logits, d_params;
+  serving_inputs(index_t vocab, index_t batch)
+      : n(static_cast<std::size_t>(vocab * batch)),
+        d_logits(n * sizeof(T)),
+        d_params(sizeof(sampling_params)) {
+    specula::bench::upload(d_logits, serving_logits<T>(n));
+    specula::bench::upload(d_params, std::vector<sampling_params>{serving_params()});
+  }
+  static bool device_or_skip(benchmark::State& state) {
+    if (specula::cuda::device_count() != 0) return true;
+    state.SkipWithError("no CUDA device");
+    return false;
+  }
+};
+
 template <class T>
 void transforms_case(benchmark::State& state, index_t vocab, index_t batch) {
-  if (specula::cuda::device_count() == 0) {
-    state.SkipWithError("no CUDA device");
-    return;
-  }
-  const auto n = static_cast<std::size_t>(vocab * batch);
-  const std::vector<T> logits = serving_logits<T>(n);
-  const sampling_params sp = serving_params();
-
-  device_buffer d_logits(n * sizeof(T)), d_probs(n * sizeof(float)),
-      d_params(sizeof(sampling_params)),
+  if (!serving_inputs<T>::device_or_skip(state)) return;
+  const serving_inputs<T> inputs(vocab, batch);
+  const std::size_t n = inputs.n;
+  const device_buffer &d_logits = inputs.d_logits, &d_params = inputs.d_params;
+  device_buffer d_probs(n * sizeof(float)),
       d_status(static_cast<std::size_t>(batch) * sizeof(std::uint32_t));
-  specula::cuda::throw_on_error(
-      cudaMemcpy(d_logits.ptr, logits.data(), n * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
-  specula::cuda::throw_on_error(
-      cudaMemcpy(d_params.ptr, &sp, sizeof(sampling_params), cudaMemcpyHostToDevice), "cudaMemcpy");
 
   const auto pol = specula::cuda::par_on(nullptr);
   const batch_view<const T> in{d_logits.as<const T>(), batch, vocab};
@@ -113,24 +124,16 @@ enum class sample_kind { logits, unfused, probs };
 
 template <class T>
 void sample_case(benchmark::State& state, sample_kind kind, index_t vocab, index_t batch) {
-  if (specula::cuda::device_count() == 0) {
-    state.SkipWithError("no CUDA device");
-    return;
-  }
-  const auto n = static_cast<std::size_t>(vocab * batch);
-  const std::vector<T> logits = serving_logits<T>(n);
-  const sampling_params sp = serving_params();
+  if (!serving_inputs<T>::device_or_skip(state)) return;
+  const serving_inputs<T> inputs(vocab, batch);
+  const std::size_t n = inputs.n;
+  const device_buffer &d_logits = inputs.d_logits, &d_params = inputs.d_params;
   std::vector<request_rng> rng;
   for (index_t r = 0; r < batch; ++r) rng.push_back({7, static_cast<std::uint32_t>(r), 1});
-
-  device_buffer d_logits(n * sizeof(T)), d_probs(n * sizeof(float)),
-      d_params(sizeof(sampling_params)),
+  device_buffer d_probs(n * sizeof(float)),
       d_rng(static_cast<std::size_t>(batch) * sizeof(request_rng)),
       d_out(static_cast<std::size_t>(batch) * sizeof(token_t));
-  specula::bench::upload(d_logits, logits);
   specula::bench::upload(d_rng, rng);
-  specula::cuda::throw_on_error(
-      cudaMemcpy(d_params.ptr, &sp, sizeof(sampling_params), cudaMemcpyHostToDevice), "cudaMemcpy");
 
   const auto pol = specula::cuda::par_on(nullptr);
   const batch_view<const T> in{d_logits.as<const T>(), batch, vocab};

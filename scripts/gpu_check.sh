@@ -200,10 +200,11 @@ assemble_bundle() {  # assemble_bundle BUILD_TREE
     echo "binaries: $(ls "$BUNDLE/bin" | tr '\n' ' ')"
     echo "libraries: $(ls "$BUNDLE/lib" | tr '\n' ' ')"
   } >"$BUNDLE/MANIFEST"
-  # One archive travels (xz: about a quarter of the stripped binaries); `run` unpacks it.
-  local raw bytes tree_bytes mib
+  # One archive travels (xz -9e: about a fifth of the stripped binaries, 11 % smaller than -6;
+  # GPU_CHECK_XZ_LEVEL overrides, the ctest dry run uses 0); `run` unpacks it.
+  local raw bytes tree_bytes mib level="${GPU_CHECK_XZ_LEVEL:-9e}"
   raw=$(du -sb "$BUNDLE" | cut -f1)
-  tar -C "$BUNDLE" -cf - bin lib MANIFEST | xz "-${GPU_CHECK_XZ_LEVEL:-6}" -T0 >"$BUNDLE.tar.xz"
+  tar -C "$BUNDLE" -cf - bin lib MANIFEST | xz "-$level" -T0 >"$BUNDLE.tar.xz"
   rm -rf "$BUNDLE"
   mkdir -p "$BUNDLE"
   mv "$BUNDLE.tar.xz" "$BUNDLE/bundle.tar.xz"
@@ -273,8 +274,10 @@ build_bundle() {
   if command -v ccache >/dev/null 2>&1; then
     launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   fi
-  log "configure $tree (Release, sm_90)"
-  cmake -S . -B "$tree" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+  # 90-real: sm_90 machine code only, no PTX. The lent GPUs (H100, H200) are sm_90, and the
+  # PTX, which only serves a JIT for other GPUs, is about a third of the compressed device code.
+  log "configure $tree (Release, sm_90 machine code)"
+  cmake -S . -B "$tree" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90-real \
     -DSPECULA_BUILD_EXAMPLES=ON "${launcher[@]}" >"$ROOT/build-gpu/configure.log" 2>&1 ||
     { tail -20 "$ROOT/build-gpu/configure.log"; return 1; }
   grep -q 'CUDA enabled' "$ROOT/build-gpu/configure.log" ||
@@ -338,6 +341,12 @@ run_steps() {  # run_steps DRY(0/1)
     printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$(($(now) - start))" "$max" >>"$RESULTS/status.tsv"
     log "$name: $status in $(($(now) - start)) s"
   done
+}
+
+# Whether this machine has a GPU (nvidia-smi lists one, or the driver's device node exists).
+have_gpu() {
+  { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; } ||
+    [[ -e /dev/nvidia0 ]]
 }
 
 # The python_cuda step (runs on the device): wait for the background build of the package with
@@ -420,19 +429,34 @@ case "$mode" in
     RESULTS="$WORK/results"
     mkdir -p "$LOGS" "$RESULTS"
     log "mode $mode, budget ${BUDGET}s, bundle $BUNDLE ($(head -1 "$BUNDLE/MANIFEST"))"
-    if ((dry)); then
-      # The bundle is self-contained: its test binary starts here from the bundle's libraries
-      # and lists its cases (no GPU needed).
-      n=$(LD_LIBRARY_PATH="$BUNDLE/lib" "$BUNDLE/bin/specula_test_cuda" --list-test-names-only |
+    # The bundle is self-contained: its test binaries start from the bundle's libraries and
+    # list their cases (no GPU needed), here and on the device before any step.
+    for exe in specula_test_cuda specula_test_cuda_model; do
+      [[ -x "$BUNDLE/bin/$exe" ]] || continue
+      n=$(LD_LIBRARY_PATH="$BUNDLE/lib" "$BUNDLE/bin/$exe" --list-test-names-only |
         grep -c . || true)
-      log "bundle check: specula_test_cuda lists $n test cases"
-      ((n > 0)) || { log "the bundled specula_test_cuda does not start"; exit 1; }
-    else
+      log "bundle check: $exe lists $n test cases"
+      ((n > 0)) || { log "the bundled $exe does not start"; exit 1; }
+    done
+    no_gpu=0
+    if ((!dry)) && ! have_gpu; then
+      # Nothing here can use the bundle: say so, write the summary, and stop before the Python
+      # build and the steps (exit 77: skipped), so that a run on a machine without a GPU costs
+      # seconds and reads as what it is.
+      log "no GPU on this machine (nvidia-smi lists none, no /dev/nvidia0): every step skipped"
+      no_gpu=1
+      : >"$RESULTS/status.tsv"
+      for name in "${STEPS[@]}"; do
+        printf '%s\t%s\t%s\t%s\n' "$name" "skipped (no GPU)" 0 "${STEP_MAX[$name]}" \
+          >>"$RESULTS/status.tsv"
+      done
+    elif ((!dry)); then
       start_python_build
     fi
-    run_steps "$dry"
+    ((no_gpu)) || run_steps "$dry"
     finish "$dry"
     rm -rf "$WORK"
     [[ "$BUNDLE" != /tmp/specula-gpu-bundle.* ]] || rm -rf "$BUNDLE"
+    ((no_gpu == 0)) || exit 77
     ;;
 esac

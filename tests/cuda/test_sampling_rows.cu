@@ -111,20 +111,8 @@ std::vector<float> random_logits(index_t B, index_t V, std::uint64_t seed) {
   return out;
 }
 
-std::vector<double> normalised(const std::vector<float>& w) {
-  double s = 0;
-  for (float v : w) s += v;
-  std::vector<double> p;
-  for (float v : w) p.push_back(v / s);
-  return p;
-}
-
-/// The sort-based reference pipeline's law of one row (specula/testing/reference_transforms.hpp).
-std::vector<double> reference_law(const sampling_params& sp, std::vector<float> logits) {
-  std::vector<float> probs(logits.size()), scratch(logits.size());
-  testing::reference_logits_to_probs(sp, logits, {}, probs, scratch);
-  return normalised(probs);
-}
+using testing::reference_law;
+std::vector<double> normalised(const std::vector<float>& w) { return testing::normalised_law(w); }
 
 std::vector<sampling_params> mixed_params(index_t rows, index_t V) {
   const sampling_params plain;
@@ -313,22 +301,11 @@ TEST_CASE("device sample_from_probs fits each row's law (G-test)",
 TEST_CASE("device sample_from_logits fits the reference pipeline's law (G-test)",
           "[cuda][sample][stats][device]") {
   if (!have_gpu()) return;
-  const std::vector<float> logits = {1.0f, 2.5f, -0.5f, 0.0f, 2.0f, -3.0f, 1.5f};
-  const auto V = static_cast<index_t>(logits.size());
-  std::vector<sampling_params> params(4);
-  params[1].temperature = 0.7f;
-  params[1].top_k = 3;
-  params[2].top_p = 0.8f;
-  params[3].temperature = 1.3f;
-  params[3].min_p = 0.2f;
-  const index_t per = 15000, B = 4 * per;
-  std::vector<float> rows;
-  std::vector<sampling_params> per_row;
-  for (index_t r = 0; r < B; ++r) {
-    rows.insert(rows.end(), logits.begin(), logits.end());
-    per_row.push_back(params[static_cast<std::size_t>(r % 4)]);
-  }
-  const auto dev = device_logits<float>(rows, B, V, per_row, streams(B, 12), true);
+  const testing::filtered_rows_case c(15000);
+  const auto& logits = c.logits;
+  const auto& params = c.params;
+  const index_t V = c.vocab(), B = c.rows;
+  const auto dev = device_logits<float>(c.data, B, V, c.per_row, streams(B, 12), true);
   const auto plain = reference_law(params[0], logits);
   for (std::size_t k = 0; k < 4; ++k) {
     std::vector<std::uint64_t> counts(static_cast<std::size_t>(V), 0);
