@@ -24,6 +24,12 @@
 #                             x86-64-v3 build (AVX2, FMA, F16C, BMI2) on x86-64, generic elsewhere,
 #                             so that a cache shared between CI machines never holds an
 #                             instruction the next machine lacks. The flavour is part of the key.
+#   SPECULA_LLAMA_CPP_LLAMAFILE 1 (default, llama.cpp's own default): llamafile's F32/F16 GEMM
+#                             (tinyBLAS) for passes of 2+ tokens; 0: -DGGML_LLAMAFILE=OFF, ggml's
+#                             blocked dot products for every pass: chain rows bit for bit equal to
+#                             one-token rows, cheaper passes of 2-7 tokens, dearer passes from ~9
+#                             tokens and prefills (docs/RESULTS.md, llama.cpp section). 0 adds
+#                             "-nollamafile" to the key; the build takes the same time.
 #   SPECULA_LLAMA_CPP_SDIST   path of an already downloaded sdist (checked against the hash)
 #   JOBS                      build parallelism (default: nproc); the build runs under nice.
 #
@@ -58,6 +64,13 @@ elif [[ "$(uname -m)" == x86_64 ]]; then
 else
   flavour=generic
   arch_args=(-DGGML_NATIVE=OFF)
+fi
+
+if [[ "${SPECULA_LLAMA_CPP_LLAMAFILE:-1}" == 0 ]]; then
+  flavour="$flavour-nollamafile"
+  arch_args+=(-DGGML_LLAMAFILE=OFF)
+else
+  arch_args+=(-DGGML_LLAMAFILE=ON)
 fi
 
 root="${SPECULA_LLAMA_CPP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specula}"

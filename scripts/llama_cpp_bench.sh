@@ -11,7 +11,10 @@
 #   scripts/llama_cpp_bench.sh [BUILD_DIR]      (default: build; configured with
 #                                               -DSPECULA_WITH_LLAMA_CPP=ON and built)
 # Environment: TARGET, DRAFT (model names, default text-target, text-draft), N (default 128),
-#              KS (draft lengths, default "2 4 6"), THREADS (default 1), PROMPT, REPEAT (3).
+#              KS (draft lengths, default "2 4 6"), THREADS (default 1), PROMPT, REPEAT (3),
+#              LLAMA_SPECULATIVE (a llama-speculative binary to use instead of building one; with
+#              LD_LIBRARY_PATH naming another build's install/lib, both sides run that build's
+#              libllama + ggml, which is how docs/RESULTS.md compares build options).
 #
 # llama.cpp's example tokenizes a text prompt, so the models are converted a second time with
 # tools/to_gguf.py --tokenizer bytes (a byte-level vocabulary: the same ids; the logits do not
@@ -38,7 +41,7 @@ def main(argv):
 bench="$BUILD_DIR/examples/llama_cpp/specula_llama_sd_bench"
 [[ -x "$bench" ]] || die "$bench not built (configure with -DSPECULA_WITH_LLAMA_CPP=ON and build)"
 python="$(scripts/llama_cpp.sh --python)"
-spec="$(scripts/llama_cpp.sh --with-speculative)"
+spec="${LLAMA_SPECULATIVE:-$(scripts/llama_cpp.sh --with-speculative)}"
 out="$BUILD_DIR/gguf-bytes"
 mkdir -p "$out"
 for m in "$TARGET" "$DRAFT"; do
@@ -48,23 +51,40 @@ for m in "$TARGET" "$DRAFT"; do
 done
 
 log "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+log "llama.cpp libraries: $(ldd "$bench" | sed -n 's/^.*libggml-cpu[^ ]* => \([^ ]*\).*$/\1/p')"
 # run_spec <k> <n>: one llama-speculative run; prints "<cpu seconds> <n_predict> <n_drafted>
-# <n_accept>" (process CPU time: user + sys; robust to other jobs on a shared machine).
+# <n_accept>" (process CPU time: user + sys; robust to other jobs on a shared machine). A run
+# without statistics leaves its output in BUILD_DIR/llama-speculative-failed.log.
 run_spec() {
   local txt
-  txt="$( { /usr/bin/time -f 'CPU %U %S' "$spec" -m "$out/$TARGET.gguf" -md "$out/$DRAFT.gguf" \
-             -p "$PROMPT" -n "$2" --temp 0 --spec-draft-n-max "$1" --spec-draft-n-min 0 -np 1 \
-             -t "$THREADS" -tb "$THREADS" -td "$THREADS" -tbd "$THREADS" -c 1024 -b 512 -ub 512 \
-             -fa off -ctk f32 -ctv f32 -ctkd f32 -ctvd f32 --seed 1; } 2>&1)"
+  txt="$(python3 - "$spec" -m "$out/$TARGET.gguf" -md "$out/$DRAFT.gguf" \
+           -p "$PROMPT" -n "$2" --temp 0 --spec-draft-n-max "$1" --spec-draft-n-min 0 -np 1 \
+           -t "$THREADS" -tb "$THREADS" -td "$THREADS" -tbd "$THREADS" -c 1024 -b 512 -ub 512 \
+           -fa off -ctk f32 -ctv f32 -ctkd f32 -ctvd f32 --seed 1 2>&1 <<'EOF'
+import resource, subprocess, sys
+# The child's CPU time (user + system) at microsecond resolution (GNU time prints 10 ms).
+rc = subprocess.run(sys.argv[1:], stdin=subprocess.DEVNULL).returncode
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(f"CPU {r.ru_utime:.6f} {r.ru_stime:.6f} rc {rc}", file=sys.stderr)
+EOF
+)"
+  if ! grep -q 'n_predict *=' <<<"$txt"; then
+    printf '%s\n' "$txt" >"$BUILD_DIR/llama-speculative-failed.log"
+  fi
   awk '/^CPU / { cpu = $2 + $3 } /n_predict *=/ { np = $NF } /n_drafted *=/ { nd = $NF }
        /n_accept *=/ { na = $NF } END { print cpu, np, nd, na }' <<<"$txt"
 }
 
-# best <k> <n>: the run with the least CPU time of REPEAT.
+# best <k> <n>: the run with the least CPU time of REPEAT (a run that printed no statistics, which
+# llama-speculative rarely does on a loaded machine, is reported and not counted).
 best() {
   local r line bestline=""
   for ((r = 0; r < REPEAT; ++r)); do
     line="$(run_spec "$1" "$2")"
+    if [[ "$(wc -w <<<"$line")" != 4 ]]; then
+      log "llama-speculative K=$1 n=$2: a run printed no statistics; not counted"
+      continue
+    fi
     if [[ -z "$bestline" ]] || awk -v a="${line%% *}" -v b="${bestline%% *}" 'BEGIN { exit !(a < b) }'; then
       bestline="$line"
     fi
@@ -86,3 +106,4 @@ for k in $KS; do
            --repeat "$REPEAT" "${cost[@]}" | sed 's/^/  /'
   cost=()
 done
+log "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -54,6 +54,7 @@
 #include <string>
 #include <vector>
 
+#include <ggml-backend.h>
 #include <llama.h>
 
 #include "specula/core/error.hpp"
@@ -85,6 +86,19 @@ inline void llama_init_once() {
     return true;
   }();
   (void)done;
+}
+
+/// Whether a CPU backend feature named `name` (e.g. "LLAMAFILE", "AVX512") is on in the loaded
+/// llama.cpp (its ggml CPU backend's `ggml_backend_get_features`); false without a CPU backend.
+inline bool llama_cpu_feature(const char* name) {
+  ggml_backend_reg_t reg = ggml_backend_reg_by_name("CPU");
+  if (reg == nullptr) return false;
+  auto get = reinterpret_cast<ggml_backend_get_features_t>(
+      ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features"));
+  if (get == nullptr) return false;
+  for (const ggml_backend_feature* f = get(reg); f->name != nullptr; ++f)
+    if (std::string(f->name) == name) return std::string(f->value) != "0";
+  return false;
 }
 
 struct llama_model_deleter {
@@ -378,6 +392,20 @@ class llama_model {
   std::vector<std::vector<llama_seq_id>> ids_;
   std::int64_t decode_calls_ = 0;
 };
+
+/// Whether the loaded llama.cpp multiplies F32 (and F16/BF16) weights by two or more tokens with
+/// llamafile's tinyBLAS (`GGML_LLAMAFILE=ON`, llama.cpp's default and scripts/llama_cpp.sh's;
+/// `SPECULA_LLAMA_CPP_LLAMAFILE=0` builds without it). With it, a pass of n >= 2 tokens sums each
+/// logit in another order than a one-token pass (which always uses ggml's dot products): the rows
+/// of a chain differ from one-token passes' by rounding (~5e-6 on the shipped models), so greedy
+/// SD over llama.cpp equals plain greedy decoding over it except at near-ties that rounding can
+/// flip. Without it, ggml's dot product computes every (weight row, token) pair the same way in
+/// every pass, and the rows of a chain are, bit for bit, the rows that one-token passes give.
+/// Cost: docs/RESULTS.md (tinyBLAS is slower for passes of 2-7 tokens and faster from ~9).
+inline bool llama_uses_llamafile() {
+  detail::llama_init_once();
+  return detail::llama_cpu_feature("LLAMAFILE");
+}
 
 static_assert(session_model<llama_model>);
 static_assert(batched_session_model<llama_model>);

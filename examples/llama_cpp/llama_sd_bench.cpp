@@ -176,6 +176,9 @@ int main(int argc, char** argv) {
   const double gen_plain = (n - 1) / (t_plain - t_plain1), gen_sd = (n - 1) / (t_sd - t_sd1);
   std::printf("target %s, draft %s, %d thread(s), %d new tokens, prompt %zu tokens\n",
               target_path.c_str(), draft_path.c_str(), threads, static_cast<int>(n), prompt.size());
+  std::printf("llama.cpp's CPU matrix products of 2+ tokens: %s\n",
+              ex::llama_uses_llamafile() ? "llamafile's tinyBLAS (GGML_LLAMAFILE=ON)"
+                                         : "ggml's dot products (GGML_LLAMAFILE=OFF)");
   std::printf(
       "plain llama.cpp greedy:   %8.1f tokens/s  (%d llama_decode calls; generation only: "
       "%.1f tokens per CPU second)\n",

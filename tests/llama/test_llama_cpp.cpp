@@ -168,6 +168,36 @@ TEST_CASE("llama.cpp's tree rows match the example backend's within 1e-3", "[lla
   }
 }
 
+TEST_CASE("a chain pass over llama.cpp gives the rows of one-token passes", "[llama][models]") {
+  // What greedy SD over llama.cpp verifies with (a pass of root + drafts) against what plain
+  // greedy decoding decides with (one token per pass). Without llamafile's GEMM every logit is
+  // summed the same way in both: equal bit for bit; with it, equal up to rounding.
+  std::mt19937 rng(3);
+  for (const std::string name : {"text-target", "text-draft"}) {
+    ex::llama_model m(gguf(name));
+    const index_t V = m.vocab_size();
+    std::uniform_int_distribution<token_t> pick(0, static_cast<token_t>(V - 1));
+    std::vector<token_t> context(23);
+    for (auto& t : context) t = pick(rng);
+    const token_tree chain = random_tokens(trees::chain(7), V, rng);
+    const auto whole = fresh_rows(m, context, chain);
+    std::vector<float> single(whole.size());
+    context.push_back(chain.token(0));
+    m.prefill(context);
+    const std::vector<index_t> root{0};
+    for (index_t i = 0; i < chain.size(); ++i) {
+      const token_tree one(std::vector<index_t>{-1}, std::vector<token_t>{chain.token(i)});
+      m.evaluate(one, batch_view<float>(single.data() + i * V, 1, V));
+      m.commit(root);
+    }
+    INFO(name << ", llamafile GEMM " << (ex::llama_uses_llamafile() ? "on" : "off"));
+    if (ex::llama_uses_llamafile())
+      CHECK(max_abs_diff(whole, single) <= 1e-4);
+    else
+      CHECK(whole == single);
+  }
+}
+
 TEST_CASE("commit and rollback sequences over llama.cpp equal a fresh prefill", "[llama]") {
   // Three requests in one context, their operations interleaved; after every operation each
   // request's next tree is compared with a fresh single-request context prefilled with what
