@@ -18,7 +18,10 @@
 #
 # llama.cpp's example tokenizes a text prompt, so the models are converted a second time with
 # tools/to_gguf.py --tokenizer bytes (a byte-level vocabulary: the same ids; the logits do not
-# depend on the tokenizer). Prints one line per run; docs/RESULTS.md records a run.
+# depend on the tokenizer). specula's side reads the same files (it feeds ids and never calls the
+# tokenizer): the same file on both sides, because the pass cost of one model depended on the
+# file it was read from by 2-3 % (docs/RESULTS.md). Prints one line per run; docs/RESULTS.md
+# records a run.
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -101,7 +104,7 @@ for k in $KS; do
   awk -v k="$k" -v cn="$c_n" -v c1="$c_1" -v pn="$p_n" -v p1="$p_1" -v d="$d_n" -v a="$a_n" 'BEGIN {
     printf "llama.cpp llama-speculative K=%s: %.1f tokens per CPU second (%d tokens, %d drafted, %d accepted: %.1f %%)\n",
            k, (pn - p1) / (cn - c1), pn, d, a, 100 * a / d }'
-  "$bench" --target "$BUILD_DIR/gguf/$TARGET.gguf" --draft "$BUILD_DIR/gguf/$DRAFT.gguf" \
+  "$bench" --target "$out/$TARGET.gguf" --draft "$out/$DRAFT.gguf" \
            --prompt "$PROMPT" --n "$N" --draft-length "$k" --threads "$THREADS" \
            --repeat "$REPEAT" "${cost[@]}" | sed 's/^/  /'
   cost=()
