@@ -167,7 +167,8 @@ def jacobi_speed(collector, model_path, out, read_safetensors, prompts=24, promp
     set, or windows of `prompts_file` (the trainer's training-split prompts). Returns
     dict(points_per_block, tokens_per_forward = n / points per block (a block's n tokens in
     that many forwards), distinct_4grams = mean over outputs of distinct / all 4-grams (low:
-    repetitive output), first_output = the first prompt + output as text)."""
+    repetitive output), in_runs = mean over outputs of the fraction of tokens inside runs of 8
+    or more equal tokens, first_output = the first prompt + output as text)."""
     cmd = [str(collector), "--out", str(out), "--model", "text-target", "--model-file",
            str(model_path), "--prompts", str(prompts), "--prompt-bytes", str(prompt_bytes),
            "--block-size", str(n), "--max-new-tokens", str(new_tokens)]
@@ -181,14 +182,24 @@ def jacobi_speed(collector, model_path, out, read_safetensors, prompts=24, promp
     ppb = len(traj["points"]) / blocks
     outs, offs = np.asarray(traj["output_tokens"]), np.asarray(traj["output_offsets"])
     pr, proffs = np.asarray(traj["prompt_tokens"]), np.asarray(traj["prompt_offsets"])
-    distinct = []
+    distinct, in_runs = [], []
     for k in range(len(offs) - 1):
         o = outs[offs[k]:offs[k + 1]].tolist()
         grams = [tuple(o[i:i + 4]) for i in range(len(o) - 3)]
         if grams:
             distinct.append(len(set(grams)) / len(grams))
+        # tokens inside runs of >= 8 equal tokens (spaces, underscores, quotes ...)
+        run, covered = 1, 0
+        for i in range(1, len(o) + 1):
+            if i < len(o) and o[i] == o[i - 1]:
+                run += 1
+                continue
+            covered += run if run >= 8 else 0
+            run = 1
+        if o:
+            in_runs.append(covered / len(o))
     first = bytes(int(t) for t in list(pr[proffs[0]:proffs[1]]) + list(outs[offs[0]:offs[1]]))
     os.unlink(out)
     return dict(points_per_block=ppb, tokens_per_forward=n / ppb,
-                distinct_4grams=float(np.mean(distinct)),
+                distinct_4grams=float(np.mean(distinct)), in_runs=float(np.mean(in_runs)),
                 first_output=first.decode("utf-8", "replace"))

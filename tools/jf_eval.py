@@ -4,9 +4,9 @@
 For each model file: the held-out NLL on text-target's held-out set (as tools/train_models.py
 computes it), greedy block-mode Jacobi decoding by the C++ collector (guesses drawn from the
 context) on the held-out prompts and, with --train-prompts K, on K training-split prompts
-(the trajectories the trainer collects), with points per block, tokens per forward and the
-mean fraction of distinct 4-grams of the greedy outputs (low: repetitive output); and the
-first greedy output.
+(the trajectories the trainer collects), with points per block, tokens per forward, the
+mean fraction of distinct 4-grams of the greedy outputs (low: repetitive output) and the
+fraction of output tokens inside runs of 8 or more equal tokens; and the first greedy output.
 
     python3 tools/jf_eval.py [--collector BIN] [--train-prompts 800] [--block 16] MODEL...
 """
@@ -40,9 +40,9 @@ def main():
     prompts_file = tmp / "train.bin"
     prompts_file.write_bytes(train_b)
     print(f"| model | held-out NLL | held-out prompts: points per block (n = {a.block}) | "
-          "tokens / forward | distinct 4-grams | training prompts: points per block | "
-          "tokens / forward | distinct 4-grams |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "tokens / forward | distinct 4-grams | in runs of >= 8 | training prompts: points "
+          "per block | tokens / forward | distinct 4-grams | in runs of >= 8 |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     samples = []
     for path in a.models:
         model, _ = tm.load_model_from_file(path)
@@ -50,14 +50,14 @@ def main():
         h = jf.jacobi_speed(a.collector, path, tmp / "h.safetensors", tm.read_safetensors,
                             prompts=a.heldout_prompts, n=a.block)
         cells = [f"{h['points_per_block']:.2f}", f"{h['tokens_per_forward']:.3f}",
-                 f"{h['distinct_4grams']:.3f}"]
+                 f"{h['distinct_4grams']:.3f}", f"{h['in_runs']:.3f}"]
         if a.train_prompts:
             t = jf.jacobi_speed(a.collector, path, tmp / "t.safetensors", tm.read_safetensors,
                                 prompts=a.train_prompts, n=a.block, prompts_file=prompts_file)
             cells += [f"{t['points_per_block']:.2f}", f"{t['tokens_per_forward']:.3f}",
-                      f"{t['distinct_4grams']:.3f}"]
+                      f"{t['distinct_4grams']:.3f}", f"{t['in_runs']:.3f}"]
         else:
-            cells += ["", "", ""]
+            cells += ["", "", "", ""]
         print(f"| {Path(path).name} | {nll:.4f} | " + " | ".join(cells) + " |", flush=True)
         samples.append((Path(path).name, h["first_output"]))
     print()

@@ -1067,7 +1067,7 @@ def train_jacobi_forcing(name, spec, out, steps, seed, corpus, collector=None):
     eval_every = js.get("eval_every", 0)
     done = 0
     if eval_every:
-        checkpoint_eval(-1, 0, 0, float("nan"), float("nan"))
+        checkpoint_eval(-1, 0, 0, None, None)  # the base model (JSON null: no loss yet)
     for ri, rd in enumerate(js["rounds"]):
         n, w = rd["block"], rd["window"]
         N = js["new_tokens"] // n
@@ -1244,6 +1244,25 @@ def write_reference_logits(name, out):
     return path
 
 
+def curve_table(curve, ev, title):
+    """Markdown lines of a Jacobi Forcing learning curve (train_jacobi_forcing's records)."""
+    lines = ["", f"{title}: held-out NLL and greedy block-mode Jacobi decoding (blocks of "
+             f"{ev.get('n', 16)}, guesses drawn from the context) of {ev.get('prompts', 24)} "
+             f"held-out prompts of {ev.get('prompt_bytes', 32)} bytes, "
+             f"{ev.get('new_tokens', 112)} new tokens each (step 0: the base model; L_pc, L_AR: "
+             "means since the previous row):", "",
+             "| step | round | L_pc | L_AR | held-out NLL (fp32) | points per block | "
+             "Jacobi tokens / forward | distinct 4-grams of the output |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for e in curve:
+        pc, ar = (f"{e[k]:.4f}" if e[k] is not None and e[k] == e[k] else ""
+                  for k in ("l_pc", "l_ar"))
+        lines.append(f"| {e['step']} | {e['round']} | {pc} | {ar} | "
+                     f"{e['heldout_nll_fp32']:.4f} | {e['points_per_block']:.2f} | "
+                     f"{e['tokens_per_forward']:.3f} | {e['distinct_4grams']:.3f} |")
+    return lines
+
+
 def markdown_card(c):
     cfg = c["config"]
     lines = [f"# {c['name']}", ""]
@@ -1342,20 +1361,10 @@ def markdown_card(c):
                          f"{r['final_l_ar']:.4f} | {r['heldout_nll_fp32']:.4f} | "
                          f"{r['wall_seconds']:.0f} |")
         if js.get("learning_curve"):
-            ev = js.get("eval", {})
-            lines += ["", "Learning curve: held-out NLL and greedy block-mode Jacobi decoding "
-                      f"(blocks of {ev.get('n', 16)}, guesses drawn from the context) of "
-                      f"{ev.get('prompts', 24)} held-out prompts of {ev.get('prompt_bytes', 32)} "
-                      f"bytes, {ev.get('new_tokens', 112)} new tokens each (step 0: the base "
-                      "model; L_pc, L_AR: means since the previous row):", "",
-                      "| step | round | L_pc | L_AR | held-out NLL (fp32) | points per block | "
-                      "Jacobi tokens / forward | distinct 4-grams of the output |",
-                      "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-            for e in js["learning_curve"]:
-                lines.append(f"| {e['step']} | {e['round']} | {e['l_pc']:.4f} | "
-                             f"{e['l_ar']:.4f} | {e['heldout_nll_fp32']:.4f} | "
-                             f"{e['points_per_block']:.2f} | {e['tokens_per_forward']:.3f} | "
-                             f"{e['distinct_4grams']:.3f} |")
+            lines += curve_table(js["learning_curve"], js.get("eval", {}), "Learning curve")
+        for run in js.get("other_runs", []):  # runs measured against this model, not shipped
+            lines += ["", f"### {run['title']}", "", run["summary"], "", f"`{run['command']}`"]
+            lines += curve_table(run["learning_curve"], js.get("eval", {}), "Its learning curve")
     lines += ["", "## Training", "",
               f"- {c['train_steps']} steps, batch {tr['batch']} x {tr['seq_len']} tokens, "
               f"AdamW lr {tr['lr']} (warmup {tr['warmup']}, cosine to {tr['min_lr_frac']} x), "
