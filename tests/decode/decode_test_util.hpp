@@ -165,4 +165,20 @@ inline const std::vector<std::string>& text_prompts() {
 
 inline std::vector<token_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
+/// Greedy speculative decoding (`opt`, greedy_tree_verifier) of every text prompt on the
+/// `target` and `draft` sessions equals greedy decoding (greedy_reference) of the target on a
+/// fresh session, `make_reference()`; adds to `*st`. `opt.mode` must be draft_mode::greedy.
+template <session_model Target, session_model Draft, class MakeReference>
+void check_greedy_sd_on_text(Target& target, Draft& draft, const speculative_options& opt,
+                             MakeReference make_reference, decode_stats* st) {
+  for (const auto& text : text_prompts()) {
+    const auto prompt = bytes(text);
+    INFO("prompt " << text);
+    const auto sd = speculative_decode(target, draft, prompt, opt, request_rng{1, 0, 0},
+                                       greedy_tree_verifier<>{}, st);
+    auto reference = make_reference();
+    CHECK(sd == greedy_reference(reference, prompt, opt.max_new_tokens));
+  }
+}
+
 }  // namespace specula::decode_testing

@@ -1,7 +1,8 @@
 // Decoding loops under faults (docs/decoding.md, "Faults"): a model that throws, returns a
 // non-finite or empty row, ignores or fails a commit, fails a rollback or changes its vocabulary
 // at any of its passes. For every loop (SD chain / tree / greedy, Cool-SD, SJD, SJD-PAC,
-// Jacobi, multi-block greedy and stochastic, SSD; alone, batched, under CFG):
+// Jacobi, multi-block greedy and stochastic, autoregressive, SD with the n-gram proposal, SSD;
+// alone, batched, under CFG):
 // - the loop throws decode_error naming the request, the model, the operation (and the row
 //   and column of a bad logit);
 // - the committed tokens it reports are a prefix of the uninterrupted run's output, and every
@@ -12,7 +13,8 @@
 // - batched with isolation, a faulty request is dropped and the others' outputs equal a run
 //   without the fault (under CFG too: a batch without the faulty request); resuming the
 //   faulted requests of a batch keeps the target's law (G-test with a control);
-// - cancellation before the first pass and between steps, a throwing cancel callback;
+// - cancellation before the first pass and between steps, a throwing cancel callback (one
+//   request and batched);
 //   per-request limits and stop-token lists; bad controls and limits are refused, naming the
 //   request and index, before any model is touched;
 // - SSD and stepwise diffusion decoding, uncached and through the dual cache.
@@ -27,9 +29,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <specula/decode/autoregressive.hpp>
 #include <specula/decode/batch.hpp>
 #include <specula/decode/cfg.hpp>
 #include <specula/decode/jacobi.hpp>
+#include <specula/decode/lookup.hpp>
 #include <specula/decode/multiblock.hpp>
 #include <specula/decode/sjd.hpp>
 #include <specula/decode/speculative.hpp>
@@ -65,22 +69,27 @@ enum class loop_id {
   jacobi,
   multiblock,
   multiblock_stochastic,
+  autoregressive,  ///< greedy
+  lookup,          ///< SD with the n-gram proposal as the draft (no draft model)
 };
 constexpr loop_id all_loops[] = {
-    loop_id::sd_chain, loop_id::sd_tree,    loop_id::sd_greedy,
-    loop_id::cool_sd,  loop_id::sjd,        loop_id::sjd_pac,
-    loop_id::jacobi,   loop_id::multiblock, loop_id::multiblock_stochastic};
+    loop_id::sd_chain,       loop_id::sd_tree,    loop_id::sd_greedy,
+    loop_id::cool_sd,        loop_id::sjd,        loop_id::sjd_pac,
+    loop_id::jacobi,         loop_id::multiblock, loop_id::multiblock_stochastic,
+    loop_id::autoregressive, loop_id::lookup};
 
 const char* name_of(loop_id id) {
-  constexpr const char* names[] = {"sd_chain", "sd_tree",    "sd_greedy",
-                                   "cool_sd",  "sjd",        "sjd_pac",
-                                   "jacobi",   "multiblock", "multiblock_stochastic"};
+  constexpr const char* names[] = {"sd_chain",       "sd_tree",    "sd_greedy",
+                                   "cool_sd",        "sjd",        "sjd_pac",
+                                   "jacobi",         "multiblock", "multiblock_stochastic",
+                                   "autoregressive", "lookup"};
   return names[static_cast<int>(id)];
 }
 bool has_draft(loop_id id) { return static_cast<int>(id) <= static_cast<int>(loop_id::cool_sd); }
 /// Output a function of the prompt alone (resuming gives the same tokens).
 bool is_greedy(loop_id id) {
-  return id == loop_id::sd_greedy || id == loop_id::jacobi || id == loop_id::multiblock;
+  return id == loop_id::sd_greedy || id == loop_id::jacobi || id == loop_id::multiblock ||
+         id == loop_id::autoregressive;
 }
 
 speculative_options sd_options(loop_id id, index_t n, std::span<const token_t> stops = {}) {
@@ -122,31 +131,51 @@ multiblock_options mb_opts(loop_id id, index_t n, std::span<const token_t> stops
   o.recycling = !o.stochastic;
   return o;
 }
+autoregressive_options ar_opts(index_t n, std::span<const token_t> stops = {}) {
+  autoregressive_options o;
+  o.stop_tokens.assign(stops.begin(), stops.end());
+  o.greedy = true;
+  o.max_new_tokens = n;
+  return o;
+}
+/// The lookup loop's proposal: a fresh n-gram index per request and call.
+ngram_proposal lookup_proposal() { return ngram_proposal(ngram_options{1, 2, 3, 1}); }
 using cool_verifier = tree_verifier<host::sequential_policy, scheduled_relaxed_rule>;
 
 /// Runs loop `id` on one request (models: session_model; the draft unused by draft-free loops);
 /// `stops`: the options' stop_tokens.
 template <class T, class D>
 std::vector<token_t> run_one(loop_id id, T& target, D& draft, std::span<const token_t> prompt,
-                             index_t n, request_rng rng, std::span<const token_t> stops = {}) {
+                             index_t n, request_rng rng, std::span<const token_t> stops = {},
+                             const request_control& control = {}) {
   switch (id) {
     case loop_id::sd_chain:
     case loop_id::sd_tree:
-      return speculative_decode(target, draft, prompt, sd_options(id, n, stops), rng);
+      return speculative_decode(target, draft, prompt, sd_options(id, n, stops), rng,
+                                tree_verifier<>{}, nullptr, control);
     case loop_id::sd_greedy:
       return speculative_decode(target, draft, prompt, sd_options(id, n, stops), rng,
-                                greedy_tree_verifier<>{});
+                                greedy_tree_verifier<>{}, nullptr, control);
     case loop_id::cool_sd:
       return speculative_decode(target, draft, prompt, sd_options(id, n, stops), rng,
-                                cool_verifier{});
+                                cool_verifier{}, nullptr, control);
     case loop_id::sjd:
     case loop_id::sjd_pac:
-      return sjd_decode(target, prompt, sjd_opts(id, n, stops), rng);
+      return sjd_decode(target, prompt, sjd_opts(id, n, stops), rng, tree_verifier<>{}, nullptr,
+                        control);
     case loop_id::jacobi:
-      return jacobi_decode(target, prompt, jacobi_opts(n, stops), rng);
+      return jacobi_decode(target, prompt, jacobi_opts(n, stops), rng, nullptr, control);
     case loop_id::multiblock:
     case loop_id::multiblock_stochastic:
-      return multiblock_decode(target, prompt, mb_opts(id, n, stops), rng);
+      return multiblock_decode(target, prompt, mb_opts(id, n, stops), rng, tree_verifier<>{},
+                               nullptr, control);
+    case loop_id::autoregressive:
+      return autoregressive_decode(target, prompt, ar_opts(n, stops), rng, nullptr, control);
+    case loop_id::lookup: {
+      ngram_proposal proposal = lookup_proposal();
+      return speculative_decode(target, proposal, prompt, sd_options(id, n, stops), rng,
+                                tree_verifier<>{}, nullptr, control);
+    }
   }
   return {};
 }
@@ -179,6 +208,14 @@ std::vector<std::vector<token_t>> run_many(loop_id id, T& target, D& draft,
     case loop_id::multiblock_stochastic:
       return multiblock_decode_batch(target, prompts, mb_opts(id, n, stops), rngs,
                                      tree_verifier<>{}, {}, control);
+    case loop_id::autoregressive:
+      return autoregressive_decode_batch(target, prompts, ar_opts(n, stops), rngs, {}, control);
+    case loop_id::lookup: {
+      std::vector<ngram_proposal> proposals(prompts.size(), lookup_proposal());
+      return speculative_decode_batch(target, std::span<ngram_proposal>(proposals), prompts,
+                                      sd_options(id, n, stops), rngs, tree_verifier<>{}, {},
+                                      control);
+    }
   }
   return {};
 }
@@ -396,6 +433,69 @@ TEST_CASE("decode faults: a NaN logit is named with model, request, step, row an
                                          "NaN logit"));
     CHECK(e.code() == status::nan_value);
     CHECK(e.step() == 2);
+  }
+}
+
+TEST_CASE(
+    "decode faults: a single request cancelled before its first pass, between steps, or by a "
+    "callback that throws",
+    "[decode][faults]") {
+  const auto& t = toys();
+  const std::vector<token_t> prompt{0, 2};
+  const index_t n = 8;
+  const request_rng rng{5, 1, 0};
+  for (const loop_id id : all_loops) {
+    INFO(name_of(id));
+    fsession target{toy_model_session(t.target)}, draft{toy_model_session(t.draft)};
+    const auto reference = run_one(id, target, draft, prompt, n, rng);
+    request_status status = request_status::not_run;
+    request_control control;
+    control.status = &status;
+    // A callback that never cancels: the uninterrupted run.
+    control.cancel = [] { return false; };
+    CHECK(run_one(id, target, draft, prompt, n, rng, {}, control) == reference);
+    CHECK(status == request_status::completed);
+    // Cancelled before the first pass (no commit yet), and after the first committed step.
+    for (const std::int64_t after : {0, 1}) {
+      INFO("cancelled after " << after << " commits");
+      target.reset_counts();
+      control.cancel = [&] { return target.commits() >= after; };
+      const auto out = run_one(id, target, draft, prompt, n, rng, {}, control);
+      CHECK(status == request_status::cancelled);
+      REQUIRE(is_prefix(out, reference));
+      CHECK(out.empty() == (after == 0));
+      CHECK(out.size() < reference.size());
+      const auto seq = concat(prompt, out);
+      check_cache(t.target, target.inner(), seq);
+      if (has_draft(id)) check_cache(t.draft, draft.inner(), seq, true);
+      if (is_greedy(id)) {  // resuming gives the uninterrupted output
+        const auto rest =
+            run_one(id, target, draft, seq, n - static_cast<index_t>(out.size()), rng);
+        CHECK(concat(out, rest) == reference);
+      }
+    }
+    // A callback that throws after the first step: a fault of the loop, operation "cancel".
+    target.reset_counts();
+    control.cancel = [&]() -> bool {
+      if (target.commits() >= 1) throw std::runtime_error("cancel lookup failed");
+      return false;
+    };
+    try {
+      (void)run_one(id, target, draft, prompt, n, rng, {}, control);
+      FAIL("no decode_error");
+    } catch (const decode_error& e) {
+      CHECK(status == request_status::failed);
+      CHECK(e.source() == fault_source::loop);
+      CHECK(e.operation() == "cancel");
+      CHECK_THAT(e.what(), Catch::Contains("cancel: cancel lookup failed"));
+      CHECK(e.caches_consistent());
+      const auto& committed = e.committed().at(0);
+      REQUIRE(is_prefix(committed, reference));
+      CHECK_FALSE(committed.empty());
+      const auto seq = concat(prompt, committed);
+      check_cache(t.target, target.inner(), seq);
+      if (has_draft(id)) check_cache(t.draft, draft.inner(), seq, true);
+    }
   }
 }
 
@@ -819,8 +919,7 @@ TEST_CASE(
   // The batch without request 1: the reference of the other requests.
   const std::vector<std::vector<token_t>> others{prompts[0], prompts[2], prompts[3]};
   const std::vector<request_rng> others_rngs{rngs[0], rngs[2], rngs[3]};
-  for (const loop_id id : {loop_id::sd_chain, loop_id::sd_tree, loop_id::sjd_pac, loop_id::jacobi,
-                           loop_id::multiblock_stochastic}) {
+  for (const loop_id id : all_loops) {
     cfg_batch clean(t, B);
     const auto reference = run_many(id, clean.guided, clean.draft, prompts, n, rngs);
     cfg_batch without(t, 3);
@@ -1067,7 +1166,8 @@ namespace {
 /// Faults of a masked model at each of its first passes, in `decode` (one request) and
 /// `decode_batch` (three, with isolation): the decoded positions reported are the clean run's
 /// (the others still masked), and with isolation only the faulty request is dropped, the
-/// others equal the clean batch.
+/// others equal the clean batch. A single request cancelled after its first pass returns its
+/// sequence so far.
 template <class Inner, class Decode, class DecodeBatch>
 void check_masked_faults(const Inner& inner, const ssd_options& o, Decode decode,
                          DecodeBatch decode_batch) {
@@ -1077,6 +1177,25 @@ void check_masked_faults(const Inner& inner, const ssd_options& o, Decode decode
   const auto reference = decode(clean, prompt, o);
   const std::vector<std::vector<token_t>> prompts{prompt, {3}, {4, 1, 2}};
   const auto clean_out = decode_batch(clean, prompts, o, batch_control{});
+  // Cancelled before the second pass: the sequence so far, the clean run's where decoded.
+  {
+    const faulty counted{inner};
+    request_status status = request_status::not_run;
+    request_control control;
+    control.status = &status;
+    control.cancel = [&] { return counted.evaluates() >= 1; };
+    const auto part = decode(counted, prompt, o, control);
+    CHECK(status == request_status::cancelled);
+    REQUIRE(part.size() == reference.size());
+    index_t decoded = 0;
+    for (std::size_t i = 0; i < part.size(); ++i) {
+      if (part[i] == counted.mask_token()) continue;
+      ++decoded;
+      CHECK(part[i] == reference[i]);
+    }
+    CHECK(decoded >= 1);
+    CHECK(decoded < o.gen_length);
+  }
   for (const fault_kind kind :
        {fault_kind::evaluate_throws, fault_kind::nan_logit, fault_kind::empty_row}) {
     for (std::int64_t at = 1; at <= 4; ++at) {
@@ -1132,16 +1251,16 @@ TEST_CASE(
   o.gen_length = 8;
   o.block_size = 4;
   o.draft_length = 3;
-  const auto stepwise = [](const auto& m, std::span<const token_t> p, const ssd_options& opt) {
-    return diffusion_stepwise_decode(m, p, opt);
+  const auto stepwise = [](const auto& m, std::span<const token_t> p, const ssd_options& opt,
+                           const request_control& c = {}) {
+    return diffusion_stepwise_decode(m, p, opt, nullptr, c);
   };
   const auto stepwise_batch = [](const auto& m, const std::vector<std::vector<token_t>>& ps,
                                  const ssd_options& opt, const batch_control& c) {
     return diffusion_stepwise_decode_batch(m, ps, opt, {}, c);
   };
-  const auto ssd = [](const auto& m, std::span<const token_t> p, const ssd_options& opt) {
-    return ssd_decode(m, p, opt);
-  };
+  const auto ssd = [](const auto& m, std::span<const token_t> p, const ssd_options& opt,
+                      const request_control& c = {}) { return ssd_decode(m, p, opt, nullptr, c); };
   const auto ssd_batch = [](const auto& m, const std::vector<std::vector<token_t>>& ps,
                             const ssd_options& opt,
                             const batch_control& c) { return ssd_decode_batch(m, ps, opt, {}, c); };

@@ -65,17 +65,13 @@ TEST_CASE("greedy speculative decoding with a dynamic draft length equals greedy
   opt.draft_length = 6;
   opt.draft_p_min = 0.6f;
   decode_stats with, without;
-  for (const auto& text : decode_testing::text_prompts()) {
-    const auto prompt = decode_testing::bytes(text);
-    const auto sd = speculative_decode(target, draft, prompt, opt, request_rng{1, 0, 0},
-                                       greedy_tree_verifier<>{}, &with);
-    example::transformer_session ar(target_model);
-    CHECK(sd == decode_testing::greedy_reference(ar, prompt, 32));
-    speculative_options fixed = opt;
-    fixed.draft_p_min = 0.0f;
-    (void)speculative_decode(target, draft, prompt, fixed, request_rng{1, 0, 0},
-                             greedy_tree_verifier<>{}, &without);
-  }
+  decode_testing::check_greedy_sd_on_text(
+      target, draft, opt, [&] { return example::transformer_session(target_model); }, &with);
+  speculative_options fixed = opt;
+  fixed.draft_p_min = 0.0f;
+  for (const auto& text : decode_testing::text_prompts())
+    (void)speculative_decode(target, draft, decode_testing::bytes(text), fixed,
+                             request_rng{1, 0, 0}, greedy_tree_verifier<>{}, &without);
   CHECK(with.draft_forwards < without.draft_forwards);
 }
 

@@ -54,14 +54,8 @@ decode_task autoregressive_task(Handle m, std::span<const token_t> prompt,
   const index_t V = m.vocab_size();
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
-  check_prompt(prompt, V);
-  check_stop_tokens(options.stop_tokens, V);
   const auto prompt_len = static_cast<index_t>(prompt.size());
-  // seq (prompt, then the committed output) lives in the task's promise (decode/task.hpp).
-  task_state& published = co_await publish(prompt, result, st);
-  std::vector<token_t>& seq = published.seq;
-  m.prefill(prompt);
-  published.prefilled = true;
+  std::vector<token_t>& seq = co_await start_request(prompt, options.stop_tokens, V, result, st, m);
   std::vector<float> logits, probs(sz(V)), scratch(sz(V));
   const std::vector<index_t> root_path{0};
   token_t next[1] = {no_token};
@@ -98,33 +92,42 @@ decode_task autoregressive_task(Handle m, std::span<const token_t> prompt,
 
 /// Generates up to `options.max_new_tokens` tokens after `prompt`, one forward pass each (see
 /// file comment). The model is restarted with `prefill(prompt)`. Adds to `*stats` when given.
+/// `control` adds cancellation between passes (decode/control.hpp).
 template <session_model Model>
 std::vector<token_t> autoregressive_decode(Model& m, std::span<const token_t> prompt,
                                            const autoregressive_options& options,
-                                           request_rng rng = {}, decode_stats* stats = nullptr) {
+                                           request_rng rng = {}, decode_stats* stats = nullptr,
+                                           const request_control& control = {}) {
   std::vector<token_t> out;
-  detail::decode_solo(m, static_cast<detail::no_draft*>(nullptr), stats, [&](decode_stats& st) {
-    return detail::autoregressive_task(detail::solo<Model>{&m}, prompt, options, rng, st, out);
-  });
+  detail::decode_solo(
+      m, static_cast<detail::no_draft*>(nullptr), stats,
+      [&](decode_stats& st) {
+        return detail::autoregressive_task(detail::solo<Model>{&m}, prompt, options, rng, st, out);
+      },
+      control);
   return out;
 }
 
 /// autoregressive_decode for several requests at once, one batched forward pass per step for
 /// all unfinished requests: request r decodes `prompts[r]` with `rngs[r]` as request r of `m`;
 /// adds to `stats[r]` when `stats` is given. Each output equals autoregressive_decode of that
-/// request alone. No prompts: no-op.
+/// request alone. No prompts: no-op. `control` adds isolation, cancellation and per-request
+/// limits (decode/control.hpp).
 template <batched_session_model Model>
 std::vector<std::vector<token_t>> autoregressive_decode_batch(
     Model& m, std::span<const std::vector<token_t>> prompts, const autoregressive_options& options,
-    std::span<const request_rng> rngs, std::span<decode_stats> stats = {}) {
+    std::span<const request_rng> rngs, std::span<decode_stats> stats = {},
+    const batch_control& control = {}) {
   std::vector<std::vector<token_t>> out(prompts.size());
-  detail::decode_batch(m, static_cast<detail::no_draft*>(nullptr), m.batch_size(), prompts,
-                       rngs.size(), stats, [&](index_t r, decode_stats& st) {
-                         const auto i = static_cast<std::size_t>(r);
-                         return detail::autoregressive_task(detail::member<Model>{&m, r},
-                                                            prompts[i], options, rngs[i], st,
-                                                            out[i]);
-                       });
+  detail::decode_batch(
+      m, static_cast<detail::no_draft*>(nullptr), m.batch_size(), prompts, rngs.size(), stats,
+      [&](index_t r, decode_stats& st) {
+        const auto i = static_cast<std::size_t>(r);
+        return detail::autoregressive_task(detail::member<Model>{&m, r}, prompts[i],
+                                           detail::request_options(options, control, r), rngs[i],
+                                           st, out[i]);
+      },
+      control, m.vocab_size());
   return out;
 }
 

@@ -12,6 +12,7 @@
 /// - `batch_control`: what a batched call may add: per-request isolation (a faulty request is
 ///   dropped with its outcome and the others continue), cancellation between passes, and
 ///   per-request token limits and stop tokens; `request_outcome` reports how each request ended.
+/// - `request_control`: what a single-request call may add: cancellation between passes.
 
 #include <cstdint>
 #include <exception>
@@ -146,6 +147,20 @@ struct batch_control {
   std::span<const request_limits> limits;
   /// Empty, or one per prompt: filled with each request's outcome.
   std::span<request_outcome> outcomes;
+};
+
+/// What a single-request decoding call may add (the last argument of `speculative_decode`,
+/// `sjd_decode`, ...). Default: no cancellation.
+struct request_control {
+  /// Polled before each forward pass of the request (so between steps, and between a step's
+  /// draft passes; the first poll comes after the prefill, before the first pass): true ends
+  /// the call there — the models are brought back to the committed tokens and the call returns
+  /// them (SSD: its sequence so far, the mask token where nothing was decoded). An exception
+  /// from it is a fault (`decode_error`, `fault_source::loop`, operation "cancel").
+  std::function<bool()> cancel;
+  /// When set: how the call ended (`completed`, `cancelled`, or `failed` before a
+  /// `decode_error` is thrown).
+  request_status* status = nullptr;
 };
 
 }  // namespace specula

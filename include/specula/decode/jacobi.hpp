@@ -116,14 +116,7 @@ decode_task jacobi_task(Handle m, std::span<const token_t> prompt, jacobi_option
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
   const auto prompt_len = static_cast<index_t>(prompt.size());
-  check_prompt(prompt, V);
-  check_stop_tokens(options.stop_tokens, V);
-  // seq (prompt, then the committed output) lives in the task's promise, which outlives the
-  // loop's locals when a fault unwinds them.
-  task_state& published = co_await publish(prompt, result, st);
-  std::vector<token_t>& seq = published.seq;
-  m.prefill(prompt);
-  published.prefilled = true;
+  std::vector<token_t>& seq = co_await start_request(prompt, options.stop_tokens, V, result, st, m);
   std::vector<token_t> guesses, chain_tokens, out_tokens, state;
   std::vector<index_t> out_nodes;
   std::uint32_t draws = 0;
@@ -222,15 +215,20 @@ decode_task jacobi_task(Handle m, std::span<const token_t> prompt, jacobi_option
 
 /// Greedy Jacobi decoding of up to `options.max_new_tokens` tokens after `prompt` (see file
 /// comment); `rng` seeds random window initialisation. The model is restarted with
-/// `prefill(prompt)`. Adds to `*stats` when given.
+/// `prefill(prompt)`. Adds to `*stats` when given. `control` adds cancellation between passes
+/// (decode/control.hpp).
 template <session_model Model>
 std::vector<token_t> jacobi_decode(Model& m, std::span<const token_t> prompt,
                                    const jacobi_options& options, request_rng rng = {},
-                                   decode_stats* stats = nullptr) {
+                                   decode_stats* stats = nullptr,
+                                   const request_control& control = {}) {
   std::vector<token_t> out;
-  detail::decode_solo(m, static_cast<detail::no_draft*>(nullptr), stats, [&](decode_stats& st) {
-    return detail::jacobi_task(detail::solo<Model>{&m}, prompt, options, rng, st, out);
-  });
+  detail::decode_solo(
+      m, static_cast<detail::no_draft*>(nullptr), stats,
+      [&](decode_stats& st) {
+        return detail::jacobi_task(detail::solo<Model>{&m}, prompt, options, rng, st, out);
+      },
+      control);
   return out;
 }
 

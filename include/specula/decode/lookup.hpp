@@ -185,14 +185,9 @@ decode_task proposal_task(TargetHandle target, Proposal& draft, std::span<const 
   const index_t V = target.vocab_size();
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
-  check_prompt(prompt, V);
-  check_stop_tokens(options.stop_tokens, V);
   const auto prompt_len = static_cast<index_t>(prompt.size());
-  // seq (prompt, then the committed output) lives in the task's promise (decode/task.hpp).
-  task_state& published = co_await publish(prompt, result, st);
-  std::vector<token_t>& seq = published.seq;
-  target.prefill(prompt);
-  published.prefilled = true;
+  std::vector<token_t>& seq =
+      co_await start_request(prompt, options.stop_tokens, V, result, st, target);
   speculative_buffers buf;
   buf.scratch.resize(sz(V));
   token_tree tree;
@@ -239,38 +234,46 @@ decode_task proposal_task(TargetHandle target, Proposal& draft, std::span<const 
 /// Speculative decoding with `draft`, a proposal, as the draft (see file comment). The target is
 /// (re)started with `prefill(prompt)`; the proposal sees the whole sequence (prompt and
 /// generated tokens) at each step. Returns the generated tokens; adds to `*stats` when given.
+/// `control` adds cancellation between passes (decode/control.hpp).
 template <session_model Target, proposal Proposal, verifier Verifier = tree_verifier<>>
 requires(!session_model<Proposal>) std::vector<token_t> speculative_decode(
     Target& target, Proposal& draft, std::span<const token_t> prompt,
     const speculative_options& options, request_rng rng, const Verifier& verify = {},
-    decode_stats* stats = nullptr) {
+    decode_stats* stats = nullptr, const request_control& control = {}) {
   std::vector<token_t> out;
-  detail::decode_solo(target, static_cast<detail::no_draft*>(nullptr), stats,
-                      [&](decode_stats& st) {
-                        return detail::proposal_task(detail::solo<Target>{&target}, draft, prompt,
-                                                     options, rng, verify, st, out);
-                      });
+  detail::decode_solo(
+      target, static_cast<detail::no_draft*>(nullptr), stats,
+      [&](decode_stats& st) {
+        return detail::proposal_task(detail::solo<Target>{&target}, draft, prompt, options, rng,
+                                     verify, st, out);
+      },
+      control);
   return out;
 }
 
 /// The same for several requests at once, one batched target pass per step: request r decodes
 /// `prompts[r]` with `rngs[r]` and its own proposal `drafts[r]`. Each output equals
-/// speculative_decode of that request alone.
+/// speculative_decode of that request alone. `control` adds isolation, cancellation and
+/// per-request limits (decode/control.hpp).
 template <batched_session_model Target, proposal Proposal, verifier Verifier = tree_verifier<>>
 std::vector<std::vector<token_t>> speculative_decode_batch(
     Target& target, std::span<Proposal> drafts, std::span<const std::vector<token_t>> prompts,
     const speculative_options& options, std::span<const request_rng> rngs,
-    const Verifier& verify = {}, std::span<decode_stats> stats = {}) {
+    const Verifier& verify = {}, std::span<decode_stats> stats = {},
+    const batch_control& control = {}) {
   detail::require_size(static_cast<index_t>(drafts.size()), static_cast<index_t>(prompts.size()),
                        "drafts", "one proposal per prompt");
   std::vector<std::vector<token_t>> out(prompts.size());
-  detail::decode_batch(target, static_cast<detail::no_draft*>(nullptr), target.batch_size(),
-                       prompts, rngs.size(), stats, [&](index_t r, decode_stats& st) {
-                         const auto i = static_cast<std::size_t>(r);
-                         return detail::proposal_task(detail::member<Target>{&target, r}, drafts[i],
-                                                      prompts[i], options, rngs[i], verify, st,
-                                                      out[i]);
-                       });
+  detail::decode_batch(
+      target, static_cast<detail::no_draft*>(nullptr), target.batch_size(), prompts, rngs.size(),
+      stats,
+      [&](index_t r, decode_stats& st) {
+        const auto i = static_cast<std::size_t>(r);
+        return detail::proposal_task(detail::member<Target>{&target, r}, drafts[i], prompts[i],
+                                     detail::request_options(options, control, r), rngs[i], verify,
+                                     st, out[i]);
+      },
+      control, target.vocab_size());
   return out;
 }
 

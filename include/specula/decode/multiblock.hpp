@@ -235,14 +235,7 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
   const auto sz = [](index_t i) { return static_cast<std::size_t>(i); };
 
   const auto prompt_len = static_cast<index_t>(prompt.size());
-  check_prompt(prompt, V);
-  check_stop_tokens(options.stop_tokens, V);
-  // seq (prompt, then the committed output) lives in the task's promise, which outlives the
-  // loop's locals when a fault unwinds them.
-  task_state& published = co_await publish(prompt, result, st);
-  std::vector<token_t>& seq = published.seq;
-  m.prefill(prompt);
-  published.prefilled = true;
+  std::vector<token_t>& seq = co_await start_request(prompt, options.stop_tokens, V, result, st, m);
   detail::ngram_pool pool(options.recycling ? options.pool_size : 0);
   const bool fifo = options.recycling && options.pool == multiblock_pool::fifo;
   std::deque<std::vector<token_t>> fifo_pool;  // multiblock_pool::fifo: newest last
@@ -494,15 +487,21 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
 /// comment); `rng` seeds the random draws. The model is restarted with `prefill(prompt)`. Adds
 /// to `*stats` when given. `verify` is the stochastic variant's exact tree verifier unless a test
 /// substitutes another (the greedy variant always verifies greedily). Arguments in the loops'
-/// common order (docs/decoding.md): models, prompt, options, rng, verifier, stats.
+/// common order (docs/decoding.md): models, prompt, options, rng, verifier, stats, control
+/// (cancellation between passes, decode/control.hpp).
 template <session_model Model, verifier Verifier = tree_verifier<>>
 std::vector<token_t> multiblock_decode(Model& m, std::span<const token_t> prompt,
                                        const multiblock_options& options, request_rng rng = {},
-                                       const Verifier& verify = {}, decode_stats* stats = nullptr) {
+                                       const Verifier& verify = {}, decode_stats* stats = nullptr,
+                                       const request_control& control = {}) {
   std::vector<token_t> out;
-  detail::decode_solo(m, static_cast<detail::no_draft*>(nullptr), stats, [&](decode_stats& st) {
-    return detail::multiblock_task(detail::solo<Model>{&m}, prompt, options, rng, verify, st, out);
-  });
+  detail::decode_solo(
+      m, static_cast<detail::no_draft*>(nullptr), stats,
+      [&](decode_stats& st) {
+        return detail::multiblock_task(detail::solo<Model>{&m}, prompt, options, rng, verify, st,
+                                       out);
+      },
+      control);
   return out;
 }
 

@@ -467,14 +467,7 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
   rows.start(V, options);
 
   const auto prompt_len = static_cast<index_t>(prompt.size());
-  check_prompt(prompt, V);
-  check_stop_tokens(options.stop_tokens, V);
-  // seq (prompt, then the committed output) lives in the task's promise, which outlives the
-  // loop's locals when a fault unwinds them.
-  task_state& published = co_await publish(prompt, result, st);
-  std::vector<token_t>& seq = published.seq;
-  m.prefill(prompt);
-  published.prefilled = true;
+  std::vector<token_t>& seq = co_await start_request(prompt, options.stop_tokens, V, result, st, m);
   detail::sjd_draft draft, next;
   draft.host_rows = next.host_rows = !Rows::resident;
   std::vector<token_t> out_tokens, drawn;
@@ -690,16 +683,21 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
 /// SJD / SJD-PAC decoding of up to `options.max_new_tokens` tokens after `prompt` (see file
 /// comment). The model is restarted with `prefill(prompt)`. Adds to `*stats` when given.
 /// `verify` is the exact tree verifier unless a test substitutes another. Arguments in the
-/// loops' common order (docs/decoding.md): models, prompt, options, rng, verifier, stats.
+/// loops' common order (docs/decoding.md): models, prompt, options, rng, verifier, stats,
+/// control (cancellation between passes, decode/control.hpp).
 template <session_model Model, verifier Verifier = tree_verifier<>>
 std::vector<token_t> sjd_decode(Model& m, std::span<const token_t> prompt,
                                 const sjd_options& options, request_rng rng,
-                                const Verifier& verify = {}, decode_stats* stats = nullptr) {
+                                const Verifier& verify = {}, decode_stats* stats = nullptr,
+                                const request_control& control = {}) {
   std::vector<token_t> out;
-  detail::decode_solo(m, static_cast<detail::no_draft*>(nullptr), stats, [&](decode_stats& st) {
-    return detail::sjd_task(detail::solo<Model>{&m}, prompt, options, rng, verify, st, out,
-                            detail::sjd_fault_of(options));
-  });
+  detail::decode_solo(
+      m, static_cast<detail::no_draft*>(nullptr), stats,
+      [&](decode_stats& st) {
+        return detail::sjd_task(detail::solo<Model>{&m}, prompt, options, rng, verify, st, out,
+                                detail::sjd_fault_of(options));
+      },
+      control);
   return out;
 }
 

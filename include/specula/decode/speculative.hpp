@@ -171,20 +171,13 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
     require_parameter(!tree_drafts || !sampled || verify.options.sampling == options.draft_sampling,
                       "draft_sampling", static_cast<double>(options.draft_sampling),
                       "must equal the verifier's tree_options::sampling");
-  check_prompt(prompt, V);
-  check_stop_tokens(options.stop_tokens, V);
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
   // seq: prompt and generated tokens. The target holds seq[0 .. n-1) (the root seq.back() is
   // evaluated by each step); the draft holds seq[0 .. draft.context_size()).
   const auto prompt_len = static_cast<index_t>(prompt.size());
-  // seq (prompt, then the committed output) lives in the task's promise, which outlives the
-  // loop's locals when a fault unwinds them.
-  task_state& published = co_await publish(prompt, result, st);
-  std::vector<token_t>& seq = published.seq;
-  target.prefill(prompt);
-  draft.prefill(prompt);
-  published.prefilled = true;
+  std::vector<token_t>& seq =
+      co_await start_request(prompt, options.stop_tokens, V, result, st, target, draft);
   speculative_buffers buf;
   buf.scratch.resize(sz(V));
   if (options.draft_p_min > 0.0f) buf.probs.resize(sz(V));
@@ -404,19 +397,22 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
 
 /// Generates up to `options.max_new_tokens` tokens after `prompt` (see file comment). Both
 /// models are (re)started with `prefill(prompt)`. Returns the generated tokens; adds to
-/// `*stats` when given.
+/// `*stats` when given. `control` adds cancellation between passes (decode/control.hpp).
 template <session_model Target, session_model Draft, verifier Verifier = tree_verifier<>>
 std::vector<token_t> speculative_decode(Target& target, Draft& draft,
                                         std::span<const token_t> prompt,
                                         const speculative_options& options, request_rng rng,
-                                        const Verifier& verify = {},
-                                        decode_stats* stats = nullptr) {
+                                        const Verifier& verify = {}, decode_stats* stats = nullptr,
+                                        const request_control& control = {}) {
   std::vector<token_t> out;
-  detail::decode_solo(target, &draft, stats, [&](decode_stats& st) {
-    return detail::speculative_task(detail::solo<Target>{&target},
-                                    detail::solo<Draft>{&draft, fault_source::draft}, prompt,
-                                    options, rng, verify, st, out);
-  });
+  detail::decode_solo(
+      target, &draft, stats,
+      [&](decode_stats& st) {
+        return detail::speculative_task(detail::solo<Target>{&target},
+                                        detail::solo<Draft>{&draft, fault_source::draft}, prompt,
+                                        options, rng, verify, st, out);
+      },
+      control);
   return out;
 }
 

@@ -572,26 +572,31 @@ std::vector<std::vector<token_t>> diffusion_batch(const Model& m,
 
 /// Stepwise semi-autoregressive decoding with low-confidence remasking: one position per forward
 /// pass (see file comment). Returns the `gen_length` generated tokens.
+/// `control` adds cancellation between passes (decode/control.hpp).
 template <masked_model Model>
 std::vector<token_t> diffusion_stepwise_decode(const Model& m, std::span<const token_t> prompt,
                                                const ssd_options& options,
-                                               decode_stats* stats = nullptr) {
+                                               decode_stats* stats = nullptr,
+                                               const request_control& control = {}) {
   std::vector<token_t> out;
-  detail::decode_solo(m, static_cast<detail::no_draft*>(nullptr), stats, [&](decode_stats& st) {
-    return detail::stepwise_task(m, prompt, options, st, out);
-  });
+  detail::decode_solo(
+      m, static_cast<detail::no_draft*>(nullptr), stats,
+      [&](decode_stats& st) { return detail::stepwise_task(m, prompt, options, st, out); },
+      control);
   return out;
 }
 
 /// Self speculative decoding (see file comment). Output identical to
 /// diffusion_stepwise_decode with the same options. Returns the `gen_length` generated tokens.
+/// `control` adds cancellation between passes (decode/control.hpp).
 template <masked_model Model>
 std::vector<token_t> ssd_decode(const Model& m, std::span<const token_t> prompt,
-                                const ssd_options& options, decode_stats* stats = nullptr) {
+                                const ssd_options& options, decode_stats* stats = nullptr,
+                                const request_control& control = {}) {
   std::vector<token_t> out;
-  detail::decode_solo(m, static_cast<detail::no_draft*>(nullptr), stats, [&](decode_stats& st) {
-    return detail::ssd_task(m, prompt, options, st, out);
-  });
+  detail::decode_solo(
+      m, static_cast<detail::no_draft*>(nullptr), stats,
+      [&](decode_stats& st) { return detail::ssd_task(m, prompt, options, st, out); }, control);
   return out;
 }
 

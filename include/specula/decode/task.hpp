@@ -40,6 +40,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -385,6 +386,38 @@ void trim_cache(const Handle& m, index_t keep) {
   if (m.context_size() > keep) m.rollback(keep);
 }
 
+/// What `co_await start_request(...)` does at a request's start (see there).
+template <class... Handles>
+struct start_awaiter {
+  publish_awaiter published;
+  std::span<const token_t> prompt;
+  std::tuple<Handles...> models;
+  [[nodiscard]] bool await_ready() const noexcept { return false; }
+  bool await_suspend(decode_task::handle_type h) noexcept { return published.await_suspend(h); }
+  std::vector<token_t>& await_resume() {
+    task_state& s = published.await_resume();
+    std::apply([&](const Handles&... m) { (m.prefill(prompt), ...); }, models);
+    s.prefilled = true;
+    return s.seq;
+  }
+};
+
+/// A request's start in the loops over session models: checks the prompt's tokens and the
+/// stop-token list `stops` against `vocab` now (refused before any model is touched); `co_await`
+/// on the result publishes the request's sequence (the prompt; it lives in the task's promise,
+/// which outlives the loop's locals when a fault unwinds them), prefills `models` (handles) in
+/// turn and marks the request prefilled, giving the request's sequence (`task_state::seq`: the
+/// prompt, then the committed output).
+template <class... Handles>
+start_awaiter<Handles...> start_request(std::span<const token_t> prompt,
+                                        std::span<const token_t> stops, index_t vocab,
+                                        std::vector<token_t>& result, decode_stats& st,
+                                        const Handles&... models) {
+  check_prompt(prompt, vocab);
+  check_stop_tokens(stops, vocab);
+  return {publish(prompt, result, st), prompt, std::tuple<Handles...>(models...)};
+}
+
 /// A single request's model as the handle a loop uses for everything but evaluation. Every
 /// call is guarded (a failure names `source`) and checked: `prefill` leaves prompt - 1 tokens,
 /// `commit` adds the path's nodes, `rollback(n)` leaves n.
@@ -608,13 +641,28 @@ void serve_solo(M& m, const pass_request& rq, index_t vocab) {
   }
 }
 
-/// Runs one task to its end: target passes on `target`, draft passes on `*draft`. On a fault
-/// the request's caches are brought back to its committed tokens and `decode_error` is thrown.
+/// Runs one task to its end: target passes on `target`, draft passes on `*draft`;
+/// `control.cancel` is polled before each pass (a cancelled task ends with its committed
+/// output, its caches brought back to it). On a fault the request's caches are brought back to
+/// its committed tokens and `decode_error` is thrown.
 template <class Target, class Draft = no_draft>
-void run_solo(decode_task& task, Target& target, Draft* draft = nullptr) {
+void run_solo(decode_task& task, Target& target, Draft* draft = nullptr,
+              const request_control& control = {}) {
   const index_t V = target.vocab_size();
+  const auto report = [&](request_status s) {
+    if (control.status != nullptr) *control.status = s;
+  };
   try {
     for (task.resume(); !task.done(); task.resume()) {
+      if (control.cancel &&
+          guarded(fault_source::loop, "cancel", [&] { return control.cancel(); })) {
+        if (!restore_caches(target, draft, -1, task.state()))
+          throw std::runtime_error(
+              "cancelled, and its caches could not be brought back to the committed tokens");
+        task.drop();
+        report(request_status::cancelled);
+        return;
+      }
       const pass_request& rq = task.pending();
       if (rq.kind == pass_kind::draft) {
         if constexpr (std::is_same_v<Draft, no_draft>)
@@ -629,9 +677,11 @@ void run_solo(decode_task& task, Target& target, Draft* draft = nullptr) {
     const task_state& s = task.state();
     // Arguments refused before the loop touched a model: the caller's error, as it is.
     if (!s.published) throw;
+    report(request_status::failed);
     const bool ok = restore_caches(target, draft, -1, s);
     throw make_decode_error(std::current_exception(), 0, false, s, ok, {s.committed()});
   }
+  report(request_status::completed);
 }
 
 /// Drives a batch of tasks (run_batch): serves their passes in batched calls, checks rows, and
@@ -1010,12 +1060,14 @@ Options request_options(const Options& options, const batch_control& control, in
 }
 
 /// Runs one request: `make(stats)` creates its task (stats: `*stats` or a local), driven by
-/// run_solo on `target` (and `*draft`).
+/// run_solo on `target` (and `*draft`) under `control`.
 template <class Target, class Draft = no_draft, class MakeTask>
-void decode_solo(Target& target, Draft* draft, decode_stats* stats, MakeTask&& make) {
+void decode_solo(Target& target, Draft* draft, decode_stats* stats, MakeTask&& make,
+                 const request_control& control = {}) {
+  if (control.status != nullptr) *control.status = request_status::not_run;
   decode_stats local;
   decode_task task = make(stats != nullptr ? *stats : local);
-  run_solo(task, target, draft);
+  run_solo(task, target, draft, control);
 }
 
 /// Runs a batch: `make(r, stats_r)` creates request r's task, with stats_r = `stats[r]` or a

@@ -179,16 +179,13 @@ class toy_ar_model {
   std::vector<double> rows_;
 };
 
-/// A toy_ar_model as a decoding-loop model (specula::session_model): sequences start with one
-/// BOS token (any id; the model ignores it), so the row of the node at sequence position k
-/// (BOS at 0) is the toy row of the k tokens after BOS. Logits are log-probabilities (-inf
-/// where the toy row is 0); past the horizon every row is uniform. Evaluation is exact table
-/// lookup, so decoding loops run on it with a known output law.
-class toy_model_session {
- public:
-  explicit toy_model_session(const toy_ar_model& model) : model_(&model) {}
+namespace detail {
 
-  [[nodiscard]] index_t vocab_size() const noexcept { return model_->vocab_size(); }
+/// The cache both toy session models keep: the committed tokens, and the tree last evaluated,
+/// pending until one of its root-to-node paths is committed or it is dropped (prefill,
+/// rollback). Their prefill / rollback / commit, with the checks that refuse misuse.
+class toy_session_cache {
+ public:
   [[nodiscard]] index_t context_size() const noexcept {
     return static_cast<index_t>(context_.size());
   }
@@ -199,20 +196,52 @@ class toy_model_session {
     context_.assign(prompt.begin(), prompt.end() - 1);
     pending_.clear();
   }
-
   void rollback(index_t n) {
     if (n < 0 || n > context_size())
       throw std::invalid_argument("specula::testing: rollback beyond the context");
     context_.resize(static_cast<std::size_t>(n));
     pending_.clear();
   }
+  void commit(std::span<const index_t> path) {
+    for (std::size_t k = 0; k < path.size(); ++k) {
+      const index_t node = path[k];
+      if (node < 0 || node >= static_cast<index_t>(pending_.size()) ||
+          pending_parent_[static_cast<std::size_t>(node)] != (k == 0 ? -1 : path[k - 1]))
+        throw std::invalid_argument("specula::testing: commit path is not a root-to-node path");
+      context_.push_back(pending_[static_cast<std::size_t>(node)]);
+    }
+    pending_.clear();
+  }
 
-  void evaluate(const token_tree& nodes, batch_view<float> logits) {
-    const index_t V = vocab_size();
-    if (logits.rows != nodes.size() || logits.cols != V)
+ protected:
+  /// An evaluation's start: refuses rows that are not nodes x `vocab` and keeps `nodes` pending.
+  void begin_evaluate(const token_tree& nodes, batch_view<float> logits, index_t vocab) {
+    if (logits.rows != nodes.size() || logits.cols != vocab)
       throw std::invalid_argument("specula::testing: logits must be nodes x vocab");
     pending_.assign(nodes.tokens().begin(), nodes.tokens().end());
     pending_parent_.assign(nodes.parents().begin(), nodes.parents().end());
+  }
+
+  std::vector<token_t> context_, pending_;
+  std::vector<index_t> pending_parent_;
+};
+
+}  // namespace detail
+
+/// A toy_ar_model as a decoding-loop model (specula::session_model): sequences start with one
+/// BOS token (any id; the model ignores it), so the row of the node at sequence position k
+/// (BOS at 0) is the toy row of the k tokens after BOS. Logits are log-probabilities (-inf
+/// where the toy row is 0); past the horizon every row is uniform. Evaluation is exact table
+/// lookup, so decoding loops run on it with a known output law.
+class toy_model_session : public detail::toy_session_cache {
+ public:
+  explicit toy_model_session(const toy_ar_model& model) : model_(&model) {}
+
+  [[nodiscard]] index_t vocab_size() const noexcept { return model_->vocab_size(); }
+
+  void evaluate(const token_tree& nodes, batch_view<float> logits) {
+    const index_t V = vocab_size();
+    begin_evaluate(nodes, logits, V);
     std::vector<token_t> prefix;
     for (index_t i = 0; i < nodes.size(); ++i) {
       // Full sequence: context, then the path root .. i; the prefix drops the BOS token.
@@ -233,23 +262,8 @@ class toy_model_session {
     }
   }
 
-  void commit(std::span<const index_t> path) {
-    for (std::size_t k = 0; k < path.size(); ++k) {
-      const index_t node = path[k];
-      if (node < 0 || node >= static_cast<index_t>(pending_.size()) ||
-          (k == 0 ? pending_parent_[static_cast<std::size_t>(node)] != -1
-                  : pending_parent_[static_cast<std::size_t>(node)] != path[k - 1]))
-        throw std::invalid_argument("specula::testing: commit path is not a root-to-node path");
-      context_.push_back(pending_[static_cast<std::size_t>(node)]);
-    }
-    pending_.clear();
-  }
-
  private:
   const toy_ar_model* model_;
-  std::vector<token_t> context_;
-  std::vector<token_t> pending_;
-  std::vector<index_t> pending_parent_;
 };
 
 /// A toy masked (diffusion) model for testing decoders of masked models (`masked_model`): token
@@ -297,7 +311,7 @@ class toy_masked_model {
 /// table, shared by copies). Its cache is the committed token list, 4 bytes per token. For load
 /// tests and benchmarks of the loops' own overhead (thousands of requests, long generations),
 /// where toy_model_session's exact sequence law is not needed.
-class toy_markov_session {
+class toy_markov_session : public detail::toy_session_cache {
  public:
   toy_markov_session(index_t vocab, std::uint64_t seed)
       : vocab_(vocab), table_(std::make_shared<std::vector<float>>()) {
@@ -312,52 +326,22 @@ class toy_markov_session {
   }
 
   [[nodiscard]] index_t vocab_size() const noexcept { return vocab_; }
-  [[nodiscard]] index_t context_size() const noexcept {
-    return static_cast<index_t>(context_.size());
-  }
-  [[nodiscard]] std::span<const token_t> context() const noexcept { return context_; }
   [[nodiscard]] std::size_t capacity_bytes() const noexcept {
     return (context_.capacity() + pending_.capacity()) * sizeof(token_t) +
            pending_parent_.capacity() * sizeof(index_t);
   }
 
-  void prefill(std::span<const token_t> prompt) {
-    if (prompt.empty()) throw std::invalid_argument("specula::testing: empty prompt");
-    context_.assign(prompt.begin(), prompt.end() - 1);
-    pending_.clear();
-  }
-  void rollback(index_t n) {
-    if (n < 0 || n > context_size())
-      throw std::invalid_argument("specula::testing: rollback beyond the context");
-    context_.resize(static_cast<std::size_t>(n));
-    pending_.clear();
-  }
   void evaluate(const token_tree& nodes, batch_view<float> logits) {
-    if (logits.rows != nodes.size() || logits.cols != vocab_)
-      throw std::invalid_argument("specula::testing: logits must be nodes x vocab");
-    pending_.assign(nodes.tokens().begin(), nodes.tokens().end());
-    pending_parent_.assign(nodes.parents().begin(), nodes.parents().end());
+    begin_evaluate(nodes, logits, vocab_);
     for (index_t i = 0; i < nodes.size(); ++i) {
       const float* row = table_->data() + static_cast<std::ptrdiff_t>(nodes.token(i)) * vocab_;
       std::copy(row, row + vocab_, logits.data + i * logits.row_stride);
     }
   }
-  void commit(std::span<const index_t> path) {
-    for (std::size_t k = 0; k < path.size(); ++k) {
-      const index_t node = path[k];
-      if (node < 0 || node >= static_cast<index_t>(pending_.size()) ||
-          pending_parent_[static_cast<std::size_t>(node)] != (k == 0 ? -1 : path[k - 1]))
-        throw std::invalid_argument("specula::testing: commit path is not a root-to-node path");
-      context_.push_back(pending_[static_cast<std::size_t>(node)]);
-    }
-    pending_.clear();
-  }
 
  private:
   index_t vocab_;
   std::shared_ptr<std::vector<float>> table_;
-  std::vector<token_t> context_, pending_;
-  std::vector<index_t> pending_parent_;
 };
 
 }  // namespace specula::testing
