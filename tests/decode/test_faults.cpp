@@ -779,7 +779,7 @@ TEST_CASE(
   const toy_pair& t = cfg_toys();
   const std::vector<token_t> prompt{0, 2};
   const auto uncond = cfg_uncond;
-  for (const loop_id id : {loop_id::sd_chain, loop_id::sjd_pac, loop_id::jacobi}) {
+  for (const loop_id id : all_loops) {
     fbatch inner(std::vector<fsession>(2, fsession{toy_model_session(t.target)}));
     cfg_model<fbatch> guided(inner, 1.5f, uncond);
     fsession draft{toy_model_session(t.draft)};
