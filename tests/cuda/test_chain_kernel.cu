@@ -24,7 +24,12 @@
 #include "specula/verify/chain.hpp"
 #include "specula/verify/greedy.hpp"
 
+// This file compiles the shared instantiations of kernel_instances.cuh that it owns.
+#define SPECULA_TEST_CHAIN_INSTANCES
+#include "kernel_instances.cuh"
+
 using namespace specula;
+namespace sc = specula::cuda;  // CUB brings a top-level ::cuda namespace
 
 namespace {
 
@@ -168,13 +173,13 @@ results run_device(const batch& bt, bool one_hot, const Rule& rule = {}, bool gr
   const chain_batch_output o{out.view(), n.view(), acc.view(), fl.view()};
   // The workspace starts as all-ones bytes (NaN doubles), so a run shows whether it was written.
   device_vector<std::byte> ws(std::vector<std::byte>(
-      split == 1 ? 8 : cuda::chain_workspace_bytes(bt.size(), bt.vocab), std::byte{0xff}));
-  const auto pol = cuda::par_on(setup.stream).with_workspace(ws.ptr, ws.n).with_row_split(split);
+      split == 1 ? 8 : sc::chain_workspace_bytes(bt.size(), bt.vocab), std::byte{0xff}));
+  const auto pol = sc::par_on(setup.stream).with_workspace(ws.ptr, ws.n).with_row_split(split);
   if (greedy)
-    cuda::throw_on_error(cuda::verify_chain_greedy_async(pol, in, o), "greedy");
+    sc::throw_on_error(sc::verify_chain_greedy_async(pol, in, o), "greedy");
   else
-    cuda::verify_chain(pol, in, o, chain_options{}, rule);
-  cuda::throw_on_error(cudaStreamSynchronize(setup.stream), "chain kernel");
+    sc::verify_chain(pol, in, o, chain_options{}, rule);
+  sc::throw_on_error(cudaStreamSynchronize(setup.stream), "chain kernel");
   if (setup.workspace_after != nullptr) *setup.workspace_after = ws.to_host();
   return {out.to_host(), n.to_host(), acc.to_host(), fl.to_host()};
 }
@@ -266,7 +271,7 @@ TEST_CASE("device chain verification with row-aware rules (LANTERN++, typical) e
         uniform_at(request_rng{41, 0, 0}, draw_id{static_cast<std::uint32_t>(t), 0})));
   const neighbour_table table(batch_view<const float>(emb.data(), V, 4), 8);
   const lantern_rule host_rule = lantern_rule::make_relative(table, 0.5, resampling::optimal);
-  const auto device_rule = cuda::to_device(host_rule);  // the table's ids in device memory
+  const auto device_rule = sc::to_device(host_rule);  // the table's ids in device memory
   const typical_rule typical = typical_rule::make(0.09, 0.3);
   for (std::uint64_t seed = 1; seed <= 4; ++seed) {
     const batch bt(V, {5, 3, 0, 7}, seed);
@@ -283,10 +288,10 @@ TEST_CASE("device chain verification with row-aware rules (LANTERN++, typical) e
        {std::vector<double>{2.0, 1.5, 1.25}, std::vector<double>{0.6, 0.8, 1.4}}) {
     const scheduled_lantern_rule scheduled{host_rule,
                                            relaxation_schedule::make_custom(omegas.data(), 3)};
-    const auto device_scheduled = cuda::to_device(scheduled);
+    const auto device_scheduled = sc::to_device(scheduled);
     const std::vector<scheduled_lantern_rule> each(4, scheduled);
     const per_request<scheduled_lantern_rule> host_each{{each.data(), 4}};
-    const auto device_each = cuda::to_device(host_each);
+    const auto device_each = sc::to_device(host_each);
     for (std::uint64_t seed = 1; seed <= 3; ++seed) {
       const batch bt(V, {5, 3, 0, 7}, seed);
       INFO("scheduled, omega_1 " << omegas[0] << ", seed " << seed);
@@ -499,10 +504,10 @@ results run_device_padded(const padded_batch& pb, bool one_hot, int split = 1, i
       {p.ptr + lead, B * (L + 1), V},
       {rng.ptr, B}};
   device_vector<std::byte> ws(
-      std::vector<std::byte>(split == 1 ? 8 : cuda::chain_workspace_bytes(B, V), std::byte{0xff}));
-  const auto pol = cuda::par_on(nullptr).with_workspace(ws.ptr, ws.n).with_row_split(split);
-  cuda::verify_chain(pol, in, padded_chain_output{out.view(), n.view(), acc.view(), fl.view()});
-  cuda::throw_on_error(cudaDeviceSynchronize(), "padded chain kernel");
+      std::vector<std::byte>(split == 1 ? 8 : sc::chain_workspace_bytes(B, V), std::byte{0xff}));
+  const auto pol = sc::par_on(nullptr).with_workspace(ws.ptr, ws.n).with_row_split(split);
+  sc::verify_chain(pol, in, padded_chain_output{out.view(), n.view(), acc.view(), fl.view()});
+  sc::throw_on_error(cudaDeviceSynchronize(), "padded chain kernel");
   if (workspace_after != nullptr) *workspace_after = ws.to_host();
   return {out.to_host(), n.to_host(), acc.to_host(), fl.to_host()};
 }
@@ -584,7 +589,7 @@ namespace {
 struct stream_guard {
   cudaStream_t s = nullptr;
   stream_guard() {
-    cuda::throw_on_error(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+    sc::throw_on_error(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
   }
   stream_guard(const stream_guard&) = delete;
   stream_guard& operator=(const stream_guard&) = delete;
@@ -635,17 +640,17 @@ TEST_CASE("device chain verification with per-request rules and a custom schedul
     rules.push_back(relaxed_rule{1.0 + 0.3 * static_cast<double>(b),
                                  b % 2 == 0 ? resampling::optimal : resampling::vanilla});
   const per_request<relaxed_rule> host_rules{{rules.data(), bt.size()}};
-  const auto device_rules = cuda::to_device(host_rules);
+  const auto device_rules = sc::to_device(host_rules);
   require_equal(run_device(bt, false, device_rules.rule()), run_host(bt, false, host_rules));
   // A custom ω schedule (its values copied to the device), alone and per request.
   const std::vector<double> omegas{2.0, 1.5, 1.25, 1.1};
   const scheduled_relaxed_rule custom{relaxation_schedule::make_custom(omegas.data(), 4),
                                       resampling::optimal};
-  const auto device_custom = cuda::to_device(custom);
+  const auto device_custom = sc::to_device(custom);
   require_equal(run_device(bt, false, device_custom.rule()), run_host(bt, false, custom));
   const std::vector<scheduled_relaxed_rule> customs(static_cast<std::size_t>(bt.size()), custom);
   const per_request<scheduled_relaxed_rule> host_customs{{customs.data(), bt.size()}};
-  const auto device_customs = cuda::to_device(host_customs);
+  const auto device_customs = sc::to_device(host_customs);
   require_equal(run_device(bt, false, device_customs.rule()), run_host(bt, false, host_customs));
 }
 
@@ -693,9 +698,9 @@ TEST_CASE("device padded chain verification with explicit lengths equals the hos
                                       {d_q.ptr, B * L, V},
                                       {d_p.ptr, B * (L + 1), V},
                                       {d_rng.ptr, B}};
-  cuda::verify_chain(cuda::par_on(nullptr), din,
+  sc::verify_chain(sc::par_on(nullptr), din,
                      padded_chain_output{d_out.view(), d_n.view(), d_acc.view(), d_fl.view()});
-  cuda::throw_on_error(cudaDeviceSynchronize(), "padded chain kernel");
+  sc::throw_on_error(cudaDeviceSynchronize(), "padded chain kernel");
   CHECK(d_out.to_host() == h_out);
   CHECK(d_n.to_host() == h_n);
   CHECK(d_acc.to_host() == h_acc);

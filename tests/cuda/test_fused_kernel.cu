@@ -19,6 +19,10 @@
 #include "specula/rules/relaxed.hpp"
 #include "specula/testing/toy_models.hpp"
 
+// This file compiles the shared instantiations of kernel_instances.cuh that it owns.
+#define SPECULA_TEST_FUSED_INSTANCES
+#include "kernel_instances.cuh"
+
 using namespace specula;
 using cuda_test::device_vector;
 namespace sc = specula::cuda;  // CUB brings a top-level ::cuda namespace

@@ -3,6 +3,8 @@
 // cudaErrorInvalidValue (a launch that slipped through would return another error here, such
 // as cudaErrorNoDevice). Pointers are host addresses that are never dereferenced. The cases
 // that need the device (host data behind a rule, offsets outside the arrays) are [device].
+// The entry points' instantiations are those of the device test files (kernel_instances.cuh):
+// this file compiles no kernel but the fused path's per-request one.
 
 #include <array>
 #include <catch2/catch.hpp>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "device_buffer.cuh"
+#include "kernel_instances.cuh"  // the entry points below are compiled in the device test files
 #include "specula/cuda/chain.cuh"
 #include "specula/cuda/fused.cuh"
 #include "specula/cuda/rules.cuh"
@@ -181,10 +184,10 @@ TEST_CASE("rules whose data the kernels read are checked before launching",
   flat_case c;
   const auto pol = sc::par_on(nullptr);
   // per_request: fewer rules than requests, or no data.
-  const std::vector<exact_rule> one(1);
-  CHECK(sc::verify_chain_async(pol, c.in, c.out, {}, per_request<exact_rule>{{one.data(), 1}}) ==
+  const std::vector<relaxed_rule> one(1);
+  CHECK(sc::verify_chain_async(pol, c.in, c.out, {}, per_request<relaxed_rule>{{one.data(), 1}}) ==
         invalid);
-  CHECK(sc::verify_chain_async(pol, c.in, c.out, {}, per_request<exact_rule>{{nullptr, 2}}) ==
+  CHECK(sc::verify_chain_async(pol, c.in, c.out, {}, per_request<relaxed_rule>{{nullptr, 2}}) ==
         invalid);
   // LANTERN: a table for another vocabulary, or none.
   std::vector<token_t> ids;
@@ -351,9 +354,9 @@ TEST_CASE("tree and candidate launch checks refuse inconsistent arguments",
   bad_out.flags = {nullptr, 2};
   expect_refused(in, bad_out);
   // Rules: a per_request array shorter than the batch.
-  const std::vector<exact_rule> one(1);
+  const std::vector<relaxed_rule> one(1);
   CHECK(sc::verify_tree_async(pol, in, out, tree_options{},
-                              per_request<exact_rule>{{one.data(), 1}}) == invalid);
+                              per_request<relaxed_rule>{{one.data(), 1}}) == invalid);
   // An empty batch is a no-op.
   CHECK(sc::verify_tree_async(pol, sc::tree_device_input<float>{}, tree_batch_output{}) ==
         cudaSuccess);

@@ -25,6 +25,10 @@
 #include "specula/testing/reference_transforms.hpp"
 #include "specula/testing/toy_models.hpp"
 
+// This file compiles the shared instantiations of kernel_instances.cuh that it owns.
+#define SPECULA_TEST_SAMPLING_INSTANCES
+#include "kernel_instances.cuh"
+
 using namespace specula;
 using cuda_test::device_vector;
 namespace sc = specula::cuda;  // CUB brings a top-level ::cuda namespace

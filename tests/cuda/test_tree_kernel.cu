@@ -29,6 +29,10 @@
 #include "specula/verify/greedy.hpp"
 #include "specula/verify/tree.hpp"
 
+// This file compiles the shared instantiations of kernel_instances.cuh that it owns.
+#define SPECULA_TEST_TREE_INSTANCES
+#include "kernel_instances.cuh"
+
 using namespace specula;
 using cuda_test::device_vector;
 namespace sc = specula::cuda;  // CUB brings a top-level ::cuda namespace
