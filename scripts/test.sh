@@ -35,6 +35,7 @@ t_total=$(now_s)
 mkdir -p "$BUILD_DIR"
 llama_pid=""
 with_llama=OFF
+defer_demo=OFF
 if [[ "${SPECULA_NO_LLAMA_CPP:-0}" != 1 ]]; then
   if scripts/llama_cpp.sh --ready; then
     with_llama=ON  # cached: configure it from the start
@@ -42,6 +43,7 @@ if [[ "${SPECULA_NO_LLAMA_CPP:-0}" != 1 ]]; then
     log "llama.cpp: scripts/llama_cpp.sh in the background (log: $BUILD_DIR/llama_cpp.log)"
     { scripts/llama_cpp.sh && scripts/llama_cpp.sh --python; } >/dev/null 2>"$BUILD_DIR/llama_cpp.log" &
     llama_pid=$!
+    defer_demo=ON  # specula_demo links llama.cpp when it is there: built once, after the wait
   fi
 fi
 
@@ -59,7 +61,7 @@ fi
 t=$(now_s)
 log "configure ($BUILD_DIR, $BUILD_TYPE)"
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DSPECULA_WITH_LLAMA_CPP="$with_llama" \
-  "${extra_cmake_args[@]}"
+  -DSPECULA_DEFER_DEMO="$defer_demo" "${extra_cmake_args[@]}"
 t_configure=$(elapsed "$t")
 
 t=$(now_s)
@@ -83,7 +85,7 @@ if [[ -n "$llama_pid" ]]; then
   log "llama.cpp: waiting for scripts/llama_cpp.sh"
   wait "$llama_pid" || log "llama.cpp: scripts/llama_cpp.sh failed (see $BUILD_DIR/llama_cpp.log)"
   cat "$BUILD_DIR/llama_cpp.log" >&2
-  cmake -S . -B "$BUILD_DIR" -DSPECULA_WITH_LLAMA_CPP=ON >/dev/null
+  cmake -S . -B "$BUILD_DIR" -DSPECULA_WITH_LLAMA_CPP=ON -DSPECULA_DEFER_DEMO=OFF >/dev/null
   cmake --build "$BUILD_DIR" -j "$JOBS"
 fi
 t_llama=$(elapsed "$t")
