@@ -39,10 +39,11 @@
 #define SPECULA_TEST_SAMPLING_INSTANCES extern
 #endif
 
-#define SPECULA_TEST_CHAIN_FLATTENED(RULE)                                                 \
-  SPECULA_TEST_CHAIN_INSTANCES template cudaError_t specula::cuda::verify_chain_async<     \
-      float, RULE>(const specula::cuda::par_policy&, const specula::chain_batch_input<float>&, \
-                   const specula::chain_batch_output&, const specula::chain_options&, const RULE&)
+#define SPECULA_TEST_CHAIN_FLATTENED(RULE)                                        \
+  SPECULA_TEST_CHAIN_INSTANCES template cudaError_t                               \
+  specula::cuda::verify_chain_async<float, RULE>(                                 \
+      const specula::cuda::par_policy&, const specula::chain_batch_input<float>&, \
+      const specula::chain_batch_output&, const specula::chain_options&, const RULE&)
 
 // Chain verification (test_chain_kernel.cu).
 SPECULA_TEST_CHAIN_FLATTENED(specula::exact_rule);
@@ -53,8 +54,7 @@ SPECULA_TEST_CHAIN_FLATTENED(specula::per_request<specula::relaxed_rule>);
 SPECULA_TEST_CHAIN_INSTANCES template cudaError_t
 specula::cuda::verify_chain_async<float, specula::exact_rule>(
     const specula::cuda::par_policy&, const specula::padded_chain_input<float>&,
-    const specula::padded_chain_output&, const specula::chain_options&,
-    const specula::exact_rule&);
+    const specula::padded_chain_output&, const specula::chain_options&, const specula::exact_rule&);
 SPECULA_TEST_CHAIN_INSTANCES template cudaError_t specula::cuda::verify_chain_greedy_async<float>(
     const specula::cuda::par_policy&, const specula::chain_batch_input<float>&,
     const specula::chain_batch_output&);
@@ -79,11 +79,10 @@ specula::cuda::verify_candidates_async<float, specula::exact_rule>(
     const specula::cuda::par_policy&, const specula::cuda::candidates_device_input<float>&,
     const specula::cuda::candidates_device_output&, const specula::tree_options&,
     const specula::exact_rule&);
-SPECULA_TEST_TREE_INSTANCES template cudaError_t
-specula::cuda::sample_without_replacement_async<float>(
-    const specula::cuda::par_policy&, specula::batch_view<const float>, specula::index_t,
-    specula::row_view<const specula::request_rng>, std::uint32_t,
-    specula::row_view<specula::token_t>, specula::row_view<std::int32_t>);
+SPECULA_TEST_TREE_INSTANCES template cudaError_t specula::cuda::sample_without_replacement_async<
+    float>(const specula::cuda::par_policy&, specula::batch_view<const float>, specula::index_t,
+           specula::row_view<const specula::request_rng>, std::uint32_t,
+           specula::row_view<specula::token_t>, specula::row_view<std::int32_t>);
 
 // Logits-to-verdict fusion (test_fused_kernel.cu).
 SPECULA_TEST_FUSED_INSTANCES template cudaError_t
@@ -97,8 +96,7 @@ SPECULA_TEST_SAMPLING_INSTANCES template cudaError_t specula::cuda::sample_from_
     const specula::cuda::par_policy&, specula::batch_view<const float>,
     specula::row_view<const specula::request_rng>, specula::row_view<specula::token_t>,
     std::uint32_t*);
-SPECULA_TEST_SAMPLING_INSTANCES template cudaError_t
-specula::cuda::sample_from_logits_async<float>(
+SPECULA_TEST_SAMPLING_INSTANCES template cudaError_t specula::cuda::sample_from_logits_async<float>(
     const specula::cuda::par_policy&, specula::batch_view<const float>,
     specula::row_view<const specula::sampling_params>,
     specula::row_view<const specula::request_rng>, specula::row_view<specula::token_t>,

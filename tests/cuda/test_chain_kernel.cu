@@ -699,7 +699,7 @@ TEST_CASE("device padded chain verification with explicit lengths equals the hos
                                       {d_p.ptr, B * (L + 1), V},
                                       {d_rng.ptr, B}};
   sc::verify_chain(sc::par_on(nullptr), din,
-                     padded_chain_output{d_out.view(), d_n.view(), d_acc.view(), d_fl.view()});
+                   padded_chain_output{d_out.view(), d_n.view(), d_acc.view(), d_fl.view()});
   sc::throw_on_error(cudaDeviceSynchronize(), "padded chain kernel");
   CHECK(d_out.to_host() == h_out);
   CHECK(d_n.to_host() == h_n);
