@@ -7,6 +7,9 @@
 //   Bytes that must be touched: the p and q rows once (8V); the recursion reads them K
 //   times (the final sample walks the last pass's tile sums), so 1 / K of the stream rate is
 //   the ceiling of this algorithm.
+// candidates/checked/<proposal>/all_rejected/V:<V>/K:<K>
+//   the same through verify_candidates_checked (check_level::reads): the rows are validated
+//   as the passes read them; bytes add p(c) and q(c) of every candidate (8K; one-hot: 4K).
 // tree/<checked|unchecked>/<scenario>/V:<V>/B:<B>
 //   the SJD-PAC tree (3-ary, 2 levels, first branch continued to 64 nodes) per request, float
 //   rows, siblings without replacement; scenario first_path: p = q on the first path, so the
@@ -42,7 +45,8 @@ std::vector<float> without_tokens(std::vector<float> p, const std::vector<token_
   return p;
 }
 
-void candidates_case(benchmark::State& state, index_t vocab, index_t k, bool one_hot) {
+void candidates_case(benchmark::State& state, index_t vocab, index_t k, bool one_hot,
+                     bool checked) {
   const auto q = skewed_row(vocab, 1);
   std::vector<token_t> cand;
   for (index_t j = 0; j < k; ++j) cand.push_back(static_cast<token_t>(j * 7 + 1));
@@ -53,7 +57,14 @@ void candidates_case(benchmark::State& state, index_t vocab, index_t k, bool one
   auto call = [&] {
     philox_source src{request_rng{5, 0, 0}};
     candidates_result r;
-    if (one_hot)
+    const row_view<const token_t> cands{cand.data(), k};
+    if (checked && one_hot)
+      r = verify_candidates_checked(exact_rule{}, request_rng{5, 0, 0}, pr, one_hot_candidates{},
+                                    cands, row_view<double>(ws), 0);
+    else if (checked)
+      r = verify_candidates_checked(exact_rule{}, request_rng{5, 0, 0}, pr,
+                                    without_replacement<float>{qr}, cands, row_view<double>(ws), 0);
+    else if (one_hot)
       r = verify_candidates(exact_rule{}, src, pr, one_hot_candidates{}, cand.data(), k,
                             default_residual_floor, 0, ws.data());
     else
@@ -61,7 +72,10 @@ void candidates_case(benchmark::State& state, index_t vocab, index_t k, bool one
                             default_residual_floor, 0, ws.data());
     sink ^= r.token;
   };
-  bench::run_against_stream(state, (one_hot ? 4.0 : 8.0) * static_cast<double>(vocab), call);
+  // Checked (check_level::reads): also p(c) and q(c) of every candidate.
+  const double entries = checked ? (one_hot ? 4.0 : 8.0) * static_cast<double>(k) : 0.0;
+  bench::run_against_stream(state, (one_hot ? 4.0 : 8.0) * static_cast<double>(vocab) + entries,
+                            call);
   benchmark::DoNotOptimize(sink);
 }
 
@@ -146,15 +160,17 @@ void tree_case(benchmark::State& state, index_t vocab, index_t batch, tree_scena
 }
 
 int register_all() {
-  for (index_t v : {16384, 128256})
-    for (bool one_hot : {false, true})
-      for (index_t k = 1; k <= 4; ++k)
-        benchmark::RegisterBenchmark(
-            (std::string("candidates/") + (one_hot ? "one_hot" : "without_replacement") +
-             "/all_rejected/V:" + std::to_string(v) + "/K:" + std::to_string(k))
-                .c_str(),
-            [=](benchmark::State& s) { candidates_case(s, v, k, one_hot); })
-            ->Unit(benchmark::kMicrosecond);
+  for (bool checked : {false, true})
+    for (index_t v : {16384, 128256})
+      for (bool one_hot : {false, true})
+        for (index_t k = 1; k <= 4; ++k)
+          benchmark::RegisterBenchmark(
+              (std::string("candidates/") + (checked ? "checked/" : "") +
+               (one_hot ? "one_hot" : "without_replacement") +
+               "/all_rejected/V:" + std::to_string(v) + "/K:" + std::to_string(k))
+                  .c_str(),
+              [=](benchmark::State& s) { candidates_case(s, v, k, one_hot, checked); })
+              ->Unit(benchmark::kMicrosecond);
   for (index_t v : {16384, 128256})
     for (index_t b : {1, 16})
       for (tree_scenario sc : {tree_scenario::first_path, tree_scenario::reject_root})

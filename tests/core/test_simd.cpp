@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "../isa_cases.hpp"
@@ -137,6 +138,11 @@ SPECULA_ISA_TEST_CASE("SIMD candidate recursion equals the element calls bit for
                                        detail::first_candidate_residual<exact_rule, float, prop>{
                                            rule, pr, proposal, cand[0], renorm.data() + 1},
                                        "first step");
+      // renorm 1 (nothing removed yet): a simple form for the tile kernels (simple_form).
+      check_passes_match_element_calls(n,
+                                       detail::first_candidate_residual<exact_rule, float, prop>{
+                                           rule, pr, proposal, cand[0], renorm.data()},
+                                       "first step, renorm 1");
     };
     run(without_replacement<float>{qr});
     run(with_replacement<float>{qr});
@@ -243,15 +249,32 @@ SPECULA_ISA_TEST_CASE("checked passes sum the weights and validate the rows they
             for (index_t k = 0; k < s.recorded; ++k)
               CHECK(same_bits(s.tile_sum[k], s_ref.tile_sum[k]));
           }
-          // With q the kernels add plain entries: the same sums for rows without negatives.
-          if (!with_q || !special) CHECK(same_bits(scan.p_sum, p_sum));
-          if (with_q && !special) CHECK(same_bits(scan.q_sum, q_sum));
           if (run == simd::isa::scalar) ref_scan[form] = scan;
-          auto same = [](double a, double b) {
-            return same_bits(a, b) || (std::isnan(a) && std::isnan(b));
-          };
-          CHECK(same(scan.p_sum, ref_scan[form].p_sum));
-          CHECK(same(scan.q_sum, ref_scan[form].q_sum));
+          // With q the scalar and SSE2 kernels add plain entries (the same sums for rows without
+          // negatives); the AVX2 and AVX-512 kernels add float lanes, within the bound of
+          // entry_sum_within: it must not prove a tolerance below the true |S - 1|, and it
+          // does prove one 1e-5 S above it.
+          const bool float_lanes = with_q && run >= simd::isa::avx2;
+          CHECK((scan.float_lane_adds > 0) == float_lanes);
+          if (float_lanes) {
+            CHECK(std::isnan(scan.p_sum) == std::isnan(ref_scan[form].p_sum));
+            CHECK(std::isnan(scan.q_sum) == std::isnan(ref_scan[form].q_sum));
+            if (!special)
+              for (const auto& [sum, ref] : {std::pair{scan.p_sum, p_sum}, {scan.q_sum, q_sum}}) {
+                const double off = std::abs(ref - 1.0);
+                CHECK_FALSE(detail::entry_sum_within(sum, scan.float_lane_adds, n,
+                                                     std::nextafter(off, 0.0)));
+                CHECK(detail::entry_sum_within(sum, scan.float_lane_adds, n, off + 1e-5 * ref));
+              }
+          } else {
+            if (!with_q || !special) CHECK(same_bits(scan.p_sum, p_sum));
+            if (with_q && !special) CHECK(same_bits(scan.q_sum, q_sum));
+            auto same = [](double a, double b) {
+              return same_bits(a, b) || (std::isnan(a) && std::isnan(b));
+            };
+            CHECK(same(scan.p_sum, ref_scan[form].p_sum));
+            CHECK(same(scan.q_sum, ref_scan[form].q_sum));
+          }
           // The minimum of both rows; a NaN in q may hide a negative p (q's sum is then NaN).
           const double low = with_q ? std::min(p_low, q_low) : p_low;
           if (!with_q || !std::isnan(q_sum)) CHECK(same_bits(static_cast<double>(scan.low), low));
@@ -263,4 +286,69 @@ SPECULA_ISA_TEST_CASE("checked passes sum the weights and validate the rows they
         check_form(skipping, false, !has_nan);
       }
     }
+}
+
+SPECULA_ISA_TEST_CASE("checked passes over rows with sign bits keep the unchecked weights",
+                      "[core][simd]") {
+  // Without q, the AVX2 and AVX-512 kernels sum the plain entries and sum a tile again with the
+  // clamp max(p, 0) only when it holds a sign bit: rows with -0 or a negative entry (no NaN)
+  // must still get the unchecked weights, tile by tile, and the minimum.
+  for (index_t n : {256, 4099, 131072 + 777}) {
+    auto p = make_row(n, 9, false);
+    p[static_cast<std::size_t>(n / 2)] = -0.0f;
+    if (n > 300) p[static_cast<std::size_t>(n / 3)] = -1e-3f;
+    const detail::row_weights<float> row{row_view<const float>(p)};
+    weight_summary s, s_ref;
+    detail::dense_scan scan;
+    detail::summarize_weights_scanning(n, row, s, &scan);
+    summarize_weights(n, row, s_ref);
+    INFO("n = " << n);
+    CHECK(same_bits(s.total, s_ref.total));
+    REQUIRE(s.recorded == s_ref.recorded);
+    for (index_t k = 0; k < s.recorded; ++k) CHECK(same_bits(s.tile_sum[k], s_ref.tile_sum[k]));
+    CHECK(scan.low == (n > 300 ? -1e-3f : 0.0f));
+  }
+}
+
+SPECULA_ISA_TEST_CASE("float-lane entry sums prove only what holds for the exact row sum",
+                      "[core][simd]") {
+  // A row on which float lanes lose the most: the first 16 entries of each of 16 tiles are 2^-8
+  // and the others just under half an ulp of any lane's sum, so that every float addition of
+  // them rounds to nothing (the lanes sum to exactly 1) while the exact sum exceeds 1 by
+  // 3840 * 0.49 * 2^-31 (about 8.8e-7, near gamma_15 in float). Taken as p and q of a
+  // residual: for every tolerance, entry_sum_within proves |S - 1| <= tolerance only when it
+  // holds for S, check_probability_row's sum (its generic loop over a double copy).
+  const index_t n = 16 * 256;
+  std::vector<float> row(static_cast<std::size_t>(n));
+  for (index_t i = 0; i < n; ++i)
+    row[static_cast<std::size_t>(i)] = i % 256 < 16 ? 0x1p-8f : 0.49f * 0x1p-31f;
+  const std::vector<double> wide(row.begin(), row.end());
+  const diagnostic d = check_probability_row(row_view<const double>(wide), 0.0);
+  REQUIRE(d.code == status::bad_row_sum);
+  const double off = d.value - 1.0;
+  REQUIRE(off > 8e-7);
+  const row_view<const float> r(row);
+  using bound = detail::scalar_bound_rule<exact_rule>;
+  const bound rule{};
+  const dense_proposal<float> dense{r};
+  const detail::chain_residual<bound, row_view<const float>, dense_proposal<float>> residual{
+      rule, r, dense};
+  detail::dense_scan scan;
+  weight_summary s;
+  detail::summarize_weights_scanning(n, residual, s, &scan);
+  if (scan.float_lane_adds > 0) CHECK(scan.q_sum < d.value);  // the lanes did lose
+  std::vector<double> tolerances = {std::nextafter(off, 0.0), off, std::nextafter(off, 1.0)};
+  for (int j = 0; j <= 80; ++j) tolerances.push_back(j * 5e-8);
+  int proven = 0;
+  for (double tol : tolerances) {
+    INFO("tolerance " << tol << ", |S - 1| = " << off);
+    const bool holds = check_probability_row(row_view<const double>(wide), tol).ok();
+    CHECK(holds == (off <= tol));
+    for (double sum : {scan.p_sum, scan.q_sum})
+      if (detail::entry_sum_within(sum, scan.float_lane_adds, n, tol)) {
+        CHECK(holds);
+        ++proven;
+      }
+  }
+  CHECK(proven > 0);
 }

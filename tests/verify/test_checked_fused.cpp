@@ -5,8 +5,10 @@
 // reported with the argument, row and column check_probability_row gives. Rows are long enough
 // for the AVX2 groups of tiles, a partial tile and a tail shorter than a vector.
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -235,6 +237,77 @@ SPECULA_ISA_TEST_CASE("checked candidates and tree calls check the rows their pa
         require_error([&] { run(bad, true); },
                       {c.code, "target_probs", 3, c.code == status::bad_row_sum ? -1 : 1000});
       }
+    }
+  }
+}
+
+SPECULA_ISA_TEST_CASE(
+    "checked residual passes refuse what check_probability_row refuses at sums "
+    "near the tolerance",
+    "[verify][bad_input][simd]") {
+  // The AVX2 and AVX-512 kernels sum p and q in float lanes and decide "valid" only when their
+  // error bound proves it; rows whose sums lie within that bound of the tolerance are scanned
+  // exactly. Rows p (sum about 1 + 5e-4) and q (about 1 - 4e-4), both read in full by one
+  // residual pass (candidates drawn with replacement and a chain, rejected), against tolerances
+  // around each row's |S - 1|, S the sum of check_probability_row's definition (its generic loop
+  // over a double copy): one ulp either side, and steps of 2.5e-7 across the band the float sums
+  // cannot decide. The checked calls must refuse exactly the rows the definition refuses (p first).
+  for (index_t v : {4099, 32003}) {
+    auto p = prob_row(v, 11);
+    auto q = prob_row(v, 12);
+    p[7] += p[0] + p[2] + p[5];
+    p[0] = p[2] = p[5] = 0.0f;  // the chain's token 0 and both candidates rejected
+    for (float& x : p) x *= 1.0005f;
+    for (float& x : q) x *= 0.9996f;
+    const std::vector<double> wide_p(p.begin(), p.end()), wide_q(q.begin(), q.end());
+    auto definition = [](const std::vector<double>& row, double tolerance) {
+      return check_probability_row(row_view<const double>(row), tolerance);
+    };
+    const double off_p = std::abs(definition(wide_p, 0.0).value - 1.0);
+    const double off_q = std::abs(definition(wide_q, 0.0).value - 1.0);
+    REQUIRE(off_p > 4e-4);
+    REQUIRE(off_q > 3e-4);
+    std::vector<double> tolerances;
+    for (double off : {off_p, off_q}) {
+      tolerances.push_back(std::nextafter(off, 0.0));
+      tolerances.push_back(off);
+      tolerances.push_back(std::nextafter(off, 1.0));
+      for (int j = -16; j <= 16; ++j) tolerances.push_back(off + j * 2.5e-7);
+    }
+    const std::vector<token_t> cand = {2, 5};
+    std::vector<double> ws(candidates_workspace_size(2));
+    for (double tol : tolerances) {
+      INFO("V = " << v << ", tolerance " << tol << " (p off by " << off_p << ", q by " << off_q
+                  << ")");
+      const bool p_ok = definition(wide_p, tol).ok();
+      const bool q_ok = definition(wide_q, tol).ok();
+      auto expect = [&](const std::function<void()>& call, const char* p_name, const char* q_name,
+                        index_t p_row, index_t q_row) {
+        if (p_ok && q_ok)
+          CHECK_NOTHROW(call());
+        else
+          require_error(call,
+                        {status::bad_row_sum, p_ok ? q_name : p_name, p_ok ? q_row : p_row, -1});
+      };
+      candidates_options o;
+      o.sum_tolerance = tol;
+      expect(
+          [&] {
+            (void)verify_candidates_checked(
+                exact_rule{}, request_rng{4, 0, 0}, row_view<const float>(p),
+                with_replacement<float>{row_view<const float>(q)},  // a fused residual
+                row_view<const token_t>(cand), row_view<double>(ws), 0, o);
+          },
+          "p", "q", -1, -1);
+      // The chain: request 1 rejected at position 1 (target row 5, draft row 4), the only rows
+      // off by more than 1e-6.
+      chain_fixture f(v, true, false);
+      std::copy(p.begin(), p.end(), f.target.begin() + 5 * v);
+      std::copy(q.begin(), q.end(), f.draft.begin() + 4 * v);
+      chain_options co;
+      co.sum_tolerance = tol;
+      expect([&] { verify_chain(host::seq, f.in(), f.output(), co); }, "target_probs",
+             "draft_probs", 5, 4);
     }
   }
 }

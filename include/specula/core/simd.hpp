@@ -168,39 +168,73 @@ SPECULA_HOST_DEVICE constexpr double combine_lanes(const double* lane) noexcept 
 SPECULA_HOST_DEVICE constexpr double checked_entry(double v) noexcept { return 0.0 > v ? 0.0 : v; }
 
 /// What a checked tile kernel reports besides its weight sums (check_level::reads): the entry
-/// sums of p and of q over each tile it summed (same lanes as the weights), and the running
-/// minimum of the entries of both rows (NaN ignored; starts at 0). Without q, p's entry sum is
-/// the weight sum, of checked_entry; with q, the kernels add the plain entries (one operation
-/// less), which gives the same bits for every row without a negative entry.
+/// sums of p and of q over each tile it summed, and the running minimum of the entries of both
+/// rows (NaN ignored; starts at 0). Without q, p's entry sum is the weight sum, of
+/// checked_entry. With q, the scalar and SSE2 kernels add the plain entries in the weights'
+/// lanes (the bits of check_probability_row's sum for every row without a negative entry);
+/// the AVX2 and AVX-512 kernels add them in float lanes instead, at most `float_lane_adds`
+/// entries per lane and tile, whose values are then added in double: a sum within a proven
+/// bound of check_probability_row's (see entry_sum_within), one FMA per row and 16 entries
+/// (AVX-512) instead of two.
 struct tile_checks {
   static constexpr int max_tiles = 4;  ///< tiles one kernel call sums
   double p_sum[max_tiles] = {};
   double q_sum[max_tiles] = {};
   float low = 0.0f;
-  /// The AVX2 (lanes 0-7) and AVX-512 kernels keep no minimum: they OR the bits of every entry
-  /// of both rows into these lanes across the tiles of one dense_tile_sums call (one integer
-  /// operation per vector, off the floating-point pipes the sums need). Only when a sign bit was
-  /// seen (a negative entry, or -0 or NaN with the sign set, which valid rows do not hold in
-  /// practice) does dense_tile_sums compute the minimum, by a second scan of those tiles.
-  alignas(64) std::uint32_t lane_bits[16] = {};
-  [[nodiscard]] bool saw_sign_bit() const noexcept {
-    std::uint32_t any = 0;
-    for (std::uint32_t v : lane_bits) any |= v;
-    return (any >> 31) != 0;
-  }
+  int float_lane_adds = 0;  ///< 0: p_sum and q_sum are exact (see above)
+  /// The AVX2 and AVX-512 kernels keep no minimum: they OR the bits of every entry of both rows
+  /// of a tile into vector lanes (one integer operation per vector) and OR the lanes' sign bits
+  /// into this mask once per tile. Only when a sign bit was seen (a negative entry, or -0 or
+  /// NaN with the sign set, which valid rows do not hold in practice) does dense_tile_sums
+  /// compute the minimum, by a second scan of those tiles.
+  unsigned sign_bits = 0;
+  unsigned call_sign_bits = 0;  ///< the sign bits of the last kernel call alone
+  [[nodiscard]] bool saw_sign_bit() const noexcept { return sign_bits != 0; }
 };
 
 /// What a checked pass learned about the rows of a dense form: the entry sums of p and q, each
-/// the tiles' entry sums added left to right, and the smallest entry of either row. For a row
-/// without negative entries the sum is bit for bit the row sum of check_probability_row, so
-/// both rows pass check_probability_row exactly when `low >= 0` and both sums are finite and
-/// within the tolerance (a negative entry fails on `low`; a NaN in q, which can hide a negative
-/// entry of p from `low`, makes q's sum NaN).
+/// the tiles' entry sums added left to right, and the smallest entry of either row. With
+/// `float_lane_adds` 0, a row without negative entries has bit for bit the row sum of
+/// check_probability_row, so both rows pass check_probability_row exactly when `low >= 0` and
+/// both sums are finite and within the tolerance (a negative entry fails on `low`; a NaN in q,
+/// which can hide a negative entry of p from `low`, makes q's sum NaN). Otherwise (with q, on
+/// AVX2 and AVX-512: tile_checks) the sums are within a bound of check_probability_row's, and
+/// entry_sum_within tells the rows that pass for certain from those that need the exact scan.
 struct dense_scan {
   double p_sum = 0.0;
   double q_sum = 0.0;
   float low = 0.0f;
+  int float_lane_adds = 0;  ///< see tile_checks
 };
+
+/// Whether the entry sum `sum` of a row of n entries, none negative, as a checked pass computed
+/// it (`float_lane_adds` as in dense_scan), proves that check_probability_row's sum S (double,
+/// in its fixed order) satisfies |S - 1| <= tolerance. With float_lane_adds = 0, `sum` is S
+/// and the answer is exact. Otherwise `sum` came from float lanes of at most k =
+/// float_lane_adds entries each, their values (and some entries) then added in double in some
+/// order: at most N = n + 16 terms. For nonnegative terms a sum of m terms in any order is
+/// within gamma_{m-1} of the exact sum times itself (gamma_m = m u / (1 - m u); u = 2^-24 in
+/// float, 2^-53 in double), so with S* the exact sum,
+///   |sum - S*| <= e1 S*,  e1 = gamma_k^f + gamma_N^d (1 + gamma_k^f),   |S - S*| <= gamma_N^d S*,
+/// hence |sum - S| <= e S* <= e sum / (1 - e) with e = e1 + gamma_N^d, plus N 2^-125 for
+/// entries and float partial sums below 2^-126 that flush-to-zero modes would drop. The row
+/// passes when |sum - 1| + that bound <= tolerance (each bound rounded up; the few roundings
+/// of this test are covered by the 2^-40 and 2^-48 margins). False means "not proven": NaN and
+/// infinite sums, and sums within about 2e-6 of the tolerance; the caller then scans the row.
+[[nodiscard]] inline bool entry_sum_within(double sum, int float_lane_adds, index_t n,
+                                           double tolerance) noexcept {
+  const double off = sum > 1.0 ? sum - 1.0 : 1.0 - sum;  // NaN: off is NaN, compares false
+  if (!(sum - sum == 0.0)) return false;                 // NaN or infinite
+  if (float_lane_adds == 0) return off <= tolerance;
+  const auto gamma = [](double m, double u) { return m * u / (1.0 - m * u); };
+  const double terms = static_cast<double>(n) + 16.0;
+  const double gf = gamma(static_cast<double>(float_lane_adds), 0x1p-24);
+  const double gd = gamma(terms, 0x1p-53);
+  const double e = (gf + gd * (1.0 + gf) + gd) * (1.0 + 0x1p-40);
+  if (!(e < 0.25)) return false;
+  const double bound = e * sum / (1.0 - e) * (1.0 + 0x1p-40) + terms * 0x1p-125;
+  return (off + bound) * (1.0 + 0x1p-48) <= tolerance;
+}
 
 /// The eight lanes of one tile (lane k takes elements k, k + 8, ... of the tile): the weights
 /// max(p - q, 0) (max(p, 0) without q) and, when Check, the entry sums of p and q and the
@@ -243,6 +277,14 @@ struct tile_lanes {
     return sum;
   }
 };
+
+/// Whether a dense form is a simple one, max(p - q, 0) or max(p, 0), which the tile kernels
+/// (and, checked, the fused ones) take: one step, and no scale or a scale of exactly 1 (q * 1
+/// is q: the first step of the candidate recursion without replacement, before any candidate
+/// is removed).
+[[nodiscard]] inline bool simple_form(const dense_f32_weights& f) noexcept {
+  return f.steps == 1 && (f.scale == nullptr || f.scale[0] == 1.0);
+}
 
 /// One element of the recursive form (see dense_f32_weights) as the scalar verifiers compute
 /// it: v = p; per step d = v - q' and v = max(d, 0), times inv_z[s] but for the last step;
@@ -343,10 +385,21 @@ __attribute__((target("avx2,fma"), always_inline)) inline double combine_lanes_a
       _mm_add_sd(_mm256_castpd256_pd128(lo_quad), _mm256_castpd256_pd128(hi_quad)));
 }
 
+/// combine_lanes of eight float lanes, converted to double (exactly) first.
+__attribute__((target("avx2,fma"), always_inline)) inline double combine_float_lanes_avx2(
+    __m256 v) noexcept {
+  return combine_lanes_avx2(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),
+                            _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+}
+
 /// G tiles at once, `stride` elements apart, `len` elements each (independent lane chains: G
 /// times the instruction-level and memory-level parallelism of one tile); out[0 .. G) get their
-/// weight sums and, with Check, c->p_sum[0 .. G) and c->q_sum[0 .. G) their entry sums.
-template <bool HasQ, int G, bool Check = false>
+/// weight sums and, with Check, c->p_sum[0 .. G) and c->q_sum[0 .. G) their entry sums (with q:
+/// in eight float lanes, at most len / 8 <= 32 entries each; see tile_checks). Checked without
+/// q and !Clamp, the weights are the plain entries p instead of max(p, 0): the same sums for
+/// every tile without a sign bit (the caller sums a tile again with Clamp when
+/// c->call_sign_bits says it had one), one maximum less per vector.
+template <bool HasQ, int G, bool Check = false, bool Clamp = true>
 __attribute__((target("avx2,fma"))) inline void tile_group_avx2(const float* p, const float* q,
                                                                 index_t stride, index_t len,
                                                                 double* out,
@@ -355,23 +408,20 @@ __attribute__((target("avx2,fma"))) inline void tile_group_avx2(const float* p, 
   const __m256d zero = _mm256_setzero_pd();
   // Accumulators, zeroed here (the lanes of a tile shorter than 8 stay zero).
   constexpr auto ng = static_cast<std::size_t>(G);
-  __m256d lo[ng], hi[ng];    // weight lanes 0-3 and 4-7 of each tile
-  __m256d plo[ng], phi[ng];  // entry sums of p and q (Check with q)
-  __m256d qlo[ng], qhi[ng];
-  __m256i bits[ng];  // OR of the entries' bits (Check; see tile_checks::lane_bits)
+  __m256d lo[ng], hi[ng];  // weight lanes 0-3 and 4-7 of each tile
+  __m256 ps[ng], qs[ng];   // float entry sums of p and q (Check with q)
+  __m256i bits[ng];        // OR of the entries' bits (Check; see tile_checks::sign_bits)
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
     lo[g] = zero;
     hi[g] = zero;
-    plo[g] = zero;
-    phi[g] = zero;
-    qlo[g] = zero;
-    qhi[g] = zero;
+    ps[g] = qs[g] = _mm256_setzero_ps();
     bits[g] = _mm256_setzero_si256();
   }
   // Sums as fmadd(x, 1, acc): acc + x rounded once, the same bits, issued on the FMA pipes
   // (the conversions, subtractions and maxima keep the add pipes busy).
   const __m256d one = _mm256_set1_pd(1.0);
+  [[maybe_unused]] const __m256 one_f = _mm256_set1_ps(1.0f);
   index_t i = 0;
   for (; i + 8 <= len; i += 8)
     for (int g = 0; g < G; ++g) {
@@ -386,17 +436,18 @@ __attribute__((target("avx2,fma"))) inline void tile_group_avx2(const float* p, 
         d0 = _mm256_sub_pd(p0, q0);
         d1 = _mm256_sub_pd(p1, q1);
         if constexpr (Check) {
-          plo[g] = _mm256_fmadd_pd(p0, one, plo[g]);
-          phi[g] = _mm256_fmadd_pd(p1, one, phi[g]);
-          qlo[g] = _mm256_fmadd_pd(q0, one, qlo[g]);
-          qhi[g] = _mm256_fmadd_pd(q1, one, qhi[g]);
+          ps[g] = _mm256_fmadd_ps(pv, one_f, ps[g]);  // ps + pv rounded once (see above)
+          qs[g] = _mm256_fmadd_ps(qv, one_f, qs[g]);
           bits[g] = _mm256_or_si256(
               _mm256_or_si256(_mm256_castps_si256(pv), _mm256_castps_si256(qv)), bits[g]);
         }
       } else if constexpr (Check) {
         bits[g] = _mm256_or_si256(_mm256_castps_si256(pv), bits[g]);
       }
-      if constexpr (Check && !HasQ) {
+      if constexpr (Check && !HasQ && !Clamp) {
+        lo[g] = _mm256_fmadd_pd(d0, one, lo[g]);
+        hi[g] = _mm256_fmadd_pd(d1, one, hi[g]);
+      } else if constexpr (Check && !HasQ) {
         lo[g] = _mm256_fmadd_pd(_mm256_max_pd(zero, d0), one, lo[g]);
         hi[g] = _mm256_fmadd_pd(_mm256_max_pd(zero, d1), one, hi[g]);
       } else {
@@ -407,15 +458,16 @@ __attribute__((target("avx2,fma"))) inline void tile_group_avx2(const float* p, 
   if constexpr (Check) {
     __m256i m = bits[0];
     for (int g = 1; g < G; ++g) m = _mm256_or_si256(bits[g], m);
-    auto* lanes = reinterpret_cast<__m256i*>(c->lane_bits);
-    _mm256_store_si256(lanes, _mm256_or_si256(m, _mm256_load_si256(lanes)));
+    c->call_sign_bits = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(m)));
+    c->sign_bits |= c->call_sign_bits;
+    if constexpr (HasQ) c->float_lane_adds = static_cast<int>(sum_tile / 8);
   }
   for (int g = 0; g < G; ++g) {
     if (i == len) {  // no tail: combine the lanes in registers (tile_lanes::finish's bits)
       out[g] = combine_lanes_avx2(lo[g], hi[g]);
       if constexpr (Check) {
-        c->p_sum[g] = HasQ ? combine_lanes_avx2(plo[g], phi[g]) : out[g];
-        if constexpr (HasQ) c->q_sum[g] = combine_lanes_avx2(qlo[g], qhi[g]);
+        c->p_sum[g] = HasQ ? combine_float_lanes_avx2(ps[g]) : out[g];
+        if constexpr (HasQ) c->q_sum[g] = combine_float_lanes_avx2(qs[g]);
       }
       continue;
     }
@@ -423,10 +475,11 @@ __attribute__((target("avx2,fma"))) inline void tile_group_avx2(const float* p, 
     _mm256_storeu_pd(acc.w, lo[g]);
     _mm256_storeu_pd(acc.w + 4, hi[g]);
     if constexpr (Check && HasQ) {
-      _mm256_storeu_pd(acc.p, plo[g]);
-      _mm256_storeu_pd(acc.p + 4, phi[g]);
-      _mm256_storeu_pd(acc.q, qlo[g]);
-      _mm256_storeu_pd(acc.q + 4, qhi[g]);
+      // The float lanes as doubles (exact conversions).
+      _mm256_storeu_pd(acc.p, _mm256_cvtps_pd(_mm256_castps256_ps128(ps[g])));
+      _mm256_storeu_pd(acc.p + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(ps[g], 1)));
+      _mm256_storeu_pd(acc.q, _mm256_cvtps_pd(_mm256_castps256_ps128(qs[g])));
+      _mm256_storeu_pd(acc.q + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(qs[g], 1)));
     }
     for (index_t j = i, k = 0; j < len; ++j, ++k)
       acc.add(static_cast<int>(k), p[g * stride + j], HasQ ? q[g * stride + j] : 0.0f, c);
@@ -445,65 +498,86 @@ __attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline double comb
   return _mm_cvtsd_f64(_mm256_castpd256_pd128(sum));
 }
 
-/// Adds the entries of one group of eight (as doubles) to a tile's accumulators (AVX-512).
-template <bool HasQ, bool Check>
+/// Adds the weights of one group of eight entries (as doubles) to a tile's lanes (AVX-512).
+template <bool HasQ, bool Check, bool Clamp = true>
 __attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline void tile_add_avx512(
-    __m512d& w, __m512d& ps, __m512d& qs, __m512d pd, __m512d qd) noexcept {
+    __m512d& w, __m512d pd, __m512d qd) noexcept {
   const __m512d zero = _mm512_setzero_pd();
   __m512d d = pd;
-  if constexpr (HasQ) {
-    d = _mm512_sub_pd(pd, qd);
-    if constexpr (Check) {
-      // ps + pd * 1 rounded once is ps + pd: the same sums, issued on the FMA pipes, which the
-      // rest of the kernel leaves idle (on Zen 4 the adds, subtractions, conversions and
-      // maxima all queue for the two FP add pipes).
-      const __m512d one = _mm512_set1_pd(1.0);
-      ps = _mm512_fmadd_pd(pd, one, ps);
-      qs = _mm512_fmadd_pd(qd, one, qs);
-    }
-  }
+  if constexpr (HasQ) d = _mm512_sub_pd(pd, qd);
   // max(d, 0) maps NaN to +0 as the scalar clamp does; a checked pass without q keeps NaN.
-  w = _mm512_fmadd_pd(Check && !HasQ ? _mm512_max_pd(zero, d) : _mm512_max_pd(d, zero),
-                      _mm512_set1_pd(1.0), w);
+  // w + x * 1 rounded once is w + x: the same sums, issued on the FMA pipes, which the rest of
+  // the kernel leaves idle (on Zen 4 the conversions, subtractions and maxima all queue for the
+  // two FP add pipes).
+  // Checked without q and !Clamp: the plain entry (see tile_group_avx2).
+  if constexpr (Check && !HasQ && !Clamp)
+    w = _mm512_fmadd_pd(d, _mm512_set1_pd(1.0), w);
+  else
+    w = _mm512_fmadd_pd(Check && !HasQ ? _mm512_max_pd(zero, d) : _mm512_max_pd(d, zero),
+                        _mm512_set1_pd(1.0), w);
+}
+
+/// Sixteen float lanes as eight double lanes: lane k plus lane k + 8, in double.
+__attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline __m512d fold_lanes_avx512(
+    __m512 v) noexcept {
+  return _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)),
+                       _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)));
 }
 
 /// tile_group_avx2 on AVX-512: one vector of eight doubles holds a tile's eight lanes, and each
 /// group of 16 entries adds entries k and then k + 8 of the group to lane k, the lane order of
-/// every other path.
-template <bool HasQ, int G, bool Check = false>
+/// every other path. Checked with q, the entry sums take sixteen float lanes (at most
+/// len / 16 <= 16 entries each; see tile_checks). Clamp as in tile_group_avx2.
+template <bool HasQ, int G, bool Check = false, bool Clamp = true>
 __attribute__((target(SPECULA_AVX512_TARGET))) inline void tile_group_avx512(
     const float* p, const float* q, index_t stride, index_t len, double* out,
     tile_checks* c = nullptr) noexcept {
   static_assert(G <= tile_checks::max_tiles);
   const __m512d zero = _mm512_setzero_pd();
   constexpr auto ng = static_cast<std::size_t>(G);
-  __m512d w[ng], ps[ng], qs[ng];  // weight lanes; entry sums of p and q (Check with q)
-  __m512i bits[ng];               // OR of the entries' bits (Check; see tile_checks::lane_bits)
+  __m512d w[ng];          // weight lanes
+  __m512 ps[ng], qs[ng];  // float entry sums of p and q (Check with q)
+  __m512i bits[ng];       // OR of the entries' bits (Check; see tile_checks::sign_bits)
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
-    w[g] = ps[g] = qs[g] = zero;
+    w[g] = zero;
+    ps[g] = qs[g] = _mm512_setzero_ps();
     bits[g] = _mm512_setzero_si512();
   }
+  [[maybe_unused]] const __m512 one_f = _mm512_set1_ps(1.0f);
   index_t i = 0;
   for (; i + 16 <= len; i += 16)
     for (int g = 0; g < G; ++g) {
       const float* pg = p + g * stride + i;
       const float* qg = HasQ ? q + g * stride + i : nullptr;
-      if constexpr (Check) {
-        // The bits of both rows' entries (one ternary-logic OR of three with q).
-        if constexpr (HasQ)
-          bits[g] = _mm512_ternarylogic_epi32(bits[g], _mm512_loadu_si512(pg),
-                                              _mm512_loadu_si512(qg), 0xFE);
-        else
-          bits[g] = _mm512_or_si512(_mm512_loadu_si512(pg), bits[g]);
+      // Two 32-byte loads folded into the conversions (cheaper than extracting the upper half
+      // of a 64-byte register).
+      const __m512d p0 = _mm512_cvtps_pd(_mm256_loadu_ps(pg));
+      const __m512d p1 = _mm512_cvtps_pd(_mm256_loadu_ps(pg + 8));
+      __m512d q0 = zero, q1 = zero;
+      if constexpr (HasQ) {
+        q0 = _mm512_cvtps_pd(_mm256_loadu_ps(qg));
+        q1 = _mm512_cvtps_pd(_mm256_loadu_ps(qg + 8));
       }
-      // The conversions read memory again (two 32-byte loads folded into the conversions cost
-      // less than extracting the upper half of a 64-byte register).
-      tile_add_avx512<HasQ, Check>(w[g], ps[g], qs[g], _mm512_cvtps_pd(_mm256_loadu_ps(pg)),
-                                   HasQ ? _mm512_cvtps_pd(_mm256_loadu_ps(qg)) : zero);
-      tile_add_avx512<HasQ, Check>(w[g], ps[g], qs[g], _mm512_cvtps_pd(_mm256_loadu_ps(pg + 8)),
-                                   HasQ ? _mm512_cvtps_pd(_mm256_loadu_ps(qg + 8)) : zero);
+      if constexpr (Check && HasQ) {
+        // The bits of both rows' entries (one ternary-logic OR of three) and their float sums.
+        const __m512 pv = _mm512_loadu_ps(pg);
+        const __m512 qv = _mm512_loadu_ps(qg);
+        bits[g] = _mm512_ternarylogic_epi32(bits[g], _mm512_castps_si512(pv),
+                                            _mm512_castps_si512(qv), 0xFE);
+        // ps + pv rounded once, on the FMA pipes (see tile_add_avx512).
+        ps[g] = _mm512_fmadd_ps(pv, one_f, ps[g]);
+        qs[g] = _mm512_fmadd_ps(qv, one_f, qs[g]);
+      } else if constexpr (Check) {
+        // The bits of the converted entries (a double keeps its float's sign, NaN included):
+        // no load of its own.
+        bits[g] = _mm512_ternarylogic_epi64(bits[g], _mm512_castpd_si512(p0),
+                                            _mm512_castpd_si512(p1), 0xFE);
+      }
+      tile_add_avx512<HasQ, Check, Clamp>(w[g], p0, q0);
+      tile_add_avx512<HasQ, Check, Clamp>(w[g], p1, q1);
     }
+  [[maybe_unused]] unsigned partial_sign = 0;
   if (i + 8 <= len) {  // one group of 8 left (a partial tile only)
     for (int g = 0; g < G; ++g) {
       const __m256 pv = _mm256_loadu_ps(p + g * stride + i);
@@ -511,32 +585,40 @@ __attribute__((target(SPECULA_AVX512_TARGET))) inline void tile_group_avx512(
       if constexpr (HasQ) qv = _mm256_loadu_ps(q + g * stride + i);
       if constexpr (Check) {
         const __m256i m = _mm256_or_si256(_mm256_castps_si256(pv), _mm256_castps_si256(qv));
-        bits[g] = _mm512_or_si512(_mm512_zextsi256_si512(m), bits[g]);  // upper lanes 0
+        partial_sign |= static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(m)));
+        if constexpr (HasQ) {  // float lanes 0-7 only
+          ps[g] = _mm512_mask_add_ps(ps[g], 0xFF, ps[g], _mm512_castps256_ps512(pv));
+          qs[g] = _mm512_mask_add_ps(qs[g], 0xFF, qs[g], _mm512_castps256_ps512(qv));
+        }
       }
-      tile_add_avx512<HasQ, Check>(w[g], ps[g], qs[g], _mm512_cvtps_pd(pv),
-                                   HasQ ? _mm512_cvtps_pd(qv) : zero);
+      tile_add_avx512<HasQ, Check, Clamp>(w[g], _mm512_cvtps_pd(pv),
+                                          HasQ ? _mm512_cvtps_pd(qv) : zero);
     }
     i += 8;
   }
   if constexpr (Check) {
     __m512i m = bits[0];
     for (int g = 1; g < G; ++g) m = _mm512_or_si512(bits[g], m);
-    _mm512_store_si512(c->lane_bits, _mm512_or_si512(m, _mm512_load_si512(c->lane_bits)));
+    // Sign bits of 32-bit lanes (floats, with q) or 64-bit lanes (converted doubles).
+    c->call_sign_bits = partial_sign | (HasQ ? static_cast<unsigned>(_mm512_movepi32_mask(m))
+                                             : static_cast<unsigned>(_mm512_movepi64_mask(m)));
+    c->sign_bits |= c->call_sign_bits;
+    if constexpr (HasQ) c->float_lane_adds = static_cast<int>(sum_tile / 16);
   }
   for (int g = 0; g < G; ++g) {
     if (i == len) {  // no tail: combine the lanes in registers (tile_lanes::finish's bits)
       out[g] = combine_lanes_avx512(w[g]);
       if constexpr (Check) {
-        c->p_sum[g] = HasQ ? combine_lanes_avx512(ps[g]) : out[g];
-        if constexpr (HasQ) c->q_sum[g] = combine_lanes_avx512(qs[g]);
+        c->p_sum[g] = HasQ ? combine_lanes_avx512(fold_lanes_avx512(ps[g])) : out[g];
+        if constexpr (HasQ) c->q_sum[g] = combine_lanes_avx512(fold_lanes_avx512(qs[g]));
       }
       continue;
     }
     tile_lanes<HasQ, Check> acc;
     _mm512_storeu_pd(acc.w, w[g]);
     if constexpr (Check && HasQ) {
-      _mm512_storeu_pd(acc.p, ps[g]);
-      _mm512_storeu_pd(acc.q, qs[g]);
+      _mm512_storeu_pd(acc.p, fold_lanes_avx512(ps[g]));
+      _mm512_storeu_pd(acc.q, fold_lanes_avx512(qs[g]));
     }
     for (index_t j = i, k = 0; j < len; ++j, ++k)
       acc.add(static_cast<int>(k), p[g * stride + j], HasQ ? q[g * stride + j] : 0.0f, c);
@@ -651,15 +733,15 @@ template <bool HasQ>
 }
 
 /// The sum of one tile [begin, end) (at most sum_tile elements) of a dense form with no skip
-/// index inside it, on the active instruction set. With Check (simple forms only: steps == 1,
-/// no scale), also the tile's entry sums and minimum into `c` (see tile_lanes).
+/// index inside it, on the active instruction set. With Check (simple forms only: see
+/// simple_form), also the tile's entry sums and minimum into `c` (see tile_lanes).
 template <bool HasQ, bool Check = false>
 [[nodiscard]] inline double dense_tile_sum_q(const dense_f32_weights& f, index_t begin, index_t end,
                                              tile_checks* c = nullptr) noexcept {
   const float* p = f.p + begin;
   const float* q = HasQ ? f.q + begin : nullptr;
   const index_t len = end - begin;
-  const bool simple = Check || (f.steps == 1 && f.scale == nullptr);
+  const bool simple = Check || simple_form(f);
 #if SPECULA_SIMD_X86
   const simd::isa path = simd::active_isa();
   if (path >= simd::isa::avx2) {
@@ -719,10 +801,22 @@ inline index_t wide_tile_groups(const dense_f32_weights& f, index_t begin, index
   for (; t + group * tile <= n && t < end; t += group * tile, k += group) {
     if (holds_skip(f, t, t + group * tile)) break;
     double sums[static_cast<std::size_t>(group)];
+    // Checked without q: the plain entries first (no maximum), and only a tile with a sign bit
+    // (a negative entry, -0, or NaN with the sign set) summed again with the clamp.
+    constexpr bool plain = Check && !HasQ;
+    const float* q = HasQ ? f.q + t : nullptr;
     if constexpr (Avx512)
-      tile_group_avx512<HasQ, group, Check>(f.p + t, HasQ ? f.q + t : nullptr, tile, tile, sums, c);
+      tile_group_avx512<HasQ, group, Check, !plain>(f.p + t, q, tile, tile, sums, c);
     else
-      tile_group_avx2<HasQ, group, Check>(f.p + t, HasQ ? f.q + t : nullptr, tile, tile, sums, c);
+      tile_group_avx2<HasQ, group, Check, !plain>(f.p + t, q, tile, tile, sums, c);
+    if constexpr (plain) {
+      if (c->call_sign_bits != 0) {
+        if constexpr (Avx512)
+          tile_group_avx512<HasQ, group, Check>(f.p + t, q, tile, tile, sums, c);
+        else
+          tile_group_avx2<HasQ, group, Check>(f.p + t, q, tile, tile, sums, c);
+      }
+    }
     int g = 0;
     for (; g < group && t + g * tile < end; ++g) out[k + g] = sums[g];
     record(g);
@@ -737,10 +831,11 @@ inline index_t wide_tile_groups(const dense_f32_weights& f, index_t begin, index
 /// tile_positive_sum. Tiles holding a skip index are left untouched (the caller computes them
 /// from the element calls). `tile` is a multiple of 8, at most sum_tile.
 ///
-/// With Check (check_level::reads; simple forms only: steps == 1, no scale), the same pass adds
-/// the entry sums of the form's rows over these tiles to `scan` in tile order and lowers its
-/// minimum (skip tiles included), so a row is validated while it is read for its weights. The
-/// weight sums are the unchecked ones for every row without NaN.
+/// With Check (check_level::reads; simple forms only: see simple_form), the same pass adds
+/// the entry sums of the form's rows over these tiles to `scan` in tile order (exact, or from
+/// float lanes: see tile_checks) and lowers its minimum (skip tiles included), so a row is
+/// validated while it is read for its weights. The weight sums are the unchecked ones for every
+/// row without NaN.
 template <bool Check = false>
 inline void dense_tile_sums(const dense_f32_weights& f, index_t begin, index_t end, index_t n,
                             index_t tile, double* out, dense_scan* scan = nullptr) noexcept {
@@ -756,7 +851,7 @@ inline void dense_tile_sums(const dense_f32_weights& f, index_t begin, index_t e
   };
 #if SPECULA_SIMD_X86
   const simd::isa path = simd::active_isa();
-  if (f.steps == 1 && f.scale == nullptr && path >= simd::isa::avx2) {
+  if (simple_form(f) && path >= simd::isa::avx2) {
     const auto groups = [&](auto avx512) {
       constexpr bool wide = decltype(avx512)::value;
       return f.q != nullptr
@@ -790,6 +885,7 @@ inline void dense_tile_sums(const dense_f32_weights& f, index_t begin, index_t e
       }
     }
     scan->low = c.low;
+    if (c.float_lane_adds > scan->float_lane_adds) scan->float_lane_adds = c.float_lane_adds;
   }
 }
 

@@ -77,11 +77,12 @@ struct row_read_log {
 /// rows named by a weight function's dense form (core/simd.hpp). Simple forms (a row, the chain
 /// residual max(p - q, 0), the first candidate step) are validated by the pass that sums their
 /// weights, which reads each row once: its kernels add up the rows' entries and track their
-/// minimum on the way (detail::dense_tile_sums), and when those fall outside a valid row's, the
-/// rows are scanned with check_probability_row for the diagnostic. The candidate recursion's
-/// forms are checked with check_probability_row before their pass. The weights, and so the
-/// results, are those of sequential_passes for every valid row. The first failure is recorded in
-/// the log; the caller turns it into an error after the request.
+/// minimum on the way (detail::dense_tile_sums), and unless those prove the rows valid, the
+/// rows are scanned with check_probability_row (for the diagnostic, or to settle a sum close to
+/// the tolerance). The candidate recursion's later forms are checked with check_probability_row
+/// before their pass. The weights, and so the results, are those of sequential_passes for every
+/// valid row. The first failure is recorded in the log; the caller turns it into an error after
+/// the request.
 struct checking_passes {
   using summary_type = weight_summary;
   row_read_log* log = nullptr;
@@ -127,17 +128,19 @@ struct checking_passes {
   /// first.
   bool fused(index_t n, const dense_f32_weights& f) const noexcept {
     if (seen(f.p) && (f.q == nullptr || seen(f.q))) return false;
-    if (f.steps == 1 && f.scale == nullptr) return true;
+    if (detail::simple_form(f)) return true;
     check(f.p, n);
     if (f.q != nullptr) check(f.q, n);
     return false;
   }
-  /// Records the rows of a fused pass: when its scan is not that of valid rows, the rows are
-  /// checked in full for the first failure (p before q).
+  /// Records the rows of a fused pass: unless its scan proves them valid, the rows are checked
+  /// in full (check_probability_row), which finds the first failure (p before q) or, for rows
+  /// whose float-lane sums lie too close to the tolerance to decide (detail::entry_sum_within),
+  /// that they are valid: the same rows are refused as by the full scan.
   void conclude(index_t n, const dense_f32_weights& f,
                 const detail::dense_scan& scan) const noexcept {
     auto sum_ok = [&](double sum) {
-      return detail::is_finite(sum) && detail::abs_value(sum - 1.0) <= log->sum_tolerance;
+      return detail::entry_sum_within(sum, scan.float_lane_adds, n, log->sum_tolerance);
     };
     const bool valid =
         scan.low >= 0.0f && sum_ok(scan.p_sum) && (f.q == nullptr || sum_ok(scan.q_sum));
