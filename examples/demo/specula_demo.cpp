@@ -197,7 +197,8 @@ struct demo_options {
   double spawn_ratio = 0.85;
   bool no_recycling = false;
   std::string sjd_variant = "exact";  // sjd-pac --sjd-variant (the authors' code's deviations)
-  bool ra_only = false;  // multiblock --ra-only: verify within the RA block (released extent)
+  bool ra_only = false;     // multiblock --ra-only: verify within the RA block (released extent)
+  bool stochastic = false;  // multiblock --stochastic: the sampled (lossless) variant
   index_t pool_size = 4;
   index_t ngram = 16;
   std::string pool = "fifo";
@@ -503,17 +504,19 @@ std::vector<token_t> ar_decode(Model& m, std::span<const token_t> prompt, index_
 /// tokens, counters and row summaries crossing), or "" when it does. Resident: sd and cool-sd
 /// (chain or tree drafts, sampled; --p-min; --greedy and --draft-greedy as top-k = 1 rows, whose
 /// one-hot rows make the exact rule greedy), sjd and sjd-pac (the exact variant, random
-/// initialisation), jacobi and multiblock (greedy), ar (resident SD without drafts, so that
-/// speedups compare resident with resident; greedy as top-k = 1), and on the diffusion task ssd
-/// and its stepwise baseline; the image task's vocabulary limit is applied on the GPU
-/// (device_transformer::set_vocab_limit). The others run through device_session: the same loop
-/// as on the host, logits copied to the host each pass.
+/// initialisation), jacobi and multiblock (greedy; --stochastic with the SJD ops), lookup (the
+/// n-gram drafts from the committed tokens, the target's rows on the GPU; greedy as top-k = 1),
+/// ar (resident SD without drafts, so that speedups compare resident with resident; greedy as
+/// top-k = 1), and on the diffusion task ssd and its stepwise baseline; the image task's vocabulary
+/// limit is applied on the GPU (device_transformer::set_vocab_limit). The others run through
+/// device_session: the same loop as on the host, logits copied to the host each pass.
 std::string non_resident_reason(const demo_options& o) {
   if (o.device != "cuda") return "not on the GPU";
   if (o.no_resident) return "--no-resident";
   if (o.cfg != 1.0) return "--cfg (the guided pair's rows are mixed on the host)";
   if (o.task == task_kind::diffusion) return "";  // ar (stepwise) and ssd
-  if (o.method == "ar" || o.method == "jacobi" || o.method == "multiblock") return "";
+  if (o.method == "ar" || o.method == "jacobi" || o.method == "multiblock" || o.method == "lookup")
+    return "";
   if (o.method == "sd" || o.method == "cool-sd") {
     if ((o.greedy || o.draft_greedy) && (o.draft_tree_width > 0 || o.draft_tree_lantern))
       return "greedy tree drafts (siblings: the draft's top tokens, chosen on the host)";
@@ -529,7 +532,6 @@ std::string non_resident_reason(const demo_options& o) {
   }
   if (o.method == "lantern")
     return "lantern (no resident verifier for LANTERN++'s neighbour table)";
-  if (o.method == "lookup") return "lookup (the n-gram proposal drafts from host state)";
   return "no resident loop for --method " + o.method;
 }
 
@@ -744,6 +746,18 @@ std::vector<token_t> run_lookup(const run_input& in, decode_stats& st) {
   no.max_branches = o.lookup_branches;
   no.max_ngram = o.lookup_ngram;
   specula::ngram_proposal draft(no);
+#ifdef SPECULA_DEMO_CUDA
+  if (in.device != nullptr && resident_loop(o)) {
+    // The drafts come from the committed tokens (host); the target's rows stay on the GPU.
+    // Greedy: top-k = 1 target rows, whose exact verification is greedy decoding.
+    ex::device_sjd_ops ops(*in.device);
+    if (o.greedy) so.target.top_k = 1;
+    auto out = ex::resident_proposal_decode(ops, draft, in.prompt, so, in.rng,
+                                            specula::tree_verifier<>{}, &st);
+    if (in.progress != nullptr) in.progress->advance(static_cast<index_t>(out.size()));
+    return out;
+  }
+#endif
   demo_session target(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
                       in.llama_target);
   if (o.greedy)
@@ -943,8 +957,10 @@ std::vector<token_t> run_multiblock(const run_input& in, decode_stats& st) {
   mo.block_size = in.opt.block_size;
   mo.max_blocks = in.opt.blocks;
   mo.spawn_ratio = in.opt.spawn_ratio;
-  mo.recycling = !in.opt.no_recycling;
+  mo.recycling = !in.opt.no_recycling && !in.opt.stochastic;
   mo.verify_past_ra = !in.opt.ra_only;
+  mo.stochastic = in.opt.stochastic;
+  if (mo.stochastic) mo.target = sampling_of(in.opt);
   mo.pool_size = in.opt.pool_size;
   mo.pool =
       in.opt.pool == "per-key" ? specula::multiblock_pool::per_key : specula::multiblock_pool::fifo;
@@ -953,20 +969,36 @@ std::vector<token_t> run_multiblock(const run_input& in, decode_stats& st) {
   mo.ngram_length = in.opt.ngram;
   mo.max_new_tokens = in.opt.max_new_tokens;
   mo.init = jacobi_init_of(in.opt.init);
-  if (auto out = resident_greedy(in, [&](auto& ops) {
-        return ex::resident_multiblock_decode(ops, in.prompt, mo, in.rng, &st);
-      }))
-    return *std::move(out);
+#ifdef SPECULA_DEMO_CUDA
+  if (mo.stochastic && in.device != nullptr && resident_loop(in.opt)) {
+    // The sampled window's rows stay on the GPU with the SJD ops (AC draws, as SJD-PAC's).
+    ex::device_sjd_ops ops(*in.device);
+    auto out =
+        ex::resident_multiblock_decode(ops, in.prompt, mo, in.rng, specula::tree_verifier<>{}, &st);
+    if (in.progress != nullptr) in.progress->advance(static_cast<index_t>(out.size()));
+    return out;
+  }
+#endif
+  if (!mo.stochastic)
+    if (auto out = resident_greedy(in, [&](auto& ops) {
+          return ex::resident_multiblock_decode(ops, in.prompt, mo, in.rng, &st);
+        }))
+      return *std::move(out);
   demo_session m(in.model, in.device, in.vocab_limit, in.progress, in.opt.cfg, in.null_label,
                  in.llama_target);
   return specula::multiblock_decode(m, in.prompt, mo, in.rng, &st);
 }
 json params_multiblock(const demo_options& o) {
-  json p = {{"block_size", o.block_size},   {"blocks", o.blocks}, {"spawn_ratio", o.spawn_ratio},
-            {"recycling", !o.no_recycling}, {"init", o.init},     {"greedy", true}};
+  const bool recycling = !o.no_recycling && !o.stochastic;
+  json p = {{"block_size", o.block_size}, {"blocks", o.blocks}, {"spawn_ratio", o.spawn_ratio},
+            {"recycling", recycling},     {"init", o.init},     {"greedy", !o.stochastic}};
   p["spawn"] = o.spawn;
   p["verify_past_ra"] = !o.ra_only;
-  if (!o.no_recycling) {
+  if (o.stochastic) {
+    p["stochastic"] = true;
+    p.update(sampling_json(o));
+  }
+  if (recycling) {
     p["pool"] = o.pool;
     p["pool_size"] = o.pool_size;
     if (o.pool == "per-key") p["ngram"] = o.ngram;
@@ -1066,10 +1098,10 @@ const std::vector<method_entry>& methods() {
        text_bit | image_bit,
        0,
        {"--block-size", "--blocks", "--spawn-ratio", "--no-recycling", "--pool-size", "--ngram",
-        "--init", "--pool", "--spawn", "--ra-only"},
+        "--init", "--pool", "--spawn", "--ra-only", "--stochastic"},
        run_multiblock,
        params_multiblock,
-       "multi-block Jacobi decoding with rejection recycling (greedy)"},
+       "multi-block Jacobi decoding with rejection recycling (greedy; --stochastic: sampled)"},
       {"ssd",
        diffusion_bit,
        0,
@@ -1210,6 +1242,9 @@ void print_help() {
       "                       released code) | any (any block that reaches the ratio)\n"
       "  --ra-only            multiblock: accept within the real-active block only, as the\n"
       "                       released code (default: verification may run past it)\n"
+      "  --stochastic         multiblock: the sampled variant (exact verification of the\n"
+      "                       window, SJD's Adaptive Continuation update; lossless for the\n"
+      "                       sampled law; no recycling); --temperature/--top-k/--top-p apply\n"
       "  --mix-order          ssd: the mix-order verification tree (2N nodes)\n"
       "  --cache none|dual    ssd, diffusion ar: evaluate through the dual (prefix and suffix)\n"
       "                       KV cache (default dual, the SSD paper's setting) or whole\n"
@@ -1256,9 +1291,9 @@ demo_options parse_args(int argc, char** argv) {
   bool have_task = false, have_method = false;
   std::string task;
   const std::vector<std::string_view> switches = {
-      "--greedy",        "--draft-greedy",  "--no-ac",     "--no-pd",      "--json",
-      "--quiet",         "--no-recycling",  "--mix-order", "--fallback",   "--count-root",
-      "--no-count-root", "--pd-first-path", "--ra-only",   "--no-resident"};
+      "--greedy",        "--draft-greedy",  "--no-ac",     "--no-pd",       "--json",
+      "--quiet",         "--no-recycling",  "--mix-order", "--fallback",    "--count-root",
+      "--no-count-root", "--pd-first-path", "--ra-only",   "--no-resident", "--stochastic"};
   const std::vector<std::string_view> valued = {
       "--task",          "--method",         "--temperature", "--top-k",      "--top-p",
       "--seed",          "--max-new-tokens", "--prompt",      "--label",      "--num-samples",
@@ -1407,6 +1442,8 @@ demo_options parse_args(int argc, char** argv) {
       o.sjd_variant = value;
     } else if (flag == "--ra-only") {
       o.ra_only = true;
+    } else if (flag == "--stochastic") {
+      o.stochastic = true;
     } else if (flag == "--mix-order") {
       o.mix_order = true;
     } else if (flag == "--cache") {
@@ -1483,7 +1520,7 @@ void resolve(demo_options& o, const method_entry& m) {
       "--refresh",       "--fallback",     "--count-root",   "--no-count-root", "--pd-first-path",
       "--lambda",        "--lantern-k",    "--ra-only",      "--draft-model",   "--sjd-variant"};
   const std::vector<std::string_view> method_flags_more = {"--p-min", "--lookup-branches",
-                                                           "--lookup-ngram"};
+                                                           "--lookup-ngram", "--stochastic"};
   for (const auto& f : o.given)
     if ((std::find(method_flags.begin(), method_flags.end(), f) != method_flags.end() ||
          std::find(method_flags_more.begin(), method_flags_more.end(), f) !=
@@ -1565,6 +1602,8 @@ void resolve(demo_options& o, const method_entry& m) {
     if (o.init.empty()) o.init = "context";
     require(o.init == "repeat" || o.init == "random" || o.init == "context", "--init",
             "must be context, repeat or random for method multiblock, got '" + o.init + "'");
+    require(!(o.stochastic && o.ra_only), "--ra-only",
+            "not with --stochastic (the sampled variant verifies the whole window)");
   }
   if (o.block_size < 0) o.block_size = o.method == "multiblock" ? 64 : 8;
   require(o.block_size >= 1 && o.block_size <= 256, "--block-size", "must be in [1, 256]");

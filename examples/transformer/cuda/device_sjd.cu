@@ -36,7 +36,41 @@ __global__ void __launch_bounds__(threads)
     row[y] = y >= begin && y < end ? value : 0.0f;
 }
 
+__global__ void __launch_bounds__(threads)
+    window_rows_kernel(const specula::detail::window_row* rows, const float* current, float* dest,
+                       const std::int32_t* context_counts, index_t V) {
+  const specula::detail::window_row r = rows[blockIdx.x];
+  float* row = dest + static_cast<index_t>(r.at) * V;
+  for (index_t y = threadIdx.x; y < V; y += threads)
+    row[y] = specula::detail::window_row_entry(r, current, context_counts, V, y);
+}
+
+__global__ void __launch_bounds__(threads)
+    count_tokens_kernel(const token_t* tokens, int n, index_t V, std::int32_t* counts) {
+  const int i = static_cast<int>(blockIdx.x) * threads + static_cast<int>(threadIdx.x);
+  if (i >= n) return;
+  const token_t t = tokens[i];
+  if (t >= 0 && t < V) atomicAdd(counts + t, 1);
+}
+
 }  // namespace
+
+cudaError_t window_rows(cudaStream_t stream, const specula::detail::window_row* rows, int count,
+                        const float* current, float* dest, const std::int32_t* context_counts,
+                        index_t V) {
+  if (count <= 0) return cudaSuccess;
+  window_rows_kernel<<<static_cast<unsigned>(count), threads, 0, stream>>>(rows, current, dest,
+                                                                           context_counts, V);
+  return cudaGetLastError();
+}
+
+cudaError_t count_tokens(cudaStream_t stream, const token_t* tokens, int n, index_t V,
+                         std::int32_t* counts) {
+  if (n <= 0) return cudaSuccess;
+  count_tokens_kernel<<<static_cast<unsigned>((n + threads - 1) / threads), threads, 0, stream>>>(
+      tokens, n, V, counts);
+  return cudaGetLastError();
+}
 
 cudaError_t sjd_children(cudaStream_t stream, const specula::detail::sjd_children_job* jobs,
                          int count, const float* p, const float* q_old, float* q_next, index_t V,

@@ -33,10 +33,10 @@ class device_tree_verify {
     flags_.ensure(1);
   }
 
-  /// Verifies `tree` (node u's children drawn from q row u) against the p rows on `stream`
-  /// with the exact rule, or `relaxed` when given: the leaves' q rows (no children, no draw)
-  /// first take their p rows; writes the output tokens to out[0 .. tree.size()) and returns the
-  /// accepted count. Synchronises `stream`.
+  /// Verifies `tree` (node u's children drawn from q row u; q null: deterministic children,
+  /// one-hot proposals) against the p rows on `stream` with the exact rule, or `relaxed` when
+  /// given: the leaves' q rows (no children, no draw) first take their p rows; writes the output
+  /// tokens to out[0 .. tree.size()) and returns the accepted count. Synchronises `stream`.
   index_t run(cudaStream_t stream, const token_tree& tree, const float* p, float* q, index_t V,
               const request_rng& rng, std::span<token_t> out, device_traffic& traffic,
               const scheduled_relaxed_rule* relaxed = nullptr) {
@@ -46,7 +46,7 @@ class device_tree_verify {
       throw_if_failed({status::invalid_parameter, -1, -1, static_cast<double>(nodes)}, "tree",
                       "more nodes than reserved");
     const auto row = static_cast<std::size_t>(V);
-    for (index_t a = 0; a < nodes;) {  // one copy per run of leaves
+    for (index_t a = 0; a < nodes && q != nullptr;) {  // one copy per run of leaves
       if (tree.num_children(a) != 0) {
         ++a;
         continue;

@@ -36,7 +36,7 @@ cudaError_t verify_tree(cudaStream_t stream, index_t V, const index_t* offsets,
   in.parents = row_view<const index_t>(parents, nodes);
   in.tokens = row_view<const token_t>(tokens, nodes);
   in.target_probs = batch_view<const float>(p, nodes, V);
-  in.draft_probs = batch_view<const float>(q, nodes, V);
+  if (q != nullptr) in.draft_probs = batch_view<const float>(q, nodes, V);  // else one-hot
   in.rng = row_view<const request_rng>(rng, 1);
   tree_batch_output out;
   out.output_tokens = row_view<token_t>(out_tokens, nodes);

@@ -27,7 +27,8 @@ cudaError_t sample(cudaStream_t stream, const float* q, index_t V, const request
 
 /// Tree verification of one request's `nodes` nodes (specula::cuda::verify_tree_async, siblings
 /// without replacement): the exact rule, or `relaxed` when given (a schedule without device
-/// data: not custom); p and q are nodes x V rows.
+/// data: not custom); p and q are nodes x V rows (q null: deterministic children, one-hot
+/// proposals).
 cudaError_t verify_tree(cudaStream_t stream, index_t V, const index_t* offsets,
                         const index_t* parents, const token_t* tokens, index_t nodes,
                         const float* p, const float* q, const request_rng* rng, token_t* out_tokens,

@@ -24,10 +24,15 @@
 /// occurrence; with `max_branches` > 1, the continuations of up to that many distinct earlier
 /// occurrences (most recent first, longer matches first) are merged into a draft tree. No match:
 /// no drafts (the step decodes one token).
+///
+/// The drafts come from committed tokens (host state), so only the verification needs rows: with
+/// a resident rows policy (`detail::proposal_host_rows` describes it) the p rows stay where the
+/// model computes them (the example transformer's `resident_proposal_decode` on the GPU).
 
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -173,16 +178,33 @@ inline token_tree prune_depth(const token_tree& tree, index_t max_depth) {
   return token_tree(std::move(parents), std::move(tokens));
 }
 
+/// Where proposal_task's target rows live: `proposal_host_rows` (the default) verifies on the
+/// host from the loop's pass (verify_step). A *resident* policy (`resident = true`; the example
+/// transformer's SJD ops, examples/transformer/include/specula_example/resident_sjd.hpp) keeps
+/// the p rows where its model computes them: `start(vocab, options)` before the first step,
+/// `target(tree)` runs the pass (p rows by options.target), `verify_drafts(verifier, tree, rng,
+/// out_tokens, out_nodes)` verifies deterministic drafts (one-hot proposal rows, none stored) and
+/// returns the accepted count. A proposal that writes q rows (host memory) is refused with a
+/// resident policy.
+struct proposal_host_rows {
+  static constexpr bool resident = false;
+};
+
 /// Speculative decoding of one request with a proposal as the draft (see file comment).
-template <class TargetHandle, class Proposal, class Verifier>
+/// `resident_rows`: the rows policy when `Rows` is resident, else unused.
+template <class TargetHandle, class Proposal, class Verifier, class Rows = proposal_host_rows>
 decode_task proposal_task(TargetHandle target, Proposal& draft, std::span<const token_t> prompt,
                           speculative_options options, request_rng rng, Verifier verify,
-                          decode_stats& st, std::vector<token_t>& result) {
+                          decode_stats& st, std::vector<token_t>& result,
+                          Rows* resident_rows = nullptr) {
   if (prompt.empty()) throw_if_failed({status::empty_input, -1, -1, 0.0}, "prompt");
   require_parameter(options.max_new_tokens >= 1, "max_new_tokens",
                     static_cast<double>(options.max_new_tokens), "must be >= 1");
   validate_sampling_params(options.target);
   const index_t V = target.vocab_size();
+  std::conditional_t<Rows::resident, int, Rows> local_rows{};
+  Rows& rows = rows_policy(local_rows, resident_rows);
+  if constexpr (Rows::resident) rows.start(V, options);
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
   const auto prompt_len = static_cast<index_t>(prompt.size());
@@ -211,14 +233,24 @@ decode_task proposal_task(TargetHandle target, Proposal& draft, std::span<const 
         throw_if_failed({status::length_mismatch, static_cast<index_t>(step), -1,
                          static_cast<double>(buf.draft_probs.size())},
                         "proposal", "q_rows must hold one row of vocab_size() per node");
+      if (Rows::resident && has_q)
+        throw_if_failed({status::invalid_parameter, static_cast<index_t>(step), -1, 1.0},
+                        "proposal",
+                        "a resident rows policy verifies deterministic drafts only (q rows are "
+                        "host memory)");
     }
-    co_await target_pass(tree, buf.logits, st);
+    co_await rows_pass(
+        rows, st, [&](auto& r) { r.target(tree); },
+        [&](auto&) { return target_pass(tree, buf.logits, st); });
 
     index_t accepted = 0;
     {
       scoped_timer timer(st.verify_seconds);
-      accepted = verify_step(verify, options.target, tree, V, buf, has_q,
-                             request_rng{rng.seed, rng.request_id, step});
+      const request_rng verify_rng{rng.seed, rng.request_id, step};
+      if constexpr (Rows::resident)
+        accepted = rows.verify_drafts(verify, tree, verify_rng, buf.out_tokens, buf.out_nodes);
+      else
+        accepted = verify_step(verify, options.target, tree, V, buf, has_q, verify_rng);
     }
     target.commit(std::span<const index_t>(buf.out_nodes.data(), sz(accepted + 1)));
     if (emit_step(buf.out_tokens, accepted, stop_set{options.stop_token, options.stop_tokens}, seq,

@@ -58,7 +58,10 @@
 /// the sequence so far (`sample_context`). Rejection recycling is
 /// greedy only (a recycled n-gram is no draw from a row), so `recycling` must be off. Draws:
 /// step s verifies with `{seed, request_id, s}`, updates with `{fold_in(seed, 1), request_id,
-/// s}`, fills from `{fold_in(seed, 2), request_id, 0}`.
+/// s}`, fills from `{fold_in(seed, 2), request_id, 0}`. The window's rows live in a rows policy
+/// (`detail::window_host_rows` on the host; a resident one keeps them where the model computes
+/// them, e.g. the example transformer's on the GPU), and the stale positions' draws are SJD's
+/// (`detail::sjd_children_job`, one child each; row_draws.hpp).
 
 #include <algorithm>
 #include <cmath>
@@ -74,6 +77,7 @@
 #include "specula/core/error.hpp"
 #include "specula/core/rng.hpp"
 #include "specula/decode/jacobi.hpp"
+#include "specula/decode/row_draws.hpp"
 #include "specula/decode/sjd.hpp"
 #include "specula/decode/speculative.hpp"
 #include "specula/decode/step.hpp"
@@ -151,12 +155,6 @@ class ngram_pool {
   std::unordered_map<token_t, std::deque<std::vector<token_t>>> pool_;
 };
 
-inline void append_one_hot(std::vector<float>& rows, token_t t, index_t vocab) {
-  const std::size_t at = rows.size();
-  rows.resize(at + static_cast<std::size_t>(vocab), 0.0f);
-  rows[at + static_cast<std::size_t>(t)] = 1.0f;
-}
-
 /// A tree built by inserting token chains below a root, sharing common prefixes (a trie).
 struct trie_builder {
   std::vector<index_t> parents{-1};
@@ -195,9 +193,102 @@ struct trie_builder {
 
 namespace detail {
 
+/// Where the stochastic variant's rows live. `window_host_rows` (the default) keeps the p rows
+/// of the last pass and the q rows of the current and the next window in host memory and takes
+/// its logits from the loop's pass. A *resident* policy (`window_rows_policy`; the example
+/// transformer's resident SJD ops, examples/transformer/include/specula_example/resident_sjd.hpp)
+/// keeps them where its model computes them and runs the pass itself (`target(tree)`); the loop
+/// then holds the window's tokens only. Row u of a window is the row its position u + 1's token
+/// was drawn from (the q row of the chain's node u). Operations:
+/// - `start(vocab, options)`: before the first step (may refuse options);
+/// - `target(tree)` (resident) or `set_p(logits)` (host): p rows of the pass;
+/// - `verify_window(verifier, tree, rng, out_tokens, out_nodes)`: exact verification of the
+///   chain `tree` (node u's child drawn from the current window's row u; the leaf's q row is its
+///   p row, the window's row of that index is kept); returns the accepted count;
+/// - `draw(jobs, tokens, counts, rng)`: the stale positions' draws (sjd_draw_jobs: one child
+///   per job, the next window's row job.parent becomes p row job.row, AC against the current
+///   window's row job.ac_from);
+/// - `write_rows(next, rows, context)`: rows of the next (`next`) or the current window set
+///   without a draw (copies read the current window; `context`: the sequence so far);
+/// - `next_ready()`: the next window's rows become the current ones.
+struct window_host_rows {
+  static constexpr bool resident = false;
+  index_t V = 0;
+  sampling_params target{};
+  std::vector<float> probs, q, q_next, q_verify, scratch;
+  std::vector<std::int32_t> context_counts;
+  std::int32_t counted = -1;  // the context length `context_counts` counts
+
+  void start(index_t vocab, const multiblock_options& o) {
+    V = vocab;
+    target = o.target;
+    scratch.resize(static_cast<std::size_t>(V));
+    counted = -1;
+  }
+  void set_p(std::span<float> logits) {
+    probs.resize(logits.size());
+    rows_to_probs(target, logits, probs, scratch, V);
+  }
+  template <class Verifier>
+  index_t verify_window(const Verifier& verify, const token_tree& tree, const request_rng& rng,
+                        std::vector<token_t>& out_tokens, std::vector<index_t>& out_nodes) {
+    const auto leaf = static_cast<std::ptrdiff_t>((tree.size() - 1) * V);
+    q_verify.assign(q.begin(), q.begin() + leaf);
+    q_verify.insert(q_verify.end(), probs.begin() + leaf, probs.begin() + leaf + V);
+    return verify_one(verify, tree, V, probs, q_verify, rng, out_tokens, out_nodes);
+  }
+  void draw(std::span<const sjd_children_job> jobs, std::span<token_t> tokens,
+            std::span<index_t> counts, const request_rng& rng) {
+    for (const auto& job : jobs) reserve(q_next, job.parent);
+    sjd_draw_jobs(jobs, probs.data(), q.data(), q_next.data(), V, rng, tokens, counts);
+  }
+  void write_rows(bool next, std::span<const window_row> rows, std::span<const token_t> context) {
+    std::vector<float>& to = next ? q_next : q;
+    for (const window_row& r : rows) {
+      reserve(to, r.at);
+      if (r.from == window_row::context_law && counted != r.end) {
+        context_counts.assign(static_cast<std::size_t>(V), 0);
+        for (const token_t c : context.first(static_cast<std::size_t>(r.end)))
+          if (c >= 0 && c < V) ++context_counts[static_cast<std::size_t>(c)];
+        counted = r.end;
+      }
+      float* row = to.data() + static_cast<index_t>(r.at) * V;
+      for (index_t y = 0; y < V; ++y)
+        row[y] = window_row_entry(r, q.data(), context_counts.data(), V, y);
+    }
+  }
+  void next_ready() { q.swap(q_next); }
+
+ private:
+  void reserve(std::vector<float>& rows, index_t at) const {
+    const auto need = static_cast<std::size_t>((at + 1) * V);
+    if (rows.size() < need) rows.resize(need, 0.0f);
+  }
+};
+
+/// A resident rows policy that serves the stochastic variant (see window_host_rows).
+template <class Rows>
+concept window_rows_policy = Rows::resident &&
+    requires(Rows& r, std::span<const window_row> rows, std::span<const token_t> context) {
+  r.write_rows(true, rows, context);
+};
+
+/// The stochastic variant's rows: the resident policy `rows` itself, else the task's `host`.
+template <class Rows>
+decltype(auto) window_rows_of(Rows& rows, window_host_rows& host) {
+  if constexpr (window_rows_policy<Rows>) {
+    (void)host;
+    return (rows);
+  } else {
+    (void)rows;
+    return (host);
+  }
+}
+
 /// Multi-block decoding of one request (see file comment), as a task; `m` is its handle.
-/// `resident_rows`: the rows policy (greedy_host_rows describes it) when `Rows` is resident,
-/// else unused; a resident policy serves the greedy variant only.
+/// `resident_rows`: the rows policy when `Rows` is resident, else unused: a greedy one
+/// (greedy_host_rows describes it) serves the greedy variant only, a `window_rows_policy` the
+/// stochastic variant only.
 template <class Handle, class Verifier, class Rows = greedy_host_rows>
 decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multiblock_options options,
                             request_rng rng, Verifier verify, decode_stats& st,
@@ -222,12 +313,18 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
                     "must be true with stochastic = true (a cut after an exact acceptance "
                     "would emit an accepted draft as the bonus token)");
   if (options.stochastic) validate_sampling_params(options.target);
+  constexpr bool sampled_rows = window_rows_policy<Rows>;  // a resident stochastic policy
   if constexpr (Rows::resident)
-    require_parameter(!options.stochastic, "stochastic", 1.0,
-                      "a resident rows policy serves the greedy variant only");
+    require_parameter(options.stochastic == sampled_rows, "stochastic",
+                      options.stochastic ? 1.0 : 0.0,
+                      sampled_rows ? "this resident rows policy serves the stochastic variant only"
+                                   : "a resident rows policy serves the greedy variant only");
   std::conditional_t<Rows::resident, int, Rows> local_rows{};
   Rows& rows = rows_policy(local_rows, resident_rows);
+  window_host_rows local_window;
+  auto& wrows = window_rows_of(rows, local_window);
   const bool stochastic = options.stochastic;
+  if (stochastic) wrows.start(m.vocab_size(), options);
   const index_t V = m.vocab_size();
   const index_t n = options.block_size;
   const auto spawn_at =
@@ -244,19 +341,38 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
   // Window: win[j - 1] is the guess for position j after the root (j = 1 .. W). The RA block
   // covers positions 1 .. ra_left; pseudo-active block b covers the n positions after the
   // blocks before it, of which the first frozen[b] are frozen.
-  // Stochastic variant: qwin[(j - 1) V .. j V) is the row win[j - 1] was drawn from.
+  // Stochastic variant: wrows' window row j - 1 is the row win[j - 1] was drawn from; rows set
+  // without a draw are collected in `row_ops`.
   std::vector<token_t> win, next_win;
-  std::vector<float> qwin, next_qwin;
+  std::vector<window_row> row_ops;
   index_t ra_left = n;
   std::vector<index_t> frozen;
   std::uint32_t draws = 0;
   const request_rng fill_rng{fold_in(rng.seed, 2), rng.request_id, 0};
-  // sample_context in the stochastic variant: the law of a fill is the token frequencies of
-  // `seq` (recounted when seq has grown).
-  std::vector<float> context_law;
-  std::size_t context_law_of = 0;
-  // Appends a filled position after `previous` to (tokens, q rows).
-  const auto fill = [&](std::vector<token_t>& w, std::vector<float>& qw, token_t previous) {
+  const auto one_hot_row = [](index_t at, token_t t) {
+    window_row r;
+    r.at = static_cast<std::int32_t>(at);
+    r.begin = t;
+    r.end = t + 1;
+    r.value = 1.0f;
+    return r;
+  };
+  // The row of a fill `t` at window row `at`: uniform (random), the context law, else one-hot.
+  const auto fill_row = [&](index_t at, token_t t) {
+    window_row r = one_hot_row(at, t);
+    if (options.init == jacobi_init::random) {
+      r.begin = 0;
+      r.end = static_cast<std::int32_t>(V);
+      r.value = 1.0f / static_cast<float>(V);
+    } else if (options.init == jacobi_init::sample_context) {
+      r.from = window_row::context_law;
+      r.end = static_cast<std::int32_t>(seq.size());
+    }
+    return r;
+  };
+  // Appends a filled position after `previous` to `w` (and its row to row_ops). In the
+  // stochastic variant, sample_context's row is the token frequencies of `seq`.
+  const auto fill = [&](std::vector<token_t>& w, token_t previous) {
     token_t t = previous;
     if (options.init != jacobi_init::repeat_last) {
       const double u = uniform_at(stochastic ? fill_rng : rng, draw_id{draws++, 1});
@@ -267,36 +383,25 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
       t = options.init == jacobi_init::random ? static_cast<token_t>(pick) : seq[sz(pick)];
     }
     w.push_back(t);
-    if (!stochastic) return;
-    if (options.init == jacobi_init::random) {
-      qw.insert(qw.end(), sz(V), 1.0f / static_cast<float>(V));
-    } else if (options.init == jacobi_init::sample_context) {
-      if (context_law_of != seq.size()) {
-        std::vector<index_t> count(sz(V), 0);
-        for (const token_t c : seq)
-          if (c >= 0 && c < V) ++count[sz(c)];
-        context_law.assign(sz(V), 0.0f);
-        for (index_t y = 0; y < V; ++y)
-          context_law[sz(y)] = static_cast<float>(static_cast<double>(count[sz(y)]) /
-                                                  static_cast<double>(seq.size()));
-        context_law_of = seq.size();
-      }
-      qw.insert(qw.end(), context_law.begin(), context_law.end());
-    } else {
-      detail::append_one_hot(qw, t, V);
-    }
+    if (stochastic) row_ops.push_back(fill_row(static_cast<index_t>(w.size()) - 1, t));
+  };
+  const auto write_rows = [&](bool next) {
+    if (row_ops.empty()) return;
+    wrows.write_rows(next, row_ops, seq);
+    row_ops.clear();
   };
 
-  std::vector<float> probs, q_rows, scratch(stochastic ? sz(V) : 0);
-  std::vector<token_t> out_tokens;
-  std::vector<index_t> out_nodes, main_nodes, argmax;
+  std::vector<token_t> out_tokens, drawn;
+  std::vector<index_t> out_nodes, main_nodes, argmax, counts;
+  std::vector<sjd_children_job> jobs;
 
   for (std::uint32_t step = 0;; ++step) {
     const index_t remaining =
         options.max_new_tokens - (static_cast<index_t>(seq.size()) - prompt_len);
     if (remaining <= 0) break;
     while (static_cast<index_t>(win.size()) < ra_left + n * static_cast<index_t>(frozen.size()))
-      fill(win, qwin, win.empty() ? seq.back() : win.back());
+      fill(win, win.empty() ? seq.back() : win.back());
+    write_rows(false);
     const index_t eval_w = std::min<index_t>(static_cast<index_t>(win.size()), remaining - 1);
 
     // --- 1. The step's tree: the window chain, then recycled candidates below the root.
@@ -337,18 +442,11 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
     {
       detail::scoped_timer timer(st.verify_seconds);
       if (stochastic) {
-        if constexpr (!Rows::resident) {
-          probs.resize(rows.logits.size());
-          detail::rows_to_probs(options.target, rows.logits, probs, scratch, V);
-          // Node j's children were drawn from qwin row j (the leaf's row is never used).
-          q_rows.assign(qwin.begin(),
-                        qwin.begin() + static_cast<std::ptrdiff_t>(sz(eval_w) * sz(V)));
-          q_rows.insert(q_rows.end(), probs.end() - V, probs.end());
-          k = detail::verify_one(verify, tree, V, probs, q_rows,
-                                 request_rng{rng.seed, rng.request_id, step}, out_tokens,
-                                 out_nodes);
-        }
-      } else {
+        // Node j's child was drawn from window row j (the leaf's row is never used).
+        if constexpr (!Rows::resident) wrows.set_p(rows.logits);
+        k = wrows.verify_window(verify, tree, request_rng{rng.seed, rng.request_id, step},
+                                out_tokens, out_nodes);
+      } else if constexpr (!sampled_rows) {
         argmax.resize(sz(nodes));
         for (index_t u = 0; u < nodes; ++u) argmax[sz(u)] = rows.argmax(u, V);
         k = rows.verify(tree, V, out_tokens, out_nodes);
@@ -406,30 +504,56 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
     }
     const index_t new_w = new_ra_left + n * static_cast<index_t>(new_frozen.size());
     next_win.clear();
-    next_qwin.clear();
     const request_rng draw_rng{fold_in(rng.seed, 1), rng.request_id, step};
-    for (index_t i = 1; i <= new_w; ++i) {
+    if (stochastic) {
+      // SJD + Adaptive Continuation from the stale rows R, one job per stale position i (law
+      // R, so its row becomes R): old position j = c + i keeps its token with min(1, R/q_old),
+      // else takes a sample of max(R - q_old, 0) (draws {i, 0}, {i, 1}); a position first
+      // reached by a stale row is sampled from R (draw {i, 2}).
+      jobs.clear();
+      for (index_t i = 1; i <= new_w && i - 1 < static_cast<index_t>(stale.size()); ++i) {
+        const index_t j = c + i;
+        sjd_children_job job;
+        job.row = stale[sz(i - 1)];
+        job.parent = i - 1;
+        job.kids = 1;
+        job.depth = static_cast<std::uint32_t>(i);
+        if (j <= static_cast<index_t>(win.size())) {
+          job.ac_from = j - 1;
+          job.ac_old = win[sz(j - 1)];
+        }
+        jobs.push_back(job);
+      }
+      drawn.assign(jobs.size(), no_token);
+      counts.assign(jobs.size(), 0);
+      if (!jobs.empty()) wrows.draw(jobs, drawn, counts, draw_rng);
+      for (std::size_t i = 0; i < jobs.size(); ++i) {
+        if (counts[i] < 1)
+          throw_if_failed({status::no_mass, jobs[i].row, -1, 0.0}, "rows",
+                          "a stale row without mass");
+        next_win.push_back(drawn[i]);
+      }
+      // The rest: a position never examined keeps its token and row, a new one is filled.
+      for (index_t i = static_cast<index_t>(jobs.size()) + 1; i <= new_w; ++i) {
+        const index_t j = c + i;
+        if (j <= static_cast<index_t>(win.size())) {
+          next_win.push_back(win[sz(j - 1)]);
+          window_row keep;
+          keep.at = static_cast<std::int32_t>(i - 1);
+          keep.from = static_cast<std::int32_t>(j - 1);
+          row_ops.push_back(keep);
+        } else {
+          fill(next_win, next_win.empty() ? seq.back() : next_win.back());
+        }
+      }
+      write_rows(true);
+      wrows.next_ready();
+    }
+    for (index_t i = 1; i <= new_w && !stochastic; ++i) {
       const index_t j = c + i;  // old position
       const bool have_old = j <= static_cast<index_t>(win.size());
       const bool have_stale = j - c - 1 < static_cast<index_t>(stale.size());
-      if (stochastic && have_stale) {
-        // SJD + Adaptive Continuation from the stale row R (law R, so q = R).
-        const auto R = std::span<const float>(probs.data() + stale[sz(j - c - 1)] * V, sz(V));
-        const auto i32 = static_cast<std::uint32_t>(i);
-        next_win.push_back(have_old
-                               ? detail::adaptive_continuation_draw(
-                                     R, std::span<const float>(qwin.data() + (j - 1) * V, sz(V)),
-                                     win[sz(j - 1)], draw_rng, draw_id{i32, 0}, draw_id{i32, 1})
-                               : detail::sample_row(R, uniform_at(draw_rng, draw_id{i32, 2})));
-        next_qwin.insert(next_qwin.end(), R.begin(), R.end());
-      } else if (stochastic) {
-        if (have_old) {  // never examined: keeps its token and row
-          next_win.push_back(win[sz(j - 1)]);
-          next_qwin.insert(next_qwin.end(), qwin.begin() + (j - 1) * V, qwin.begin() + j * V);
-        } else {
-          fill(next_win, next_qwin, next_win.empty() ? seq.back() : next_win.back());
-        }
-      } else if (is_frozen(j)) {
+      if (is_frozen(j)) {
         next_win.push_back(win[sz(j - 1)]);
       } else if (have_stale) {
         next_win.push_back(static_cast<token_t>(argmax[sz(stale[sz(j - c - 1)])]));
@@ -438,11 +562,10 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
       } else if (have_old) {
         next_win.push_back(win[sz(j - 1)]);
       } else {
-        fill(next_win, next_qwin, next_win.empty() ? seq.back() : next_win.back());
+        fill(next_win, next_win.empty() ? seq.back() : next_win.back());
       }
     }
     win.swap(next_win);
-    qwin.swap(next_qwin);
     ra_left = new_ra_left;
     frozen = std::move(new_frozen);
     // --- 7 (FIFO pool). After a step that rejected an RA guess: the concatenation of all
@@ -471,8 +594,10 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
         for (index_t i = 0; i < n; ++i) {
           const token_t t = i < ra_left ? win[sz(i)] : (win.empty() ? seq.back() : win.back());
           win.push_back(t);
-          if (stochastic) detail::append_one_hot(qwin, t, V);  // a copy: one-hot row
+          if (stochastic)  // a copy: one-hot row
+            row_ops.push_back(one_hot_row(static_cast<index_t>(win.size()) - 1, t));
         }
+        write_rows(false);
         frozen.push_back(0);
       }
     }

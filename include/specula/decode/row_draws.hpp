@@ -2,8 +2,9 @@
 
 /// @file
 /// The row draws of SJD-style drafting, host and device (SPECULA_HOST_DEVICE): a sample from a
-/// probability row, Adaptive Continuation's keep-or-resample draw, and the children of one node
-/// of SJD / SJD-PAC's next draft. The host loops (decode/sjd.hpp, decode/multiblock.hpp) draw
+/// probability row, Adaptive Continuation's keep-or-resample draw, the children of one node
+/// of SJD / SJD-PAC's next draft (and of a position of multi-block's stochastic window), and the
+/// window's rows set without a draw. The host loops (decode/sjd.hpp, decode/multiblock.hpp) draw
 /// with them, and so does the example transformer's resident SJD on the GPU
 /// (examples/transformer/cuda), so the two make the same draws from the same rows.
 
@@ -97,6 +98,30 @@ SPECULA_HOST_DEVICE inline index_t sjd_draw_children(const sjd_children_job& job
     out[got++] = x;
   }
   return got;
+}
+
+/// One q row of multi-block decoding's stochastic window set without a draw
+/// (decode/multiblock.hpp): a copy of the current window's row `from` (from >= 0), the context law
+/// (`from == context_law`: the token frequencies of the first `end` tokens of the sequence), else
+/// `value` on [begin, end) and 0 elsewhere (a one-hot or a uniform row).
+struct window_row {
+  static constexpr std::int32_t context_law = -2;
+  std::int32_t at = 0;  ///< the row written
+  std::int32_t from = -1;
+  std::int32_t begin = 0;
+  std::int32_t end = 0;
+  float value = 0.0f;
+};
+
+/// Entry y of the row `r` sets: `current` holds the current window's rows, `context_counts` the
+/// token counts of the sequence's first r.end tokens (read by a context-law row only).
+SPECULA_HOST_DEVICE inline float window_row_entry(const window_row& r, const float* current,
+                                                  const std::int32_t* context_counts, index_t V,
+                                                  index_t y) {
+  if (r.from >= 0) return current[static_cast<index_t>(r.from) * V + y];
+  if (r.from == window_row::context_law)
+    return static_cast<float>(static_cast<double>(context_counts[y]) / static_cast<double>(r.end));
+  return y >= r.begin && y < r.end ? r.value : 0.0f;
 }
 
 }  // namespace specula::detail

@@ -3,7 +3,9 @@
 // device cache equal to a fresh recomputation, every greedy loop on the device model equals host
 // greedy decoding token for token, and sampled draft-model SD on the device passes a G-test
 // against the sequence law of a toy transformer (enumerated with the host forward), with a biased
-// verifier as the negative control. Every case needs a GPU ([device]: skipped without one).
+// verifier as the negative control; the resident sampled loops (SD, SJD, SJD-PAC, multi-block's
+// stochastic variant, n-gram lookup) pass the same G-test. Every case needs a GPU ([device]:
+// skipped without one).
 //
 // Tolerance of the forward comparison: |device - host| <= 1e-3 * (1 + |host|) per logit. Both
 // compute in fp32 from the same weights; they differ in summation order (the GEMM kernel, the
@@ -24,6 +26,7 @@
 
 #include <specula/decode/cfg.hpp>
 #include <specula/decode/jacobi.hpp>
+#include <specula/decode/lookup.hpp>
 #include <specula/decode/multiblock.hpp>
 #include <specula/decode/sjd.hpp>
 #include <specula/decode/speculative.hpp>
@@ -431,6 +434,90 @@ TEST_CASE(
   const std::uint64_t per_step = 4 + 4 * 64 + 2 * (8 * 64 + 4 * 4 * 64);
   CHECK(ops.traffic().bytes_to_host - before.bytes_to_host <=
         per_step * static_cast<std::uint64_t>(st.steps));
+}
+
+TEST_CASE(
+    "resident multi-block (stochastic) on the device samples the toy transformer's law and moves "
+    "no row",
+    "[device][stats]") {
+  if (!have_gpu("device resident multi-block (stochastic)")) return;
+  const auto c = ex::testing::toy_gtest_config();
+  const auto tw = ex::testing::random_weights(c, 71);
+  const ex::device_transformer toy(tw);
+  ex::device_sjd_ops toy_ops(toy);
+  multiblock_options o;
+  o.block_size = 2;
+  o.spawn_ratio = 0.5;
+  o.stochastic = true;
+  o.recycling = false;
+  o.init = jacobi_init::random;
+  o.max_new_tokens = 3;
+  const std::vector<token_t> prompt{0};
+  ex::testing::check_toy_gtest(
+      [&](const request_rng& rng, decode_stats* s) {
+        return ex::resident_multiblock_decode(toy_ops, prompt, o, rng, tree_verifier<>{}, s);
+      },
+      ex::testing::toy_sequence_law(tw), 2000);
+  // The shipped text model (V = 256, a row is 1 KiB), two blocks of 8, the context law: per
+  // step at most the count and 17 output tokens, and a count and a token per stale position
+  // (at most 16) -- never a row.
+  const auto w = ex::transformer_weights::load(models_dir / "text-target.safetensors");
+  const ex::device_transformer target(w);
+  ex::device_sjd_ops ops(target);
+  o.block_size = 8;
+  o.init = jacobi_init::sample_context;
+  o.max_new_tokens = 40;
+  decode_stats st;
+  const auto before = ops.traffic();
+  const auto& prompts = decode_testing::text_prompts();
+  for (std::uint32_t i = 0; i < 4; ++i) {
+    const auto out = ex::resident_multiblock_decode(ops, decode_testing::bytes(prompts[i]), o,
+                                                    request_rng{8, i, 0}, tree_verifier<>{}, &st);
+    CHECK(out.size() == 40);
+  }
+  CHECK(st.step_compression() > 1.0);
+  CHECK(ops.traffic().bytes_to_host - before.bytes_to_host <=
+        static_cast<std::uint64_t>(4 + 4 * 17 + 8 * 16) * static_cast<std::uint64_t>(st.steps));
+}
+
+TEST_CASE("resident n-gram lookup on the device samples the toy transformer's law and moves no row",
+          "[device][stats]") {
+  if (!have_gpu("device resident n-gram lookup")) return;
+  const auto c = ex::testing::toy_gtest_config();
+  const auto tw = ex::testing::random_weights(c, 71);
+  const ex::device_transformer toy(tw);
+  ex::device_sjd_ops toy_ops(toy);
+  speculative_options o;
+  o.max_new_tokens = 3;
+  ngram_options no;
+  no.max_branches = 2;
+  ngram_proposal draft(no);
+  const std::vector<token_t> prompt{0};
+  ex::testing::check_toy_gtest(
+      [&](const request_rng& rng, decode_stats* s) {
+        return ex::resident_proposal_decode(toy_ops, draft, prompt, o, rng, tree_verifier<>{}, s);
+      },
+      ex::testing::toy_sequence_law(tw), 2000);
+  // The shipped text model, chain drafts of 4: per step the count and at most 5 output tokens.
+  const auto w = ex::transformer_weights::load(models_dir / "text-target.safetensors");
+  const ex::transformer host(w);
+  const ex::device_transformer target(w);
+  ex::device_sjd_ops ops(target);
+  o.max_new_tokens = 40;
+  o.target.top_k = 1;  // greedy decoding
+  decode_stats st;
+  const auto before = ops.traffic();
+  const auto& prompts = decode_testing::text_prompts();
+  for (std::size_t i = 0; i < 4; ++i) {
+    const auto prompt_i = decode_testing::bytes(prompts[i]);
+    ex::transformer_session hs(host);
+    ngram_proposal lookup;
+    INFO("prompt " << prompts[i]);
+    CHECK(ex::resident_proposal_decode(ops, lookup, prompt_i, o, request_rng{}, tree_verifier<>{},
+                                       &st) == decode_testing::greedy_reference(hs, prompt_i, 40));
+  }
+  CHECK(ops.traffic().bytes_to_host - before.bytes_to_host <=
+        static_cast<std::uint64_t>(4 + 4 * 5) * static_cast<std::uint64_t>(st.steps));
 }
 
 TEST_CASE("resident Cool-SD on the device: omega = 1 keeps the target's law, omega = 2 does not",
