@@ -1062,7 +1062,8 @@ def train_jacobi_forcing(name, spec, out, steps, seed, corpus, collector=None):
         log(f"{name} curve: step {done_steps} (round {round_index + 1} step {step_in_round}) "
             f"nll {nll:.5f} Jacobi {sp['tokens_per_forward']:.3f} tokens/forward "
             f"({sp['points_per_block']:.2f} points per block) distinct 4-grams "
-            f"{sp['distinct_4grams']:.3f}; first output {sample!r}")
+            f"{sp['distinct_4grams']:.3f}, in runs of >= 8 {sp['in_runs']:.3f}; first output "
+            f"{sample!r}")
 
     eval_every = js.get("eval_every", 0)
     done = 0
@@ -1252,14 +1253,16 @@ def curve_table(curve, ev, title):
              f"{ev.get('new_tokens', 112)} new tokens each (step 0: the base model; L_pc, L_AR: "
              "means since the previous row):", "",
              "| step | round | L_pc | L_AR | held-out NLL (fp32) | points per block | "
-             "Jacobi tokens / forward | distinct 4-grams of the output |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "Jacobi tokens / forward | distinct 4-grams of the output | output in runs of >= 8 "
+             "equal bytes |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for e in curve:
         pc, ar = (f"{e[k]:.4f}" if e[k] is not None and e[k] == e[k] else ""
                   for k in ("l_pc", "l_ar"))
+        runs = f"{e['in_runs']:.3f}" if "in_runs" in e else ""  # not recorded before 2026-11-27
         lines.append(f"| {e['step']} | {e['round']} | {pc} | {ar} | "
                      f"{e['heldout_nll_fp32']:.4f} | {e['points_per_block']:.2f} | "
-                     f"{e['tokens_per_forward']:.3f} | {e['distinct_4grams']:.3f} |")
+                     f"{e['tokens_per_forward']:.3f} | {e['distinct_4grams']:.3f} | {runs} |")
     return lines
 
 
@@ -1447,7 +1450,7 @@ def main():
     ap.add_argument("--rewrite-cards", action="store_true",
                     help="only rewrite the markdown cards of --only (default: all) from their "
                          ".card.json and the README; no training")
-    ap.add_argument("--jf-recipe", choices=["released", "corpus"], default=None,
+    ap.add_argument("--jf-recipe", choices=["released", "corpus", "anchored"], default=None,
                     help="text-target-jf: the loss recipe (tools/jacobi_forcing.py RECIPES; "
                          "default: the spec's)")
     ap.add_argument("--jf-rounds", type=int, default=None,
@@ -1460,6 +1463,12 @@ def main():
     ap.add_argument("--jf-eval-every", type=int, default=None,
                     help="text-target-jf: learning-curve point (held-out NLL, Jacobi speed) every "
                          "this many steps of a round and at each round's end (0: none)")
+    ap.add_argument("--jf-lr", type=float, default=None,
+                    help="text-target-jf: peak learning rate of every round (default: the spec's)")
+    ap.add_argument("--jf-mask", choices=["nc", "nc_ic", "cllm"], default=None,
+                    help="text-target-jf: the packed attention mask (Table 5 of the paper: nc "
+                         "noise-conditioned, nc_ic intra-window clean, cllm clean-conditioned; "
+                         "default: the spec's)")
     args = ap.parse_args()
     jf_spec = MODELS["text-target-jf"]
     js = dict(jf_spec["jf"], rounds=[dict(r) for r in jf_spec["jf"]["rounds"]])
@@ -1475,8 +1484,11 @@ def main():
     if args.jf_prompts:
         for r in js["rounds"]:
             r["prompts"] = args.jf_prompts
+    if args.jf_mask:
+        js["mask"] = args.jf_mask
     MODELS["text-target-jf"] = dict(jf_spec, jf=js, train=dict(
-        jf_spec["train"], steps=sum(r["steps"] for r in js["rounds"])))
+        jf_spec["train"], steps=sum(r["steps"] for r in js["rounds"]),
+        **({"lr": args.jf_lr} if args.jf_lr is not None else {})))
     if args.rewrite_cards:
         for name in args.only or list(MODELS):
             card = Path(args.out) / f"{name}.card.json"
@@ -1505,7 +1517,8 @@ def main():
         command += f" --threads {args.threads}"
     if args.collector:
         command += f" --collector {args.collector}"
-    for flag in ("jf_recipe", "jf_rounds", "jf_round_steps", "jf_prompts", "jf_eval_every"):
+    for flag in ("jf_recipe", "jf_rounds", "jf_round_steps", "jf_prompts", "jf_eval_every",
+                 "jf_lr", "jf_mask"):
         if getattr(args, flag) is not None:
             command += f" --{flag.replace('_', '-')} {getattr(args, flag)}"
     log(f"torch {torch.__version__}, numpy {np.__version__}, {args.threads} threads; "
