@@ -276,6 +276,11 @@ SPECULA_ISA_TEST_CASE(
     }
     const std::vector<token_t> cand = {2, 5};
     std::vector<double> ws(candidates_workspace_size(2));
+    // The chain: request 1 rejected at position 1 (target row 5, draft row 4), the only rows
+    // off by more than 1e-6.
+    chain_fixture f(v, true, false);
+    std::copy(p.begin(), p.end(), f.target.begin() + 5 * v);
+    std::copy(q.begin(), q.end(), f.draft.begin() + 4 * v);
     for (double tol : tolerances) {
       INFO("V = " << v << ", tolerance " << tol << " (p off by " << off_p << ", q by " << off_q
                   << ")");
@@ -299,11 +304,6 @@ SPECULA_ISA_TEST_CASE(
                 row_view<const token_t>(cand), row_view<double>(ws), 0, o);
           },
           "p", "q", -1, -1);
-      // The chain: request 1 rejected at position 1 (target row 5, draft row 4), the only rows
-      // off by more than 1e-6.
-      chain_fixture f(v, true, false);
-      std::copy(p.begin(), p.end(), f.target.begin() + 5 * v);
-      std::copy(q.begin(), q.end(), f.draft.begin() + 4 * v);
       chain_options co;
       co.sum_tolerance = tol;
       expect([&] { verify_chain(host::seq, f.in(), f.output(), co); }, "target_probs",
