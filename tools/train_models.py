@@ -1465,6 +1465,9 @@ def main():
                          "this many steps of a round and at each round's end (0: none)")
     ap.add_argument("--jf-lr", type=float, default=None,
                     help="text-target-jf: peak learning rate of every round (default: the spec's)")
+    ap.add_argument("--jf-ar-weight", type=float, default=None,
+                    help="text-target-jf: the AR term's weight w in L_pc + w L_AR (default: the "
+                         "recipe's)")
     ap.add_argument("--jf-mask", choices=["nc", "nc_ic", "cllm"], default=None,
                     help="text-target-jf: the packed attention mask (Table 5 of the paper: nc "
                          "noise-conditioned, nc_ic intra-window clean, cllm clean-conditioned; "
@@ -1486,6 +1489,8 @@ def main():
             r["prompts"] = args.jf_prompts
     if args.jf_mask:
         js["mask"] = args.jf_mask
+    if args.jf_ar_weight is not None:
+        js["ar_weight"] = args.jf_ar_weight
     MODELS["text-target-jf"] = dict(jf_spec, jf=js, train=dict(
         jf_spec["train"], steps=sum(r["steps"] for r in js["rounds"]),
         **({"lr": args.jf_lr} if args.jf_lr is not None else {})))
@@ -1518,7 +1523,7 @@ def main():
     if args.collector:
         command += f" --collector {args.collector}"
     for flag in ("jf_recipe", "jf_rounds", "jf_round_steps", "jf_prompts", "jf_eval_every",
-                 "jf_lr", "jf_mask"):
+                 "jf_lr", "jf_mask", "jf_ar_weight"):
         if getattr(args, flag) is not None:
             command += f" --{flag.replace('_', '-')} {getattr(args, flag)}"
     log(f"torch {torch.__version__}, numpy {np.__version__}, {args.threads} threads; "
