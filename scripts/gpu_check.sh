@@ -282,10 +282,14 @@ build_bundle() {
     { tail -20 "$ROOT/build-gpu/configure.log"; return 1; }
   grep -q 'CUDA enabled' "$ROOT/build-gpu/configure.log" ||
     { log "no CUDA compiler found: nothing to bundle"; return 1; }
-  local t available=()
+  # The target list read once (not `cmake ... | grep -q`: under pipefail grep's early exit
+  # fails the pipeline with SIGPIPE, and no target would be selected).
+  local t available=() help
+  help="$(cmake --build "$tree" --target help 2>/dev/null || true)"
   for t in "${TARGETS[@]}"; do
-    if cmake --build "$tree" --target help 2>/dev/null | grep -q "\b$t\b"; then available+=("$t"); fi
+    if grep -qw -- "$t" <<<"$help"; then available+=("$t"); fi
   done
+  ((${#available[@]})) || { log "none of ${TARGETS[*]} is a target of $tree"; return 1; }
   log "build ${available[*]} (-j ${JOBS:-$(nproc)})"
   cmake --build "$tree" -j "${JOBS:-$(nproc)}" --target "${available[@]}"
   assemble_bundle "$tree"
@@ -450,8 +454,8 @@ case "$mode" in
         printf '%s\t%s\t%s\t%s\n' "$name" "skipped (no GPU)" 0 "${STEP_MAX[$name]}" \
           >>"$RESULTS/status.tsv"
       done
-    elif ((!dry)); then
-      start_python_build
+    elif ((!dry)) && [[ -z "${GPU_CHECK_STEPS:-}" || " $GPU_CHECK_STEPS " == *" python_cuda "* ]]; then
+      start_python_build  # only when its step runs (a split run builds it in the call that does)
     fi
     ((no_gpu)) || run_steps "$dry"
     finish "$dry"

@@ -105,9 +105,34 @@ def load(results, step):
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            return {base_name(b["name"]): b for b in json.load(f).get("benchmarks", [])}
-    except (OSError, ValueError):
+            text = f.read()
+    except OSError:
         return None
+    try:
+        benchmarks = json.loads(text).get("benchmarks", [])
+    except ValueError:
+        benchmarks = complete_cases(text)  # a step stopped at its timeout: the cases it finished
+        if not benchmarks:
+            return None
+    return {base_name(b["name"]): b for b in benchmarks}
+
+
+def complete_cases(text):
+    """The complete case objects of a Google Benchmark JSON file cut off mid-write."""
+    start = text.find('"benchmarks"')
+    start = text.find("[", start) if start >= 0 else -1
+    if start < 0:
+        return []
+    decoder, pos, cases = json.JSONDecoder(), start + 1, []
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            case, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            return cases
+        if isinstance(case, dict) and "name" in case:
+            cases.append(case)
 
 
 def value(b, counter):
