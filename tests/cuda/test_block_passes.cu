@@ -150,8 +150,9 @@ TEST_CASE("block passes equal the host's sums bit for bit, with and without vect
       sc::throw_on_error(cudaDeviceSynchronize(), "passes kernel");
       const std::vector<double> got = out.to_host();
       for (std::size_t i = 0; i + 1 < results_size; ++i) {
-        INFO("result " << i);
-        CHECK(got[i] == want[i]);
+        INFO("result " << i << ": " << got[i] << " against " << want[i]);
+        // The signed sum (result 5) of a row holding a NaN is NaN on both sides (no clamp).
+        CHECK((got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i]))));
       }
       // The entropy's terms take log from CUDA's library on the device (within 1 ulp of the
       // host's): the same order, so the sums agree to rounding of the terms.

@@ -124,10 +124,21 @@ __device__ double vector_tile_sum(const WeightFn& w, const float* p, const float
   const auto* p4 = reinterpret_cast<const float4*>(p + begin);
   const auto* q4 = q == nullptr ? nullptr : reinterpret_cast<const float4*>(q + begin);
   double acc = 0.0;
-#pragma unroll 2
+  // Every load of the tile is issued before the first use: 8 (or 16) 16-byte loads in flight per
+  // thread. Loading inside the summing loop left one in flight at a time (the compiler does not
+  // move global loads across the shuffles), which made a CTA's pass over a row latency-bound:
+  // about 50 µs for a 32000-entry row on an H200 against about 1 µs of streaming.
+  float4 pl[8];
+  float4 ql[8];
+#pragma unroll
   for (int m = 0; m < 8; ++m) {
-    const float4 pv = p4[lane + 8 * m];
-    const float4 qv = q4 == nullptr ? float4{0.f, 0.f, 0.f, 0.f} : q4[lane + 8 * m];
+    pl[m] = p4[lane + 8 * m];
+    ql[m] = q4 == nullptr ? float4{0.f, 0.f, 0.f, 0.f} : q4[lane + 8 * m];
+  }
+#pragma unroll
+  for (int m = 0; m < 8; ++m) {
+    const float4 pv = pl[m];
+    const float4 qv = ql[m];
     float pr[4];
     float qr[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
