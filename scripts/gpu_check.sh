@@ -163,7 +163,7 @@ register_steps() {
     '$BIN/specula_test_cuda' "$SANITIZED"
   step initcheck 15 60 compute-sanitizer --tool initcheck --error-exitcode 1 \
     '$BIN/specula_test_cuda' "$SANITIZED"
-  step python_cuda 20 120 bash scripts/gpu_check.sh --python-step
+  step python_cuda 20 150 bash scripts/gpu_check.sh --python-step
   # Last: racecheck's cost is open-ended (18 device test cases took 75 s on an H200), so it
   # takes what the budget leaves.
   step racecheck 20 200 compute-sanitizer --tool racecheck \
@@ -371,7 +371,37 @@ python_step() {
     echo "building the Python package with SPECULA_PYTHON_CUDA=ON failed (see above)"
     exit 1
   fi
-  PYTHONPATH="$dir/site" python3 -m pytest -q -p no:cacheprovider python/tests/test_cuda.py
+  # What built and runs the package: the first thing to compare when only the device fails.
+  PYTHONPATH="$dir/site" python3 -c 'import platform, sys, torch, numpy, nanobind, specula_sd
+print("python", sys.version.split()[0], "| glibc", "-".join(platform.libc_ver()), "| torch",
+      torch.__version__, "cuda", torch.version.cuda, "| numpy", numpy.__version__,
+      "| nanobind", nanobind.__version__, "| specula_sd._HAS_CUDA", specula_sd._HAS_CUDA)' ||
+    true
+  c++ --version 2>/dev/null | head -1 || true
+  # -v, unbuffered: the log names each test as it starts (a crash leaves it as the last one) and
+  # keeps the results of those before it.
+  local rc=0 test
+  PYTHONUNBUFFERED=1 PYTHONPATH="$dir/site" python3 -X faulthandler -m pytest -v \
+    -p no:cacheprovider python/tests/test_cuda.py 2>&1 | tee "$dir/pytest.log" || rc=$?
+  if ((rc > 128)); then
+    # Killed by a signal (139: SIGSEGV) in the test named last above: the same run once more
+    # under cuda-gdb (the device has no gdb) for a native backtrace of the faulting thread. The
+    # whole file again, not that test alone: the fault may depend on what the tests before it
+    # left in the process.
+    test="$(grep -o 'python/tests/test_cuda\.py::[^ ]*' "$dir/pytest.log" | tail -1 || true)"
+    echo "=== pytest died with signal $((rc - 128)) in ${test:-an unnamed test}; once more under cuda-gdb"
+    if command -v cuda-gdb >/dev/null 2>&1; then
+      PYTHONUNBUFFERED=1 PYTHONPATH="$dir/site" timeout -k 5 110 cuda-gdb -batch \
+        -iex 'set auto-load python-scripts off' \
+        -ex 'set pagination off' -ex 'handle SIGPIPE SIGUSR1 SIGUSR2 nostop noprint pass' \
+        -ex run -ex 'bt 25' -ex 'info registers rip' -ex 'x/6i $pc' -ex 'info threads' \
+        --args python3 -X faulthandler -m pytest -v -p no:cacheprovider \
+        python/tests/test_cuda.py 2>&1 || true
+    else
+      echo "cuda-gdb not found: no native backtrace"
+    fi
+  fi
+  return "$rc"
 }
 
 start_python_build() {
