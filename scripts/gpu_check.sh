@@ -64,6 +64,7 @@ while (($#)); do
     build | run | travel-light | travel-restore) mode="$1" ;;
     --dry-run) mode="dry-run" ;;
     --python-step) mode="python-step" ;;
+    --profile-step) mode="profile-step" ;;
     --bundle) BUNDLE="$2"; shift ;;
     --out) OUT_DIR="$2"; shift ;;
     --from-build) FROM_BUILD="$2"; shift ;;
@@ -164,6 +165,9 @@ register_steps() {
   step initcheck 15 60 compute-sanitizer --tool initcheck --error-exitcode 1 \
     '$BIN/specula_test_cuda' "$SANITIZED"
   step python_cuda 20 150 bash scripts/gpu_check.sh --python-step
+  # Nsight Compute on two launches of each hot kernel (text in the log; no source view, the
+  # bundle is built without -lineinfo): where the next performance work starts.
+  step profile 20 90 bash scripts/gpu_check.sh --profile-step
   # Last: racecheck's cost is open-ended (18 device test cases took 75 s on an H200), so it
   # takes what the budget leaves.
   step racecheck 20 200 compute-sanitizer --tool racecheck \
@@ -404,6 +408,32 @@ print("python", sys.version.split()[0], "| glibc", "-".join(platform.libc_ver())
   return "$rc"
 }
 
+# The profile step (runs on the device): launches of the kernels named below, out of the CUDA
+# benchmarks, under ncu with the clocks left alone; sections printed as text.
+profile_step() {
+  local ncu
+  ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)"
+  [[ -n "$ncu" && -x "$BIN/specula_bench_cuda" ]] || { echo "no ncu or no specula_bench_cuda"; exit 77; }
+  local cases=(
+    'cuda_chain/reject_mid/V:128256/n:8/B:32$|chain_flattened_kernel'
+    'cuda_chain/accept_all/V:32000/n:1/B:1$|chain_flattened_kernel'
+    'cuda_chain_split/reject_mid/V:128256/n:8/B:32/S:auto$|chain_split'
+    'cuda_sample/logits/f32/V:128256/B:1$|logits_to_probs|row_transform|sample'
+    'cuda_tree/sjd_pac/V:16384/B:1$|tree'
+  )
+  local c filter kernel rc=0
+  for c in "${cases[@]}"; do
+    filter="${c%%|*}"
+    kernel="${c#*|}"
+    echo "=== $filter (kernels matching $kernel)"
+    "$ncu" --clock-control none --kernel-name "regex:$kernel" --launch-skip 3 --launch-count 2 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section LaunchStats --section WarpStateStats --section SchedulerStats \
+      "$BIN/specula_bench_cuda" "--benchmark_filter=$filter" --benchmark_min_time=0.001 || rc=1
+  done
+  exit "$rc"
+}
+
 start_python_build() {
   local dir=/tmp/specula-gpu-python
   rm -rf "$dir"
@@ -443,6 +473,7 @@ finish() {  # finish DRY
 }
 
 if [[ "$mode" == python-step ]]; then python_step; exit; fi
+if [[ "$mode" == profile-step ]]; then profile_step; exit; fi
 if [[ "$mode" == travel-light ]]; then travel_light; exit; fi
 if [[ "$mode" == travel-restore ]]; then travel_restore; exit; fi
 register_targets
