@@ -364,6 +364,19 @@ have_gpu() {
     [[ -e /dev/nvidia0 ]]
 }
 
+# Runs python3 -X faulthandler ARGS under cuda-gdb (110 s at most; the device has no gdb) and
+# prints the native backtrace of the thread that stops it with a fatal signal.
+native_backtrace() {
+  if ! command -v cuda-gdb >/dev/null 2>&1; then
+    echo "cuda-gdb not found: no native backtrace"
+    return 0
+  fi
+  PYTHONUNBUFFERED=1 timeout -k 5 110 cuda-gdb -batch -iex 'set auto-load python-scripts off' \
+    -ex 'set pagination off' -ex 'handle SIGPIPE SIGUSR1 SIGUSR2 nostop noprint pass' \
+    -ex run -ex 'bt 25' -ex 'info registers rip' -ex 'x/6i $pc' -ex 'info threads' \
+    --args python3 -X faulthandler "$@" 2>&1 || true
+}
+
 # The python_cuda step (runs on the device): wait for the background build of the package with
 # the CUDA path (started by `run` at t = 0), then its CUDA tests.
 python_step() {
@@ -382,29 +395,27 @@ print("python", sys.version.split()[0], "| glibc", "-".join(platform.libc_ver())
       "| nanobind", nanobind.__version__, "| specula_sd._HAS_CUDA", specula_sd._HAS_CUDA)' ||
     true
   c++ --version 2>/dev/null | head -1 || true
-  # -v, unbuffered: the log names each test as it starts (a crash leaves it as the last one) and
-  # keeps the results of those before it.
-  local rc=0 test
+  # The calls of the first test stage by stage, each named before it runs (the last name
+  # printed is where a fatal signal struck), then the tests. -v, unbuffered: the log names each
+  # test as it starts and keeps the results of those before it.
+  local rc=0 smoke=0 test
+  PYTHONUNBUFFERED=1 PYTHONPATH="$dir/site" python3 -X faulthandler \
+    scripts/python_cuda_smoke.py || smoke=$?
+  if ((smoke > 128)); then
+    echo "=== the staged calls died with signal $((smoke - 128)); once more under cuda-gdb"
+    PYTHONPATH="$dir/site" native_backtrace scripts/python_cuda_smoke.py
+  fi
   PYTHONUNBUFFERED=1 PYTHONPATH="$dir/site" python3 -X faulthandler -m pytest -v \
     -p no:cacheprovider python/tests/test_cuda.py 2>&1 | tee "$dir/pytest.log" || rc=$?
-  if ((rc > 128)); then
-    # Killed by a signal (139: SIGSEGV) in the test named last above: the same run once more
-    # under cuda-gdb (the device has no gdb) for a native backtrace of the faulting thread. The
-    # whole file again, not that test alone: the fault may depend on what the tests before it
-    # left in the process.
+  if ((rc > 128 && smoke <= 128)); then
+    # The whole file again, not the test named last alone: the fault may depend on what the
+    # tests before it left in the process.
     test="$(grep -o 'python/tests/test_cuda\.py::[^ ]*' "$dir/pytest.log" | tail -1 || true)"
     echo "=== pytest died with signal $((rc - 128)) in ${test:-an unnamed test}; once more under cuda-gdb"
-    if command -v cuda-gdb >/dev/null 2>&1; then
-      PYTHONUNBUFFERED=1 PYTHONPATH="$dir/site" timeout -k 5 110 cuda-gdb -batch \
-        -iex 'set auto-load python-scripts off' \
-        -ex 'set pagination off' -ex 'handle SIGPIPE SIGUSR1 SIGUSR2 nostop noprint pass' \
-        -ex run -ex 'bt 25' -ex 'info registers rip' -ex 'x/6i $pc' -ex 'info threads' \
-        --args python3 -X faulthandler -m pytest -v -p no:cacheprovider \
-        python/tests/test_cuda.py 2>&1 || true
-    else
-      echo "cuda-gdb not found: no native backtrace"
-    fi
+    PYTHONPATH="$dir/site" native_backtrace -m pytest -v -p no:cacheprovider \
+      python/tests/test_cuda.py
   fi
+  if ((rc == 0 && smoke != 0 && smoke != 77)); then rc=1; fi
   return "$rc"
 }
 
