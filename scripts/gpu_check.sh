@@ -414,6 +414,14 @@ print("python", sys.version.split()[0], "| glibc", "-".join(platform.libc_ver())
     echo "=== pytest died with signal $((rc - 128)) in ${test:-an unnamed test}; once more under cuda-gdb"
     PYTHONPATH="$dir/site" native_backtrace -m pytest -v -p no:cacheprovider \
       python/tests/test_cuda.py
+    # The other tests, which the fault kept from running, without the test function that died.
+    local fn="${test##*::}"
+    fn="${fn%%[*}"
+    if [[ -n "$fn" ]]; then
+      echo "=== the other tests, without $fn"
+      PYTHONUNBUFFERED=1 PYTHONPATH="$dir/site" python3 -X faulthandler -m pytest -v \
+        -p no:cacheprovider -k "not $fn" python/tests/test_cuda.py 2>&1 || true
+    fi
   fi
   if ((rc == 0 && smoke != 0 && smoke != 77)); then rc=1; fi
   return "$rc"
