@@ -433,12 +433,13 @@ profile_step() {
   local ncu
   ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)"
   [[ -n "$ncu" && -x "$BIN/specula_bench_cuda" ]] || { echo "no ncu or no specula_bench_cuda"; exit 77; }
+  # "filter|kernel regex"; case names end in /manual_time, so a filter ends in "/", not "$".
   local cases=(
-    'cuda_chain/reject_mid/V:128256/n:8/B:32$|chain_flattened_kernel'
-    'cuda_chain/accept_all/V:32000/n:1/B:1$|chain_flattened_kernel'
-    'cuda_chain_split/reject_mid/V:128256/n:8/B:32/S:auto$|chain_split'
-    'cuda_sample/logits/f32/V:128256/B:1$|logits_to_probs|row_transform|sample'
-    'cuda_tree/sjd_pac/V:16384/B:1$|tree'
+    'cuda_chain/reject_mid/V:128256/n:8/B:32/|chain_flattened_kernel'
+    'cuda_chain/accept_all/V:32000/n:1/B:1/|chain_flattened_kernel'
+    'cuda_chain_split/reject_mid/V:128256/n:8/B:32/S:auto/|chain_split'
+    'cuda_sample/logits/f32/V:128256/B:1/|logits_to_probs|row_transform|sample'
+    'cuda_tree/sjd_pac/V:16384/B:1/|tree'
   )
   local c filter kernel rc=0
   for c in "${cases[@]}"; do
