@@ -395,6 +395,23 @@ print("python", sys.version.split()[0], "| glibc", "-".join(platform.libc_ver())
       "| nanobind", nanobind.__version__, "| specula_sd._HAS_CUDA", specula_sd._HAS_CUDA)' ||
     true
   c++ --version 2>/dev/null | head -1 || true
+  # How the module was linked. On the H200 run of 2026-11-27 the package built there (GCC 13.3,
+  # nanobind 3.1.0) died in its first call, relaxed_rule(2.0), inside std::ostream << double,
+  # with libstdc++'s own functions (std::codecvt<char16_t, ...>::do_length) named as symbols of
+  # _specula.so: a second, static libstdc++ in the module is the suspect (the module built here
+  # with GCC 12 links libstdc++.so.6 and exports none of them).
+  local so
+  so="$(ls "$dir"/site/specula_sd/_specula*.so 2>/dev/null | head -1 || true)"
+  if [[ -n "$so" ]]; then
+    echo "module: $so ($(stat -c %s "$so") bytes)"
+    ldd "$so" | grep -E 'stdc|gcc_s|cuda' || true
+    echo "libstdc++ functions exported by the module: $(nm -DC --defined-only "$so" 2>/dev/null |
+      grep -cE ' (std::(locale|codecvt|basic_ostream|ios_base)|__cxa)' || true)"
+    nm -DC --defined-only "$so" 2>/dev/null | grep -m5 -E 'std::(locale|codecvt)' || true
+    cat "$dir/build/CMakeFiles/_specula.dir/link.txt" 2>/dev/null || true
+    grep -h 'IMPLICIT_LINK_LIBRARIES\|IMPLICIT_LINK_DIRECTORIES' \
+      "$dir"/build/CMakeFiles/*/CMakeCUDACompiler.cmake 2>/dev/null || true
+  fi
   # The calls of the first test stage by stage, each named before it runs (the last name
   # printed is where a fatal signal struck), then the tests. -v, unbuffered: the log names each
   # test as it starts and keeps the results of those before it.
