@@ -377,6 +377,45 @@ native_backtrace() {
     --args python3 -X faulthandler "$@" 2>&1 || true
 }
 
+# module_link_report SO BUILD_DIR: how the module was linked. The link command comes from the
+# build tool (scikit-build-core builds with Ninja where ninja is installed: then there is no
+# link.txt); it is run once more into a scratch file with the compiler driver's own command
+# (-v: collect2's line, every -L, -l and -static* flag) and the linker naming each library it
+# opens (--trace) and the file that defines std::locale::classic() and
+# std::codecvt<char16_t, char, mbstate_t>::do_length (-y): a libstdc++.a or another archive
+# there is the static copy's source. Then the flags that reach the link from outside the project.
+module_link_report() {
+  local so="$1" build="$2" make link out="${TMPDIR:-/tmp}/specula-relink.so"
+  make="$(sed -n 's/^CMAKE_MAKE_PROGRAM:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)"
+  if [[ -f "$build/CMakeFiles/_specula.dir/link.txt" ]]; then
+    link="$(tail -1 "$build/CMakeFiles/_specula.dir/link.txt")"
+  elif [[ "$make" == *ninja* ]]; then
+    link="$(cd "$build" && "$make" -t commands "$(basename "$so")" 2>/dev/null | tail -1 || true)"
+  fi
+  echo "link command: ${link:-(not found)}"
+  grep -h 'IMPLICIT_LINK_LIBRARIES\|IMPLICIT_LINK_DIRECTORIES' \
+    "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake "$build"/CMakeFiles/*/CMakeCXXCompiler.cmake \
+    2>/dev/null || true
+  grep -E '^CMAKE_(MODULE|SHARED)_LINKER_FLAGS:|^CMAKE_CXX_FLAGS:|^CMAKE_CXX_COMPILER:' \
+    "$build/CMakeCache.txt" 2>/dev/null || true
+  echo "environment: LDFLAGS='${LDFLAGS:-}' CXXFLAGS='${CXXFLAGS:-}' CXX='${CXX:-}'" \
+    "CUDAHOSTCXX='${CUDAHOSTCXX:-}' AUDITWHEEL_PLAT='${AUDITWHEEL_PLAT:-}'"
+  # A libstdc++.so that is missing or dangles next to the compiler makes ld take libstdc++.a.
+  local cxx lib
+  cxx="$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)"
+  for lib in libstdc++.so libstdc++.a; do
+    lib="$("${cxx:-c++}" -print-file-name="$lib" 2>/dev/null || true)"
+    echo "$lib -> $(readlink -e "$lib" 2>/dev/null || echo 'missing or dangling')"
+  done
+  [[ -n "${link:-}" ]] || return 0
+  # ': && g++ ... -o TARGET ... && :' (Ninja) or 'g++ ... -o TARGET ...' (Makefiles)
+  link="$(sed -e 's/^: && //' -e 's/ && :$//' -e "s# -o [^ ]*# -o $out#" <<<"$link")"
+  (cd "$build" && eval "$link -v -Wl,--trace -Wl,-y,_ZNSt6locale7classicEv \
+      -Wl,-y,_ZNKSt7codecvtIDsc11__mbstate_tE9do_lengthERS0_PKcS4_m" 2>&1) |
+    grep -E 'collect2|static|stdc\+\+|_ZNSt6locale|codecvt' | cut -c1-4000 || true
+  rm -f "$out"
+}
+
 # The python_cuda step (runs on the device): wait for the background build of the package with
 # the CUDA path (started by `run` at t = 0), then its CUDA tests.
 python_step() {
@@ -408,9 +447,7 @@ print("python", sys.version.split()[0], "| glibc", "-".join(platform.libc_ver())
     echo "libstdc++ functions exported by the module: $(nm -DC --defined-only "$so" 2>/dev/null |
       grep -cE ' (std::(locale|codecvt|basic_ostream|ios_base)|__cxa)' || true)"
     nm -DC --defined-only "$so" 2>/dev/null | grep -m5 -E 'std::(locale|codecvt)' || true
-    cat "$dir/build/CMakeFiles/_specula.dir/link.txt" 2>/dev/null || true
-    grep -h 'IMPLICIT_LINK_LIBRARIES\|IMPLICIT_LINK_DIRECTORIES' \
-      "$dir"/build/CMakeFiles/*/CMakeCUDACompiler.cmake 2>/dev/null || true
+    module_link_report "$so" "$dir/build"
   fi
   # The calls of the first test stage by stage, each named before it runs (the last name
   # printed is where a fatal signal struck), then the tests. -v, unbuffered: the log names each
