@@ -52,6 +52,7 @@
 #include <algorithm>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "specula/core/error.hpp"
@@ -536,9 +537,7 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
         u = next.add(u, x, V);
       }
       rows.next_ready();
-      draft = std::move(next);
-      next = {};
-      next.host_rows = !Rows::resident;
+      std::swap(draft, next);  // next keeps its buffers: reset() reuses them (no allocation)
       fresh = false;
     }
     // Drop nodes deeper than the remaining budget allows (parents precede children; a kept
@@ -670,9 +669,9 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
     }
     if (deferring) draw_jobs(draw_rng, true, nullptr);
     rows.next_ready();
-    draft = std::move(next);
-    next = {};
-    next.host_rows = !Rows::resident;
+    // The new draft takes next's buffers, and next keeps the old draft's, which the next
+    // step's reset() reuses: no allocation per step (the q rows alone are nodes x V floats).
+    std::swap(draft, next);
   }
   trim_cache(m, static_cast<index_t>(seq.size()) - 1);
   result.assign(seq.begin() + prompt_len, seq.end());
