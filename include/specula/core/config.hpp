@@ -34,12 +34,14 @@
 #define SPECULA_IS_DEVICE_CODE 0
 #endif
 
-/// Full unrolling of the constant-trip loop that follows, in device code (a device array indexed
-/// by such a loop stays in registers only when the loop is unrolled). Empty for host compilers,
-/// whose arrays need no unrolling: forcing it there doubled the compile time of a decoding test
-/// file (the inverse-CDF walk inlines a weight function eight times per instantiation).
-#if defined(__CUDA_ARCH__)
+/// Full unrolling of the constant-trip loop that follows, in code shared by host and device (a
+/// device array indexed by such a loop stays in registers only when the loop is unrolled).
+#if defined(__CUDA_ARCH__) || (defined(__clang__) && !defined(__CUDACC__))
 #define SPECULA_UNROLL _Pragma("unroll")
+#elif defined(__CUDACC__)  // nvcc's host pass: its front end and the host compiler disagree
+#define SPECULA_UNROLL
+#elif defined(__GNUC__)
+#define SPECULA_UNROLL _Pragma("GCC unroll 8")
 #else
 #define SPECULA_UNROLL
 #endif
