@@ -36,10 +36,8 @@
 
 /// Full unrolling of the constant-trip loop that follows, in code shared by host and device (a
 /// device array indexed by such a loop stays in registers only when the loop is unrolled).
-#if defined(__CUDA_ARCH__) || (defined(__clang__) && !defined(__CUDACC__))
+#if defined(__CUDA_ARCH__) || defined(__clang__)
 #define SPECULA_UNROLL _Pragma("unroll")
-#elif defined(__CUDACC__)  // nvcc's host pass: its front end and the host compiler disagree
-#define SPECULA_UNROLL
 #elif defined(__GNUC__)
 #define SPECULA_UNROLL _Pragma("GCC unroll 8")
 #else
