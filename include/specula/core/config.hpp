@@ -34,16 +34,6 @@
 #define SPECULA_IS_DEVICE_CODE 0
 #endif
 
-/// Full unrolling of the constant-trip loop that follows, in code shared by host and device (a
-/// device array indexed by such a loop stays in registers only when the loop is unrolled).
-#if defined(__CUDA_ARCH__) || defined(__clang__)
-#define SPECULA_UNROLL _Pragma("unroll")
-#elif defined(__GNUC__)
-#define SPECULA_UNROLL _Pragma("GCC unroll 8")
-#else
-#define SPECULA_UNROLL
-#endif
-
 #if defined(__GNUC__) || defined(__clang__)
 #define SPECULA_RESTRICT __restrict__
 #else

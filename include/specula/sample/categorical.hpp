@@ -113,80 +113,32 @@ SPECULA_HOST_DEVICE constexpr double tile_positive_sum(index_t begin, index_t en
 template <class WeightFn>
 SPECULA_HOST_DEVICE constexpr index_t scan_tile(index_t begin, index_t end, WeightFn& w, double acc,
                                                 double target) noexcept {
-  if constexpr (use_tile_form<WeightFn>) {
-    double buf[sum_tile];
-    w.tile(begin, end, buf);
-    for (index_t i = begin; i < end; ++i) {
-      const double wi = buf[i - begin];
-      if (wi > 0.0) {
-        acc += wi;
-        if (target < acc) return i;
-      }
+  double buf[use_tile_form<WeightFn> ? sum_tile : 1];
+  if constexpr (use_tile_form<WeightFn>) w.tile(begin, end, buf);
+  for (index_t i = begin; i < end; ++i) {
+    double wi = 0.0;
+    if constexpr (use_tile_form<WeightFn>)
+      wi = buf[i - begin];
+    else
+      wi = w(i);
+    if (wi > 0.0) {
+      acc += wi;
+      if (target < acc) return i;
     }
-    return -1;
-  } else {
-    // Eight weights are read before any is added: the reads do not depend on the running sum,
-    // so they are issued together (one read at a time made the scan latency-bound on a GPU).
-    // The additions and the comparisons are the element-wise ones, in order; the reads past the
-    // crossing element stay inside the tile.
-    constexpr index_t batch = 8;
-    for (index_t i0 = begin; i0 < end; i0 += batch) {
-      double wb[batch];
-      SPECULA_UNROLL
-      for (index_t j = 0; j < batch; ++j) wb[j] = i0 + j < end ? w(i0 + j) : 0.0;
-      SPECULA_UNROLL
-      for (index_t j = 0; j < batch; ++j) {
-        if (wb[j] > 0.0) {
-          acc += wb[j];
-          if (target < acc) return i0 + j;
-        }
-      }
-    }
-    return -1;
   }
+  return -1;
 }
 
 /// The inverse-CDF walk shared by both sample_inverse_cdf forms: tile sums (from `tile_sum(k,
 /// begin, end)` for tile k) are accumulated in order until one crosses `target`, then that tile
 /// is scanned element by element. Falls back to the last positive index when rounding leaves
 /// the target beyond the accumulated mass; -1 when no weight is positive.
-///
-/// `cheap_tiles`: how many leading tiles have sums that tile_sum reads rather than computes (a
-/// summary's recorded sums). Those are read eight at a time before any is added (the reads do
-/// not depend on the running sum, so they are issued together); the additions and comparisons
-/// are the tile-by-tile ones, in order, and the crossing tile is scanned by the loop below.
 template <class WeightFn, class TileSum>
 SPECULA_HOST_DEVICE constexpr index_t walk_tiles(index_t n, WeightFn& w, double target,
-                                                 TileSum&& tile_sum,
-                                                 index_t cheap_tiles = 0) noexcept {
+                                                 TileSum&& tile_sum) noexcept {
   double acc = 0.0;
   index_t k = 0;
-  index_t t = 0;
-  constexpr index_t batch = 8;
-  const index_t tiles = (n + sum_tile - 1) / sum_tile;
-  const index_t cheap = cheap_tiles < tiles ? cheap_tiles : tiles;
-  while (k + batch <= cheap) {
-    double sums[batch];
-    SPECULA_UNROLL
-    for (index_t j = 0; j < batch; ++j) {
-      const index_t b = t + j * sum_tile;
-      sums[j] = tile_sum(k + j, b, b + sum_tile < n ? b + sum_tile : n);
-    }
-    index_t hit = batch;
-    SPECULA_UNROLL
-    for (index_t j = 0; j < batch; ++j) {
-      if (hit == batch) {
-        if (target < acc + sums[j])
-          hit = j;
-        else
-          acc += sums[j];
-      }
-    }
-    k += hit;
-    t += hit * sum_tile;
-    if (hit < batch) break;  // the loop below takes the crossing tile
-  }
-  for (; t < n; t += sum_tile, ++k) {
+  for (index_t t = 0; t < n; t += sum_tile, ++k) {
     const index_t end = t + sum_tile < n ? t + sum_tile : n;
     const double tile = tile_sum(k, t, end);
     if (target < acc + tile) {
@@ -361,12 +313,9 @@ static_assert(tile_summary<weight_summary>);
 template <class WeightFn, tile_summary Summary>
 SPECULA_HOST_DEVICE index_t sample_inverse_cdf(index_t n, WeightFn&& w, const Summary& s,
                                                double u) noexcept {
-  return detail::walk_tiles(
-      n, w, u * s.total,
-      [&](index_t k, index_t begin, index_t end) {
-        return k < s.recorded ? s.tile_sum[k] : detail::tile_positive_sum(begin, end, w);
-      },
-      s.recorded);
+  return detail::walk_tiles(n, w, u * s.total, [&](index_t k, index_t begin, index_t end) {
+    return k < s.recorded ? s.tile_sum[k] : detail::tile_positive_sum(begin, end, w);
+  });
 }
 
 /// Inverse-CDF sampling from a row of non-negative weights (two passes: sum, then scan).
