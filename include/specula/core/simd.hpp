@@ -168,23 +168,22 @@ SPECULA_HOST_DEVICE constexpr double combine_lanes(const double* lane) noexcept 
 SPECULA_HOST_DEVICE constexpr double checked_entry(double v) noexcept { return 0.0 > v ? 0.0 : v; }
 
 /// What a checked tile kernel reports besides its weight sums (check_level::reads): the entry
-/// sums of p and of q over each tile it summed, and the running minimum of the entries of both
-/// rows (NaN ignored; starts at 0). Without q, p's entry sum is the weight sum, of
-/// checked_entry. With q, the scalar and SSE2 kernels add the plain entries in the weights'
-/// lanes (the bits of check_probability_row's sum for every row without a negative entry);
-/// the AVX2 and AVX-512 kernels add them in float lanes instead, at most `float_lane_adds`
-/// entries per lane and tile, whose values are then added in double: a sum within a proven
-/// bound of check_probability_row's (see entry_sum_within), one FMA per row and 16 entries
-/// (AVX-512) instead of two.
+/// sums of p and of q over the tile (or, with q on AVX2 and AVX-512, the run of tiles) it
+/// summed, and the running minimum of the entries of both rows (NaN ignored; starts at 0).
+/// Without q, p's entry sum is the weight sum, of checked_entry. With q, the scalar and SSE2
+/// kernels add the plain entries in the weights' lanes (the bits of check_probability_row's sum
+/// for every row without a negative entry); the AVX2 and AVX-512 run kernels add them in float
+/// lanes instead, at most `float_lane_adds` entries per lane, whose values are then added in
+/// double: a sum within a proven bound of check_probability_row's (see entry_sum_within), one
+/// FMA per row and 16 entries (AVX-512) instead of two.
 struct tile_checks {
-  static constexpr int max_tiles = 4;  ///< tiles one kernel call sums
-  double p_sum[max_tiles] = {};
-  double q_sum[max_tiles] = {};
+  double p_sum = 0.0;  ///< of the tile, or with q of the run, just summed
+  double q_sum = 0.0;
   float low = 0.0f;
   int float_lane_adds = 0;  ///< 0: p_sum and q_sum are exact (see above)
   /// The AVX2 and AVX-512 kernels keep no minimum: they OR the bits of every entry of both rows
-  /// of a tile into vector lanes (one integer operation per vector) and OR the lanes' sign bits
-  /// into this mask once per tile. Only when a sign bit was seen (a negative entry, or -0 or
+  /// into vector lanes (one integer operation per vector) and OR the lanes' sign bits into this
+  /// mask once per call. Only when a sign bit was seen (a negative entry, or -0 or
   /// NaN with the sign set, which valid rows do not hold in practice) does dense_tile_sums
   /// compute the minimum, by a second scan of those tiles.
   unsigned sign_bits = 0;
@@ -267,12 +266,12 @@ struct tile_lanes {
       }
     }
   }
-  /// The tile's weight sum; when Check, its entry sums go to slot `g` of `c`.
-  double finish(tile_checks* c, int g) const noexcept {
+  /// The tile's weight sum; when Check, its entry sums go to `c`.
+  double finish(tile_checks* c) const noexcept {
     const double sum = combine_lanes(w);
     if constexpr (Check) {
-      c->p_sum[g] = HasQ ? combine_lanes(p) : sum;
-      if constexpr (HasQ) c->q_sum[g] = combine_lanes(q);
+      c->p_sum = HasQ ? combine_lanes(p) : sum;
+      if constexpr (HasQ) c->q_sum = combine_lanes(q);
     }
     return sum;
   }
@@ -314,7 +313,7 @@ template <bool HasQ, bool Check = false>
   for (; i + 8 <= len; i += 8)
     for (int k = 0; k < 8; ++k) acc.add(k, p[i + k], HasQ ? q[i + k] : 0.0f, c);
   for (int k = 0; i < len; ++i, ++k) acc.add(k, p[i], HasQ ? q[i] : 0.0f, c);
-  return acc.finish(c, 0);
+  return acc.finish(c);
 }
 
 #if SPECULA_SIMD_X86
@@ -370,7 +369,7 @@ template <bool HasQ, bool Check = false>
     for (float v : lanes) c->low = v < c->low ? v : c->low;
   }
   for (int k = 0; i < len; ++i, ++k) acc.add(k, p[i], HasQ ? q[i] : 0.0f, c);
-  return acc.finish(c, 0);
+  return acc.finish(c);
 }
 
 /// combine_lanes of lanes 0-3 (`lo`) and 4-7 (`hi`) in registers: the same additions as
@@ -392,98 +391,215 @@ __attribute__((target("avx2,fma"), always_inline)) inline double combine_float_l
                             _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
 }
 
-/// G tiles at once, `stride` elements apart, `len` elements each (independent lane chains: G
-/// times the instruction-level and memory-level parallelism of one tile); out[0 .. G) get their
-/// weight sums and, with Check, c->p_sum[0 .. G) and c->q_sum[0 .. G) their entry sums (with q:
-/// in eight float lanes, at most len / 8 <= 32 entries each; see tile_checks). Checked without
-/// q and !Clamp, the weights are the plain entries p instead of max(p, 0): the same sums for
-/// every tile without a sign bit (the caller sums a tile again with Clamp when
-/// c->call_sign_bits says it had one), one maximum less per vector.
-template <bool HasQ, int G, bool Check = false, bool Clamp = true>
-__attribute__((target("avx2,fma"))) inline void tile_group_avx2(const float* p, const float* q,
-                                                                index_t stride, index_t len,
-                                                                double* out,
-                                                                tile_checks* c = nullptr) noexcept {
-  static_assert(G <= tile_checks::max_tiles);
+/// Entries a checked run kernel adds into a float lane before it folds the lanes into double
+/// lanes: the lanes' rounding error stays within gamma_64 in float (about 3.8e-6 of the sum; see
+/// entry_sum_within) while the folds cost a few instructions per four tiles. (Folding every
+/// tile, 16 entries per lane, cost a checked residual pass 5 % of its time on Zen 4.)
+inline constexpr index_t lane_entries_per_fold = 64;
+
+/// Tiles between folds for a run kernel whose lanes take `per_tile` entries each per tile.
+[[nodiscard]] constexpr index_t fold_every(index_t per_tile, index_t tiles) noexcept {
+  if (per_tile == 0) return tiles > 0 ? tiles : 1;
+  return lane_entries_per_fold / per_tile > 0 ? lane_entries_per_fold / per_tile : 1;
+}
+
+/// Adds the weights of the eight entries at p (and q) to lanes 0-3 (`lo`) and 4-7 (`hi`) of a
+/// tile: max(p - q, 0) (max(p, 0) without q); checked without q, max(0, p), which keeps NaN
+/// (checked_entry), or the plain entries with !Clamp (see tile_run_avx2). Four entries per
+/// vector, each converted from a 16-byte load: on Zen 4 the conversion of a 32-byte load into
+/// eight doubles, or of an upper half extracted from a register, takes more issue slots of the
+/// two floating-point add pipes, which bound these kernels. The sums are fmadd(x, 1, acc), acc +
+/// x rounded once: the same bits, on the FMA pipes. Checked without q, the bits of the converted
+/// entries (a double keeps its float's sign, NaN included) are ORed into `bits`.
+template <bool HasQ, bool Check, bool Clamp>
+__attribute__((target("avx2,fma"), always_inline)) inline void add_eight_avx2(
+    const float* p, const float* q, __m256d& lo, __m256d& hi, __m256i& bits) noexcept {
   const __m256d zero = _mm256_setzero_pd();
-  // Accumulators, zeroed here (the lanes of a tile shorter than 8 stay zero).
-  constexpr auto ng = static_cast<std::size_t>(G);
-  __m256d lo[ng], hi[ng];  // weight lanes 0-3 and 4-7 of each tile
-  __m256 ps[ng], qs[ng];   // float entry sums of p and q (Check with q)
-  __m256i bits[ng];        // OR of the entries' bits (Check; see tile_checks::sign_bits)
-#pragma GCC unroll 4
-  for (int g = 0; g < G; ++g) {
-    lo[g] = zero;
-    hi[g] = zero;
-    ps[g] = qs[g] = _mm256_setzero_ps();
-    bits[g] = _mm256_setzero_si256();
-  }
-  // Sums as fmadd(x, 1, acc): acc + x rounded once, the same bits, issued on the FMA pipes
-  // (the conversions, subtractions and maxima keep the add pipes busy).
   const __m256d one = _mm256_set1_pd(1.0);
-  [[maybe_unused]] const __m256 one_f = _mm256_set1_ps(1.0f);
-  index_t i = 0;
-  for (; i + 8 <= len; i += 8)
-    for (int g = 0; g < G; ++g) {
-      const __m256 pv = _mm256_loadu_ps(p + g * stride + i);
-      const __m256d p0 = _mm256_cvtps_pd(_mm256_castps256_ps128(pv));
-      const __m256d p1 = _mm256_cvtps_pd(_mm256_extractf128_ps(pv, 1));
-      __m256d d0 = p0, d1 = p1;
-      if constexpr (HasQ) {
-        const __m256 qv = _mm256_loadu_ps(q + g * stride + i);
-        const __m256d q0 = _mm256_cvtps_pd(_mm256_castps256_ps128(qv));
-        const __m256d q1 = _mm256_cvtps_pd(_mm256_extractf128_ps(qv, 1));
-        d0 = _mm256_sub_pd(p0, q0);
-        d1 = _mm256_sub_pd(p1, q1);
-        if constexpr (Check) {
-          ps[g] = _mm256_fmadd_ps(pv, one_f, ps[g]);  // ps + pv rounded once (see above)
-          qs[g] = _mm256_fmadd_ps(qv, one_f, qs[g]);
-          bits[g] = _mm256_or_si256(
-              _mm256_or_si256(_mm256_castps_si256(pv), _mm256_castps_si256(qv)), bits[g]);
-        }
-      } else if constexpr (Check) {
-        bits[g] = _mm256_or_si256(_mm256_castps_si256(pv), bits[g]);
-      }
-      if constexpr (Check && !HasQ && !Clamp) {
-        lo[g] = _mm256_fmadd_pd(d0, one, lo[g]);
-        hi[g] = _mm256_fmadd_pd(d1, one, hi[g]);
-      } else if constexpr (Check && !HasQ) {
-        lo[g] = _mm256_fmadd_pd(_mm256_max_pd(zero, d0), one, lo[g]);
-        hi[g] = _mm256_fmadd_pd(_mm256_max_pd(zero, d1), one, hi[g]);
-      } else {
-        lo[g] = _mm256_fmadd_pd(_mm256_max_pd(d0, zero), one, lo[g]);
-        hi[g] = _mm256_fmadd_pd(_mm256_max_pd(d1, zero), one, hi[g]);
-      }
-    }
-  if constexpr (Check) {
-    __m256i m = bits[0];
-    for (int g = 1; g < G; ++g) m = _mm256_or_si256(bits[g], m);
-    c->call_sign_bits = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(m)));
-    c->sign_bits |= c->call_sign_bits;
-    if constexpr (HasQ) c->float_lane_adds = static_cast<int>(sum_tile / 8);
+  __m256d a = _mm256_cvtps_pd(_mm_loadu_ps(p));
+  __m256d b = _mm256_cvtps_pd(_mm_loadu_ps(p + 4));
+  if constexpr (Check && !HasQ)
+    bits = _mm256_or_si256(_mm256_or_si256(_mm256_castpd_si256(a), _mm256_castpd_si256(b)), bits);
+  if constexpr (HasQ) {
+    a = _mm256_sub_pd(a, _mm256_cvtps_pd(_mm_loadu_ps(q)));
+    b = _mm256_sub_pd(b, _mm256_cvtps_pd(_mm_loadu_ps(q + 4)));
   }
-  for (int g = 0; g < G; ++g) {
-    if (i == len) {  // no tail: combine the lanes in registers (tile_lanes::finish's bits)
-      out[g] = combine_lanes_avx2(lo[g], hi[g]);
-      if constexpr (Check) {
-        c->p_sum[g] = HasQ ? combine_float_lanes_avx2(ps[g]) : out[g];
-        if constexpr (HasQ) c->q_sum[g] = combine_float_lanes_avx2(qs[g]);
+  if constexpr (Check && !HasQ && !Clamp) {
+    lo = _mm256_fmadd_pd(a, one, lo);
+    hi = _mm256_fmadd_pd(b, one, hi);
+  } else if constexpr (Check && !HasQ) {
+    // max(0, x) returns x unless 0 > x: NaN is kept (checked_entry).
+    lo = _mm256_fmadd_pd(_mm256_max_pd(zero, a), one, lo);
+    hi = _mm256_fmadd_pd(_mm256_max_pd(zero, b), one, hi);
+  } else {
+    // max(x, 0) returns 0 unless x > 0: NaN and -0 map to +0, as the scalar clamp does.
+    lo = _mm256_fmadd_pd(_mm256_max_pd(a, zero), one, lo);
+    hi = _mm256_fmadd_pd(_mm256_max_pd(b, zero), one, hi);
+  }
+}
+
+/// A row's check stream in a checked run with q: the entries [s, s + n) as a head (up to the
+/// first `align`-byte boundary), `blocks` blocks of 16 floats from there, read with aligned
+/// loads (a load across a cache line costs about two on Zen 4, and std::vector rows sit 16
+/// bytes off a line), and a tail. In which float lane an entry is added does not matter to a
+/// sum known within a bound (entry_sum_within), so the blocks need not line up with the
+/// weights' groups. The head and tail are added in double by `rest`.
+struct check_stream {
+  const float* s = nullptr;  ///< the first entry
+  const float* a = nullptr;  ///< the first block
+  index_t n = 0;
+  index_t blocks = 0;
+
+  check_stream() = default;
+  check_stream(const float* row, index_t count, std::uintptr_t align) noexcept : s(row), n(count) {
+    const auto at = reinterpret_cast<std::uintptr_t>(row);
+    const auto head = static_cast<index_t>((align - at % align) % align / sizeof(float));
+    a = row + (head < n ? head : n);
+    blocks = head < n ? (n - head) / 16 : 0;
+  }
+  /// Adds the entries outside the blocks to `sum` in double and ORs their bits into `bits`.
+  void rest(double& sum, std::uint32_t& bits) const noexcept {
+    const auto add = [&](const float* from, const float* to) {
+      for (; from < to; ++from) {
+        std::uint32_t u = 0;
+        std::memcpy(&u, from, sizeof u);
+        bits |= u;
+        sum += static_cast<double>(*from);
       }
-      continue;
+    };
+    add(s, a);
+    add(a + 16 * blocks, s + n);
+  }
+};
+
+/// One block of a check stream (AVX2): two 32-byte loads into two float-lane sums, their bits
+/// ORed into `bits`. The sums are fmadd(v, 1, s) (s + v rounded once) on the FMA pipes.
+__attribute__((target("avx2,fma"), always_inline)) inline void check_block_avx2(
+    const float* at, __m256& s0, __m256& s1, __m256i& bits) noexcept {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  __m256 v0 = _mm256_load_ps(at);
+  __m256 v1 = _mm256_load_ps(at + 8);
+  asm("" : "+v"(v0), "+v"(v1));  // one load each (see check_blocks_avx512)
+  bits = _mm256_or_si256(_mm256_or_si256(_mm256_castps_si256(v0), _mm256_castps_si256(v1)), bits);
+  s0 = _mm256_fmadd_ps(v0, one, s0);
+  s1 = _mm256_fmadd_ps(v1, one, s1);
+}
+
+/// Adds eight float lanes, as doubles, to the double lanes `lo` (0-3) and `hi` (4-7).
+__attribute__((target("avx2,fma"), always_inline)) inline void fold_float_lanes_avx2(
+    __m256 v, __m256d& lo, __m256d& hi) noexcept {
+  lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+  hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+}
+
+/// Sums `tiles` consecutive tiles of `len` entries each, the first at p (and q): out[t] gets
+/// tile t's weight sum, with the bits of tile_sum_scalar (lane k adds entries k, k + 8, ... of
+/// the tile in order; combine_lanes). `len` is at most sum_tile, and a multiple of 8 when
+/// tiles > 1. One call covers a run of tiles, so that the checks' lanes are reduced once per
+/// run (reducing them per tile cost a checked residual pass about a fifth of its time on Zen 4).
+///
+/// With Check, into `c`: the sign bits of the entries of the vector part (c->call_sign_bits),
+/// and for one tile its entry sums (tile_lanes). Without q and !Clamp the weights are the plain
+/// entries p, one maximum less per vector: the same sums for every tile without a sign bit
+/// (dense_tile_sums sums a run again with Clamp when it had one). With q, both rows' entry sums
+/// over the run into c->p_sum and c->q_sum, added in float lanes from their aligned check
+/// streams (at most c->float_lane_adds entries per lane, then folded into double lanes every
+/// lane_entries_per_fold entries).
+template <bool HasQ, bool Check = false, bool Clamp = true>
+__attribute__((target("avx2,fma"))) inline void tile_run_avx2(const float* p, const float* q,
+                                                              index_t tiles, index_t len,
+                                                              double* out,
+                                                              tile_checks* c = nullptr) noexcept {
+  const index_t len8 = len - len % 8;
+  const index_t span = tiles * len8;  // the vector part (len8 = len when tiles > 1)
+  const __m256d zero = _mm256_setzero_pd();
+  __m256d lo = zero, hi = zero;
+  __m256i bits = _mm256_setzero_si256();
+  constexpr bool streams = Check && HasQ;
+  // Checked with q: two float-lane sums per row (two chains), folded into double lanes.
+  __m256 ps0 = _mm256_setzero_ps(), ps1 = ps0, qs0 = ps0, qs1 = ps0;
+  __m256d pw_lo = zero, pw_hi = zero, qw_lo = zero, qw_hi = zero;
+  check_stream sp, sq;
+  if constexpr (streams) {
+    sp = check_stream(p, span, 32);
+    sq = check_stream(q, span, 32);
+  }
+  const index_t both = sp.blocks < sq.blocks ? sp.blocks : sq.blocks;
+  index_t b = 0;  // blocks of both streams added in the weights' loop
+  // Each lane of a chain takes one entry per block; the two chains are added at the fold.
+  const index_t per_tile = 2 * (len8 / 16);
+  const index_t every = fold_every(per_tile, tiles);
+  index_t until_fold = every;
+  for (index_t t = 0; t < tiles; ++t) {
+    const float* pt = p + t * len;
+    const float* qt = HasQ ? q + t * len : nullptr;
+    lo = hi = zero;
+    index_t i = 0;
+    if constexpr (streams) {  // the groups that also take a block of each check stream
+      const index_t checked = 16 * (both - b < len8 / 16 ? both - b : len8 / 16);
+      for (; i < checked; i += 16, ++b) {
+        add_eight_avx2<HasQ, Check, Clamp>(pt + i, qt + i, lo, hi, bits);
+        add_eight_avx2<HasQ, Check, Clamp>(pt + i + 8, qt + i + 8, lo, hi, bits);
+        check_block_avx2(sp.a + 16 * b, ps0, ps1, bits);
+        check_block_avx2(sq.a + 16 * b, qs0, qs1, bits);
+      }
     }
+    for (; i + 16 <= len8; i += 16) {
+      add_eight_avx2<HasQ, Check, Clamp>(pt + i, HasQ ? qt + i : nullptr, lo, hi, bits);
+      add_eight_avx2<HasQ, Check, Clamp>(pt + i + 8, HasQ ? qt + i + 8 : nullptr, lo, hi, bits);
+    }
+    if (i < len8) add_eight_avx2<HasQ, Check, Clamp>(pt + i, HasQ ? qt + i : nullptr, lo, hi, bits);
+    if constexpr (streams)
+      if (--until_fold == 0) {
+        until_fold = every;
+        // s0 + s1: one more float addition per lane, within the lanes' bound.
+        fold_float_lanes_avx2(_mm256_add_ps(ps0, ps1), pw_lo, pw_hi);
+        fold_float_lanes_avx2(_mm256_add_ps(qs0, qs1), qw_lo, qw_hi);
+        ps0 = ps1 = qs0 = qs1 = _mm256_setzero_ps();
+      }
+    if (len8 == len) out[t] = combine_lanes_avx2(lo, hi);
+  }
+  [[maybe_unused]] double p_rest = 0.0, q_rest = 0.0;
+  if constexpr (streams) {
+    const index_t left = (sp.blocks > sq.blocks ? sp.blocks : sq.blocks) - b;
+    for (index_t k = b; k < sp.blocks; ++k) check_block_avx2(sp.a + 16 * k, ps0, ps1, bits);
+    for (index_t k = b; k < sq.blocks; ++k) check_block_avx2(sq.a + 16 * k, qs0, qs1, bits);
+    fold_float_lanes_avx2(_mm256_add_ps(ps0, ps1), pw_lo, pw_hi);
+    fold_float_lanes_avx2(_mm256_add_ps(qs0, qs1), qw_lo, qw_hi);
+    std::uint32_t rest_bits = 0;
+    sp.rest(p_rest, rest_bits);
+    sq.rest(q_rest, rest_bits);
+    bits = _mm256_or_si256(bits, _mm256_set1_epi32(static_cast<int>(rest_bits)));
+    const index_t per_lane = per_tile * every + 2 * left;
+    const auto adds = static_cast<int>(per_lane > 1 ? per_lane : 1);
+    if (adds > c->float_lane_adds) c->float_lane_adds = adds;  // the largest of the calls'
+  }
+  if constexpr (Check) {
+    // Sign bits of 32-bit lanes (floats, with q) or 64-bit lanes (converted doubles).
+    c->call_sign_bits = HasQ ? static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(bits)))
+                             : static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(bits)));
+    c->sign_bits |= c->call_sign_bits;
+  }
+  if (len8 < len) {  // one tile with a tail: its last len % 8 entries through tile_lanes
     tile_lanes<HasQ, Check> acc;
-    _mm256_storeu_pd(acc.w, lo[g]);
-    _mm256_storeu_pd(acc.w + 4, hi[g]);
-    if constexpr (Check && HasQ) {
-      // The float lanes as doubles (exact conversions).
-      _mm256_storeu_pd(acc.p, _mm256_cvtps_pd(_mm256_castps256_ps128(ps[g])));
-      _mm256_storeu_pd(acc.p + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(ps[g], 1)));
-      _mm256_storeu_pd(acc.q, _mm256_cvtps_pd(_mm256_castps256_ps128(qs[g])));
-      _mm256_storeu_pd(acc.q + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(qs[g], 1)));
+    _mm256_storeu_pd(acc.w, lo);
+    _mm256_storeu_pd(acc.w + 4, hi);
+    if constexpr (streams) {
+      _mm256_storeu_pd(acc.p, pw_lo);
+      _mm256_storeu_pd(acc.p + 4, pw_hi);
+      _mm256_storeu_pd(acc.q, qw_lo);
+      _mm256_storeu_pd(acc.q + 4, qw_hi);
+      acc.p[0] += p_rest;
+      acc.q[0] += q_rest;
     }
-    for (index_t j = i, k = 0; j < len; ++j, ++k)
-      acc.add(static_cast<int>(k), p[g * stride + j], HasQ ? q[g * stride + j] : 0.0f, c);
-    out[g] = acc.finish(c, g);
+    for (index_t j = len8, k = 0; j < len; ++j, ++k)
+      acc.add(static_cast<int>(k), p[j], HasQ ? q[j] : 0.0f, c);
+    out[0] = acc.finish(c);
+  } else if constexpr (streams) {
+    c->p_sum = combine_lanes_avx2(pw_lo, pw_hi) + p_rest;
+    c->q_sum = combine_lanes_avx2(qw_lo, qw_hi) + q_rest;
+  } else if constexpr (Check) {
+    c->p_sum = out[0];  // one tile: its entry sum is its weight sum
   }
 }
 
@@ -498,25 +614,6 @@ __attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline double comb
   return _mm_cvtsd_f64(_mm256_castpd256_pd128(sum));
 }
 
-/// Adds the weights of one group of eight entries (as doubles) to a tile's lanes (AVX-512).
-template <bool HasQ, bool Check, bool Clamp = true>
-__attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline void tile_add_avx512(
-    __m512d& w, __m512d pd, __m512d qd) noexcept {
-  const __m512d zero = _mm512_setzero_pd();
-  __m512d d = pd;
-  if constexpr (HasQ) d = _mm512_sub_pd(pd, qd);
-  // max(d, 0) maps NaN to +0 as the scalar clamp does; a checked pass without q keeps NaN.
-  // w + x * 1 rounded once is w + x: the same sums, issued on the FMA pipes, which the rest of
-  // the kernel leaves idle (on Zen 4 the conversions, subtractions and maxima all queue for the
-  // two FP add pipes).
-  // Checked without q and !Clamp: the plain entry (see tile_group_avx2).
-  if constexpr (Check && !HasQ && !Clamp)
-    w = _mm512_fmadd_pd(d, _mm512_set1_pd(1.0), w);
-  else
-    w = _mm512_fmadd_pd(Check && !HasQ ? _mm512_max_pd(zero, d) : _mm512_max_pd(d, zero),
-                        _mm512_set1_pd(1.0), w);
-}
-
 /// Sixteen float lanes as eight double lanes: lane k plus lane k + 8, in double.
 __attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline __m512d fold_lanes_avx512(
     __m512 v) noexcept {
@@ -524,105 +621,164 @@ __attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline __m512d fol
                        _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)));
 }
 
-/// tile_group_avx2 on AVX-512: one vector of eight doubles holds a tile's eight lanes, and each
-/// group of 16 entries adds entries k and then k + 8 of the group to lane k, the lane order of
-/// every other path. Checked with q, the entry sums take sixteen float lanes (at most
-/// len / 16 <= 16 entries each; see tile_checks). Clamp as in tile_group_avx2.
-template <bool HasQ, int G, bool Check = false, bool Clamp = true>
-__attribute__((target(SPECULA_AVX512_TARGET))) inline void tile_group_avx512(
-    const float* p, const float* q, index_t stride, index_t len, double* out,
-    tile_checks* c = nullptr) noexcept {
-  static_assert(G <= tile_checks::max_tiles);
+/// One block of p's and of q's check streams (AVX-512): a 64-byte load of each into sixteen
+/// float-lane sums (fmadd(v, 1, s), on the FMA pipes), the bits of both ORed into `bits` with
+/// one ternary-logic instruction.
+__attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline void check_blocks_avx512(
+    const float* pa, const float* qa, __m512& ps, __m512& qs, __m512i& bits) noexcept {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  __m512 pv = _mm512_load_ps(pa);
+  __m512 qv = _mm512_load_ps(qa);
+  // One load each: without this GCC folds the loads into the three uses (four or six 64-byte
+  // loads per block; 8 % slower on Zen 4).
+  asm("" : "+v"(pv), "+v"(qv));
+  bits = _mm512_ternarylogic_epi32(bits, _mm512_castps_si512(pv), _mm512_castps_si512(qv), 0xFE);
+  ps = _mm512_fmadd_ps(pv, one, ps);
+  qs = _mm512_fmadd_ps(qv, one, qs);
+}
+
+/// One block of a single check stream (AVX-512; the blocks one row has more than the other).
+__attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline void check_block_avx512(
+    const float* at, __m512& s, __m512i& bits) noexcept {
+  const __m512 v = _mm512_load_ps(at);
+  bits = _mm512_or_si512(_mm512_castps_si512(v), bits);
+  s = _mm512_fmadd_ps(v, _mm512_set1_ps(1.0f), s);
+}
+
+/// Without q, the weights of the eight (`Sixteen`: sixteen) entries at p added to a tile's
+/// eight lanes in one vector (AVX-512): entries k (and then k + 8) to lane k. Without q the add
+/// pipes have room for the 512-bit conversions, which issue fewer instructions than
+/// add_eight_avx2's. Checked, the bits of the converted entries are ORed into `bits`; the
+/// weights as in add_eight_avx2.
+template <bool Sixteen, bool Check, bool Clamp>
+__attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline void add_row_avx512(
+    const float* p, __m512d& w, __m512i& bits) noexcept {
   const __m512d zero = _mm512_setzero_pd();
-  constexpr auto ng = static_cast<std::size_t>(G);
-  __m512d w[ng];          // weight lanes
-  __m512 ps[ng], qs[ng];  // float entry sums of p and q (Check with q)
-  __m512i bits[ng];       // OR of the entries' bits (Check; see tile_checks::sign_bits)
-#pragma GCC unroll 4
-  for (int g = 0; g < G; ++g) {
-    w[g] = zero;
-    ps[g] = qs[g] = _mm512_setzero_ps();
-    bits[g] = _mm512_setzero_si512();
+  const __m512d one = _mm512_set1_pd(1.0);
+  const __m512d a = _mm512_cvtps_pd(_mm256_loadu_ps(p));
+  const __m512d b = Sixteen ? _mm512_cvtps_pd(_mm256_loadu_ps(p + 8)) : zero;
+  if constexpr (Check)
+    bits = _mm512_ternarylogic_epi64(bits, _mm512_castpd_si512(a), _mm512_castpd_si512(b), 0xFE);
+  if constexpr (Check && !Clamp) {
+    w = _mm512_fmadd_pd(a, one, w);
+    if constexpr (Sixteen) w = _mm512_fmadd_pd(b, one, w);
+  } else if constexpr (Check) {  // max(0, x) keeps NaN (checked_entry)
+    w = _mm512_fmadd_pd(_mm512_max_pd(zero, a), one, w);
+    if constexpr (Sixteen) w = _mm512_fmadd_pd(_mm512_max_pd(zero, b), one, w);
+  } else {  // max(x, 0) maps NaN and -0 to +0
+    w = _mm512_fmadd_pd(_mm512_max_pd(a, zero), one, w);
+    if constexpr (Sixteen) w = _mm512_fmadd_pd(_mm512_max_pd(b, zero), one, w);
   }
-  [[maybe_unused]] const __m512 one_f = _mm512_set1_ps(1.0f);
-  index_t i = 0;
-  for (; i + 16 <= len; i += 16)
-    for (int g = 0; g < G; ++g) {
-      const float* pg = p + g * stride + i;
-      const float* qg = HasQ ? q + g * stride + i : nullptr;
-      // Two 32-byte loads folded into the conversions (cheaper than extracting the upper half
-      // of a 64-byte register).
-      const __m512d p0 = _mm512_cvtps_pd(_mm256_loadu_ps(pg));
-      const __m512d p1 = _mm512_cvtps_pd(_mm256_loadu_ps(pg + 8));
-      __m512d q0 = zero, q1 = zero;
+}
+
+/// tile_run_avx2 on AVX-512: with q the same weights (their 256-bit conversions are the cheaper
+/// ones where the add pipes bound the kernel) and the check streams read 64 bytes at a time
+/// into sixteen float lanes; without q the weights of add_row_avx512.
+template <bool HasQ, bool Check = false, bool Clamp = true>
+__attribute__((target(SPECULA_AVX512_TARGET ",fma"))) inline void tile_run_avx512(
+    const float* p, const float* q, index_t tiles, index_t len, double* out,
+    tile_checks* c = nullptr) noexcept {
+  const index_t len8 = len - len % 8;
+  const index_t span = tiles * len8;
+  const __m256d zero = _mm256_setzero_pd();
+  __m256d lo = zero, hi = zero;                  // with q: the lanes (add_eight_avx2)
+  __m512d w = _mm512_setzero_pd();               // without q: the lanes (add_row_avx512)
+  __m256i unused_bits = _mm256_setzero_si256();  // add_eight_avx2 sets none with q
+  __m512i row_bits = _mm512_setzero_si512();     // checked without q
+  constexpr bool streams = Check && HasQ;
+  __m512 ps = _mm512_setzero_ps(), qs = ps;
+  __m512d pw = _mm512_setzero_pd(), qw = pw;
+  __m512i both_bits = _mm512_setzero_si512();  // checked with q
+  check_stream sp, sq;
+  if constexpr (streams) {
+    sp = check_stream(p, span, 64);
+    sq = check_stream(q, span, 64);
+  }
+  const index_t both = sp.blocks < sq.blocks ? sp.blocks : sq.blocks;
+  index_t b = 0;
+  const index_t per_tile = len8 / 16;  // entries per lane and tile: one per block
+  const index_t every = fold_every(per_tile, tiles);
+  index_t until_fold = every;
+  for (index_t t = 0; t < tiles; ++t) {
+    const float* pt = p + t * len;
+    const float* qt = HasQ ? q + t * len : nullptr;
+    lo = hi = zero;
+    w = _mm512_setzero_pd();
+    index_t i = 0;
+    if constexpr (streams) {  // the groups that also take a block of each check stream
+      const index_t checked = 16 * (both - b < len8 / 16 ? both - b : len8 / 16);
+      for (; i < checked; i += 16, ++b) {
+        add_eight_avx2<HasQ, Check, Clamp>(pt + i, qt + i, lo, hi, unused_bits);
+        add_eight_avx2<HasQ, Check, Clamp>(pt + i + 8, qt + i + 8, lo, hi, unused_bits);
+        check_blocks_avx512(sp.a + 16 * b, sq.a + 16 * b, ps, qs, both_bits);
+      }
+    }
+    for (; i + 16 <= len8; i += 16) {
       if constexpr (HasQ) {
-        q0 = _mm512_cvtps_pd(_mm256_loadu_ps(qg));
-        q1 = _mm512_cvtps_pd(_mm256_loadu_ps(qg + 8));
+        add_eight_avx2<HasQ, Check, Clamp>(pt + i, qt + i, lo, hi, unused_bits);
+        add_eight_avx2<HasQ, Check, Clamp>(pt + i + 8, qt + i + 8, lo, hi, unused_bits);
+      } else {
+        add_row_avx512<true, Check, Clamp>(pt + i, w, row_bits);
       }
-      if constexpr (Check && HasQ) {
-        // The bits of both rows' entries (one ternary-logic OR of three) and their float sums.
-        const __m512 pv = _mm512_loadu_ps(pg);
-        const __m512 qv = _mm512_loadu_ps(qg);
-        bits[g] = _mm512_ternarylogic_epi32(bits[g], _mm512_castps_si512(pv),
-                                            _mm512_castps_si512(qv), 0xFE);
-        // ps + pv rounded once, on the FMA pipes (see tile_add_avx512).
-        ps[g] = _mm512_fmadd_ps(pv, one_f, ps[g]);
-        qs[g] = _mm512_fmadd_ps(qv, one_f, qs[g]);
-      } else if constexpr (Check) {
-        // The bits of the converted entries (a double keeps its float's sign, NaN included):
-        // no load of its own.
-        bits[g] = _mm512_ternarylogic_epi64(bits[g], _mm512_castpd_si512(p0),
-                                            _mm512_castpd_si512(p1), 0xFE);
-      }
-      tile_add_avx512<HasQ, Check, Clamp>(w[g], p0, q0);
-      tile_add_avx512<HasQ, Check, Clamp>(w[g], p1, q1);
     }
-  [[maybe_unused]] unsigned partial_sign = 0;
-  if (i + 8 <= len) {  // one group of 8 left (a partial tile only)
-    for (int g = 0; g < G; ++g) {
-      const __m256 pv = _mm256_loadu_ps(p + g * stride + i);
-      __m256 qv = pv;
-      if constexpr (HasQ) qv = _mm256_loadu_ps(q + g * stride + i);
-      if constexpr (Check) {
-        const __m256i m = _mm256_or_si256(_mm256_castps_si256(pv), _mm256_castps_si256(qv));
-        partial_sign |= static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(m)));
-        if constexpr (HasQ) {  // float lanes 0-7 only
-          ps[g] = _mm512_mask_add_ps(ps[g], 0xFF, ps[g], _mm512_castps256_ps512(pv));
-          qs[g] = _mm512_mask_add_ps(qs[g], 0xFF, qs[g], _mm512_castps256_ps512(qv));
-        }
-      }
-      tile_add_avx512<HasQ, Check, Clamp>(w[g], _mm512_cvtps_pd(pv),
-                                          HasQ ? _mm512_cvtps_pd(qv) : zero);
+    if (i < len8) {
+      if constexpr (HasQ)
+        add_eight_avx2<HasQ, Check, Clamp>(pt + i, qt + i, lo, hi, unused_bits);
+      else
+        add_row_avx512<false, Check, Clamp>(pt + i, w, row_bits);
     }
-    i += 8;
+    if constexpr (streams)
+      if (--until_fold == 0) {
+        until_fold = every;
+        pw = _mm512_add_pd(pw, fold_lanes_avx512(ps));
+        qw = _mm512_add_pd(qw, fold_lanes_avx512(qs));
+        ps = qs = _mm512_setzero_ps();
+      }
+    if (len8 == len) out[t] = HasQ ? combine_lanes_avx2(lo, hi) : combine_lanes_avx512(w);
+  }
+  [[maybe_unused]] double p_rest = 0.0, q_rest = 0.0;
+  if constexpr (streams) {
+    const index_t left = (sp.blocks > sq.blocks ? sp.blocks : sq.blocks) - b;
+    for (index_t k = b; k < sp.blocks; ++k) check_block_avx512(sp.a + 16 * k, ps, both_bits);
+    for (index_t k = b; k < sq.blocks; ++k) check_block_avx512(sq.a + 16 * k, qs, both_bits);
+    pw = _mm512_add_pd(pw, fold_lanes_avx512(ps));
+    qw = _mm512_add_pd(qw, fold_lanes_avx512(qs));
+    std::uint32_t rest_bits = 0;
+    sp.rest(p_rest, rest_bits);
+    sq.rest(q_rest, rest_bits);
+    both_bits = _mm512_or_si512(both_bits, _mm512_set1_epi32(static_cast<int>(rest_bits)));
+    const index_t per_lane = per_tile * every + left;
+    const auto adds = static_cast<int>(per_lane > 1 ? per_lane : 1);
+    if (adds > c->float_lane_adds) c->float_lane_adds = adds;  // the largest of the calls'
   }
   if constexpr (Check) {
-    __m512i m = bits[0];
-    for (int g = 1; g < G; ++g) m = _mm512_or_si512(bits[g], m);
     // Sign bits of 32-bit lanes (floats, with q) or 64-bit lanes (converted doubles).
-    c->call_sign_bits = partial_sign | (HasQ ? static_cast<unsigned>(_mm512_movepi32_mask(m))
-                                             : static_cast<unsigned>(_mm512_movepi64_mask(m)));
+    c->call_sign_bits = HasQ ? static_cast<unsigned>(_mm512_movepi32_mask(both_bits))
+                             : static_cast<unsigned>(_mm512_movepi64_mask(row_bits));
     c->sign_bits |= c->call_sign_bits;
-    if constexpr (HasQ) c->float_lane_adds = static_cast<int>(sum_tile / 16);
   }
-  for (int g = 0; g < G; ++g) {
-    if (i == len) {  // no tail: combine the lanes in registers (tile_lanes::finish's bits)
-      out[g] = combine_lanes_avx512(w[g]);
-      if constexpr (Check) {
-        c->p_sum[g] = HasQ ? combine_lanes_avx512(fold_lanes_avx512(ps[g])) : out[g];
-        if constexpr (HasQ) c->q_sum[g] = combine_lanes_avx512(fold_lanes_avx512(qs[g]));
-      }
-      continue;
-    }
+  if (len8 < len) {  // one tile with a tail: its last len % 8 entries through tile_lanes
     tile_lanes<HasQ, Check> acc;
-    _mm512_storeu_pd(acc.w, w[g]);
-    if constexpr (Check && HasQ) {
-      _mm512_storeu_pd(acc.p, fold_lanes_avx512(ps[g]));
-      _mm512_storeu_pd(acc.q, fold_lanes_avx512(qs[g]));
+    if constexpr (HasQ) {
+      _mm256_storeu_pd(acc.w, lo);
+      _mm256_storeu_pd(acc.w + 4, hi);
+    } else {
+      _mm512_storeu_pd(acc.w, w);
     }
-    for (index_t j = i, k = 0; j < len; ++j, ++k)
-      acc.add(static_cast<int>(k), p[g * stride + j], HasQ ? q[g * stride + j] : 0.0f, c);
-    out[g] = acc.finish(c, g);
+    if constexpr (streams) {
+      _mm512_storeu_pd(acc.p, pw);
+      _mm512_storeu_pd(acc.q, qw);
+      acc.p[0] += p_rest;
+      acc.q[0] += q_rest;
+    }
+    for (index_t j = len8, k = 0; j < len; ++j, ++k)
+      acc.add(static_cast<int>(k), p[j], HasQ ? q[j] : 0.0f, c);
+    out[0] = acc.finish(c);
+  } else if constexpr (streams) {
+    c->p_sum = combine_lanes_avx512(pw) + p_rest;
+    c->q_sum = combine_lanes_avx512(qw) + q_rest;
+  } else if constexpr (Check) {
+    c->p_sum = out[0];  // one tile: its entry sum is its weight sum
   }
 }
 
@@ -749,9 +905,9 @@ template <bool HasQ, bool Check = false>
     if (!simple) return recursion_tile_avx2<HasQ>(p, q, f.scale, f.inv_z, f.steps, len);
     double sum = 0.0;
     if (path == simd::isa::avx512)
-      tile_group_avx512<HasQ, 1, Check>(p, q, len, len, &sum, c);
+      tile_run_avx512<HasQ, Check>(p, q, 1, len, &sum, c);
     else
-      tile_group_avx2<HasQ, 1, Check>(p, q, len, len, &sum, c);
+      tile_run_avx2<HasQ, Check>(p, q, 1, len, &sum, c);
     return sum;
   }
   if (path == simd::isa::sse2)
@@ -781,47 +937,40 @@ template <bool Check = false>
 
 #if SPECULA_SIMD_X86
 
-/// The AVX2 and AVX-512 part of dense_tile_sums: groups of full tiles without skip indices,
-/// from `begin` while they start before `end`, summed interleaved; `record(g)` takes the entry
-/// sums of the g tiles just summed (Check). Returns the number of tiles summed.
-template <bool HasQ, bool Check, bool Avx512, class Record>
-inline index_t wide_tile_groups(const dense_f32_weights& f, index_t begin, index_t end, index_t n,
-                                index_t tile, double* out, tile_checks* c,
-                                Record& record) noexcept {
-  // One tile at a time. Interleaving tiles (independent lane chains, more instruction-level
-  // parallelism) wins while the rows sit in L1/L2, but once they come from L3 or memory the
-  // interleaved streams run at a fraction of the speed of one: on Zen 3, p and q of four tiles
-  // (eight streams) ran the residual pass at half the speed of one tile (B = 16, L = 8,
-  // V = 128256, reject_mid: 753-968 against 1510-2246 us); on Zen 4, four tiles of a bonus row
-  // in L3 took 14.4 us per row of 32000 against 3.8 us for one tile (AVX-512; AVX2 17.0 against
-  // 4.7; docs/PERFORMANCE.md). The sums do not depend on the grouping.
-  constexpr int group = 1;
-  index_t t = begin;
-  index_t k = 0;
-  for (; t + group * tile <= n && t < end; t += group * tile, k += group) {
-    if (holds_skip(f, t, t + group * tile)) break;
-    double sums[static_cast<std::size_t>(group)];
-    // Checked without q: the plain entries first (no maximum), and only a tile with a sign bit
-    // (a negative entry, -0, or NaN with the sign set) summed again with the clamp.
-    constexpr bool plain = Check && !HasQ;
-    const float* q = HasQ ? f.q + t : nullptr;
-    if constexpr (Avx512)
-      tile_group_avx512<HasQ, group, Check, !plain>(f.p + t, q, tile, tile, sums, c);
-    else
-      tile_group_avx2<HasQ, group, Check, !plain>(f.p + t, q, tile, tile, sums, c);
-    if constexpr (plain) {
-      if (c->call_sign_bits != 0) {
-        if constexpr (Avx512)
-          tile_group_avx512<HasQ, group, Check>(f.p + t, q, tile, tile, sums, c);
-        else
-          tile_group_avx2<HasQ, group, Check>(f.p + t, q, tile, tile, sums, c);
-      }
+/// The AVX2 and AVX-512 part of dense_tile_sums: `tiles` full tiles without skip indices from
+/// `t`, in one run kernel call (one tile at a time: interleaving tiles, which gives the lane
+/// chains more instruction-level parallelism, ran from L3 or memory at a fraction of the speed
+/// of one, as their streams defeat the prefetchers: on Zen 3, four tiles of p and q ran a
+/// residual pass at half the speed of one; on Zen 4, a bonus row of 32000 in L3 took 14.4 us
+/// against 3.8; docs/PERFORMANCE.md). With Check: the entry sums into `scan`, and without q
+/// and with a sign bit in the run, the run summed again with the clamp.
+template <bool HasQ, bool Check, bool Avx512>
+inline void wide_tile_run(const dense_f32_weights& f, index_t t, index_t tiles, index_t tile,
+                          double* out, tile_checks* c, dense_scan* scan) noexcept {
+  // Checked without q: the plain entries first (no maximum), and only a run with a sign bit
+  // (a negative entry, -0, or NaN with the sign set) summed again with the clamp.
+  constexpr bool plain = Check && !HasQ;
+  const float* q = HasQ ? f.q + t : nullptr;
+  if constexpr (Avx512)
+    tile_run_avx512<HasQ, Check, !plain>(f.p + t, q, tiles, tile, out, c);
+  else
+    tile_run_avx2<HasQ, Check, !plain>(f.p + t, q, tiles, tile, out, c);
+  if constexpr (plain) {
+    if (c->call_sign_bits != 0) {
+      if constexpr (Avx512)
+        tile_run_avx512<HasQ, Check>(f.p + t, q, tiles, tile, out, c);
+      else
+        tile_run_avx2<HasQ, Check>(f.p + t, q, tiles, tile, out, c);
     }
-    int g = 0;
-    for (; g < group && t + g * tile < end; ++g) out[k + g] = sums[g];
-    record(g);
   }
-  return k;
+  if constexpr (Check) {
+    if constexpr (HasQ) {
+      scan->p_sum += c->p_sum;
+      scan->q_sum += c->q_sum;
+    } else {
+      for (index_t k = 0; k < tiles; ++k) scan->p_sum += out[k];  // exact: the weight sums
+    }
+  }
 }
 
 #endif  // SPECULA_SIMD_X86
@@ -829,48 +978,58 @@ inline index_t wide_tile_groups(const dense_f32_weights& f, index_t begin, index
 /// Tile sums of a dense form over the tiles of `tile` elements that start in [begin, end)
 /// (the last one ends at `n`): out[k] for the k-th tile, in the fixed order of
 /// tile_positive_sum. Tiles holding a skip index are left untouched (the caller computes them
-/// from the element calls). `tile` is a multiple of 8, at most sum_tile.
+/// from the element calls). `tile` is a multiple of 8, at most sum_tile. On AVX2 and AVX-512
+/// each run of full tiles without skip indices is summed by one run kernel call.
 ///
 /// With Check (check_level::reads; simple forms only: see simple_form), the same pass adds
-/// the entry sums of the form's rows over these tiles to `scan` in tile order (exact, or from
-/// float lanes: see tile_checks) and lowers its minimum (skip tiles included), so a row is
-/// validated while it is read for its weights. The weight sums are the unchecked ones for every
-/// row without NaN.
+/// the entry sums of the form's rows over these tiles to `scan` (exact, or from float lanes:
+/// see tile_checks) and lowers its minimum (skip tiles included), so a row is validated while
+/// it is read for its weights. The weight sums are the unchecked ones for every row without
+/// NaN.
 template <bool Check = false>
 inline void dense_tile_sums(const dense_f32_weights& f, index_t begin, index_t end, index_t n,
                             index_t tile, double* out, dense_scan* scan = nullptr) noexcept {
   const index_t first = begin;
   tile_checks c;
   if constexpr (Check) c.low = scan->low;
-  auto record = [&](int tiles) {
-    if constexpr (Check)
-      for (int g = 0; g < tiles; ++g) {
-        scan->p_sum += c.p_sum[g];
-        scan->q_sum += c.q_sum[g];
-      }
-  };
 #if SPECULA_SIMD_X86
   const simd::isa path = simd::active_isa();
-  if (simple_form(f) && path >= simd::isa::avx2) {
-    const auto groups = [&](auto avx512) {
-      constexpr bool wide = decltype(avx512)::value;
-      return f.q != nullptr
-                 ? wide_tile_groups<true, Check, wide>(f, begin, end, n, tile, out, &c, record)
-                 : wide_tile_groups<false, Check, wide>(f, begin, end, n, tile, out, &c, record);
-    };
-    const index_t done =
-        path == simd::isa::avx512 ? groups(std::true_type{}) : groups(std::false_type{});
-    begin += done * tile;
-    out += done;
-  }
+  const bool wide = simple_form(f) && path >= simd::isa::avx2;
 #endif
-  for (index_t t = begin, k = 0; t < end; t += tile, ++k) {
+  for (index_t t = begin, k = 0; t < end;) {
     const index_t e = t + tile < n ? t + tile : n;
+#if SPECULA_SIMD_X86
+    if (wide && e - t == tile && !holds_skip(f, t, e)) {
+      index_t m = 1;  // the run: full tiles without skip indices, starting before `end`
+      while (t + m * tile < end && t + (m + 1) * tile <= n &&
+             !holds_skip(f, t + m * tile, t + (m + 1) * tile))
+        ++m;
+      const auto run = [&](auto avx512) {
+        constexpr bool w = decltype(avx512)::value;
+        if (f.q != nullptr)
+          wide_tile_run<true, Check, w>(f, t, m, tile, out + k, &c, scan);
+        else
+          wide_tile_run<false, Check, w>(f, t, m, tile, out + k, &c, scan);
+      };
+      if (path == simd::isa::avx512)
+        run(std::true_type{});
+      else
+        run(std::false_type{});
+      t += m * tile;
+      k += m;
+      continue;
+    }
+#endif
     if (!holds_skip(f, t, e))
       out[k] = dense_tile_sum<Check>(f, t, e, &c);
     else if constexpr (Check)
       (void)dense_tile_sum<true>(f, t, e, &c);  // the rows' entries; weights from element calls
-    record(1);
+    if constexpr (Check) {
+      scan->p_sum += c.p_sum;
+      scan->q_sum += c.q_sum;
+    }
+    t += tile;
+    ++k;
   }
   if constexpr (Check) {
     if (c.saw_sign_bit()) {

@@ -234,15 +234,16 @@ void validate_tree_input(const Policy& policy, const tree_batch_input<T>& in,
                           options.sum_tolerance, !scan_rows);
   index_t base = 0;
   for (index_t b = 0; b < batch; ++b) {
-    const token_tree& t = in.trees[b];
-    for (index_t i = 1; i < t.size(); ++i) {
-      const token_t x = t.token(i);
+    // The tree's arrays without the bounds checks of its accessors (i < size here).
+    const tree_view t = in.trees[b].view();
+    for (index_t i = 1; i < t.size; ++i) {
+      const token_t x = t.token[i];
       if (x < 0 || static_cast<index_t>(x) >= in.vocab_size)
         throw_if_failed({status::token_out_of_range, b, i, static_cast<double>(x)}, "trees",
                         ("node token (request = row, node = column) must be in [0, " +
                          std::to_string(in.vocab_size) + ")")
                             .c_str());
-      const index_t parent = t.parent(i);
+      const index_t parent = t.parent[i];
       check_entry(static_cast<double>(in.target_probs.row(base + parent)[x]), "target_probs",
                   base + parent, x);
       if (dense) {
@@ -252,14 +253,14 @@ void validate_tree_input(const Policy& policy, const tree_batch_input<T>& in,
           throw_if_failed({status::zero_draft_probability, base + parent, x, qx}, "draft_probs",
                           "a drafted child must have positive probability in its parent's row");
         if (options.sampling == sibling_sampling::without_replacement)
-          for (index_t s = t.first_child(parent); s >= 0 && s < i; s = t.next_sibling(s))
-            if (t.token(s) == x)
+          for (index_t s = t.first_child[parent]; s >= 0 && s < i; s = t.next_sibling[s])
+            if (t.token[s] == x)
               throw_if_failed({status::invalid_parameter, b, i, static_cast<double>(x)}, "trees",
                               "siblings drawn without replacement must have distinct tokens "
                               "(request = row, node = column)");
       }
     }
-    base += t.size();
+    base += t.size;
   }
   detail::require_size(out.output_tokens.size, nodes, "output_tokens",
                        "length must be the total number of nodes");
