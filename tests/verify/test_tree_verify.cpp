@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <functional>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "chain_test_util.hpp"
@@ -384,6 +385,45 @@ TEST_CASE("tree verification rejects bad input", "[verify][tree][bad_input]") {
     std::vector<token_t> short_out(2);
     CHECK_THROWS_WITH(verify_tree(host::seq, bt.input(), tree_batch_output{short_out, n, {}, {}}),
                       Catch::Contains("output_tokens"));
+  }
+}
+
+TEST_CASE("checked tree calls check every drafted child's p(x) and q(x) under every policy",
+          "[verify][tree][bad_input]") {
+  // p(x) and q(x) of every drafted child are checked at both levels, reached by the walk or
+  // not: a bad entry in any request is refused with its row and column, on one thread and on
+  // several.
+  random_tree_batch bt(16, {trees::full(2, 2), trees::full(3, 1), trees::full(2, 2)}, 5);
+  std::vector<token_t> out(static_cast<std::size_t>(bt.nodes));
+  std::vector<std::int32_t> n(3);
+  const auto call = [&](auto policy, check_level level) {
+    tree_options o;
+    o.check = level;
+    verify_tree(policy, bt.input(), tree_batch_output{out, n, {}, {}}, o);
+  };
+  for (check_level level : {check_level::reads, check_level::full}) {
+    REQUIRE_NOTHROW(call(host::seq, level));
+    REQUIRE_NOTHROW(call(host::par.with_threads(2), level));
+  }
+  const index_t base2 = bt.trees[0].size() + bt.trees[1].size();
+  const token_tree& t2 = bt.trees[2];
+  for (index_t node : {index_t{1}, t2.size() - 1}) {  // a root child, and a deepest leaf
+    const index_t row = base2 + t2.parent(node);
+    const auto at = static_cast<std::size_t>(row * bt.vocab + t2.token(node));
+    const std::string where =
+        "[row " + std::to_string(row) + "][column " + std::to_string(t2.token(node)) + "]";
+    for (const bool in_q : {false, true}) {
+      auto& rows = in_q ? bt.q : bt.p;
+      const float saved = rows[at];
+      rows[at] = -1e-9f;  // within the row-sum tolerance: only the pointwise check sees it
+      INFO("node " << node << (in_q ? ", q" : ", p"));
+      for (check_level level : {check_level::reads, check_level::full}) {
+        const std::string what = (in_q ? "draft_probs" : "target_probs") + where;
+        CHECK_THROWS_WITH(call(host::seq, level), Catch::Contains(what));
+        CHECK_THROWS_WITH(call(host::par.with_threads(2), level), Catch::Contains(what));
+      }
+      rows[at] = saved;
+    }
   }
 }
 
