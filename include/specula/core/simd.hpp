@@ -384,13 +384,6 @@ __attribute__((target("avx2,fma"), always_inline)) inline double combine_lanes_a
       _mm_add_sd(_mm256_castpd256_pd128(lo_quad), _mm256_castpd256_pd128(hi_quad)));
 }
 
-/// combine_lanes of eight float lanes, converted to double (exactly) first.
-__attribute__((target("avx2,fma"), always_inline)) inline double combine_float_lanes_avx2(
-    __m256 v) noexcept {
-  return combine_lanes_avx2(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),
-                            _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
-}
-
 /// Entries a checked run kernel adds into a float lane before it folds the lanes into double
 /// lanes: the lanes' rounding error stays within gamma_64 in float (about 3.8e-6 of the sum; see
 /// entry_sum_within) while the folds cost a few instructions per four tiles. (Folding every
@@ -492,6 +485,36 @@ __attribute__((target("avx2,fma"), always_inline)) inline void fold_float_lanes_
   hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
 }
 
+/// The end of a run kernel call, from its lanes stored in `lanes` (weights, and with q the
+/// double lanes of p's and q's entry sums): a tile with a tail (one tile) gets its last len % 8
+/// entries through tile_lanes; otherwise, checked, the entry sums of the run (with q) or of the
+/// one tile (without q: its weight sum). combine_lanes gives the bits of the kernels'
+/// in-register combines.
+template <bool HasQ, bool Check>
+inline void finish_run(const double (&lanes)[3][8], double p_rest, double q_rest, const float* p,
+                       const float* q, index_t len8, index_t len, double* out,
+                       tile_checks* c) noexcept {
+  constexpr bool streams = Check && HasQ;
+  if (len8 < len) {
+    tile_lanes<HasQ, Check> acc;
+    std::memcpy(acc.w, lanes[0], sizeof acc.w);
+    if constexpr (streams) {
+      std::memcpy(acc.p, lanes[1], sizeof acc.p);
+      std::memcpy(acc.q, lanes[2], sizeof acc.q);
+      acc.p[0] += p_rest;
+      acc.q[0] += q_rest;
+    }
+    for (index_t j = len8, k = 0; j < len; ++j, ++k)
+      acc.add(static_cast<int>(k), p[j], HasQ ? q[j] : 0.0f, c);
+    out[0] = acc.finish(c);
+  } else if constexpr (streams) {
+    c->p_sum = combine_lanes(lanes[1]) + p_rest;
+    c->q_sum = combine_lanes(lanes[2]) + q_rest;
+  } else if constexpr (Check) {
+    c->p_sum = out[0];  // one tile: its entry sum is its weight sum
+  }
+}
+
 /// Sums `tiles` consecutive tiles of `len` entries each, the first at p (and q): out[t] gets
 /// tile t's weight sum, with the bits of tile_sum_scalar (lane k adds entries k, k + 8, ... of
 /// the tile in order; combine_lanes). `len` is at most sum_tile, and a multiple of 8 when
@@ -580,26 +603,17 @@ __attribute__((target("avx2,fma"))) inline void tile_run_avx2(const float* p, co
                              : static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(bits)));
     c->sign_bits |= c->call_sign_bits;
   }
-  if (len8 < len) {  // one tile with a tail: its last len % 8 entries through tile_lanes
-    tile_lanes<HasQ, Check> acc;
-    _mm256_storeu_pd(acc.w, lo);
-    _mm256_storeu_pd(acc.w + 4, hi);
+  if (Check || len8 < len) {
+    alignas(32) double lanes[3][8];
+    _mm256_store_pd(lanes[0], lo);
+    _mm256_store_pd(lanes[0] + 4, hi);
     if constexpr (streams) {
-      _mm256_storeu_pd(acc.p, pw_lo);
-      _mm256_storeu_pd(acc.p + 4, pw_hi);
-      _mm256_storeu_pd(acc.q, qw_lo);
-      _mm256_storeu_pd(acc.q + 4, qw_hi);
-      acc.p[0] += p_rest;
-      acc.q[0] += q_rest;
+      _mm256_store_pd(lanes[1], pw_lo);
+      _mm256_store_pd(lanes[1] + 4, pw_hi);
+      _mm256_store_pd(lanes[2], qw_lo);
+      _mm256_store_pd(lanes[2] + 4, qw_hi);
     }
-    for (index_t j = len8, k = 0; j < len; ++j, ++k)
-      acc.add(static_cast<int>(k), p[j], HasQ ? q[j] : 0.0f, c);
-    out[0] = acc.finish(c);
-  } else if constexpr (streams) {
-    c->p_sum = combine_lanes_avx2(pw_lo, pw_hi) + p_rest;
-    c->q_sum = combine_lanes_avx2(qw_lo, qw_hi) + q_rest;
-  } else if constexpr (Check) {
-    c->p_sum = out[0];  // one tile: its entry sum is its weight sum
+    finish_run<HasQ, Check>(lanes, p_rest, q_rest, p, q, len8, len, out, c);
   }
 }
 
@@ -757,28 +771,19 @@ __attribute__((target(SPECULA_AVX512_TARGET ",fma"))) inline void tile_run_avx51
                              : static_cast<unsigned>(_mm512_movepi64_mask(row_bits));
     c->sign_bits |= c->call_sign_bits;
   }
-  if (len8 < len) {  // one tile with a tail: its last len % 8 entries through tile_lanes
-    tile_lanes<HasQ, Check> acc;
+  if (Check || len8 < len) {
+    alignas(64) double lanes[3][8];
     if constexpr (HasQ) {
-      _mm256_storeu_pd(acc.w, lo);
-      _mm256_storeu_pd(acc.w + 4, hi);
+      _mm256_store_pd(lanes[0], lo);
+      _mm256_store_pd(lanes[0] + 4, hi);
     } else {
-      _mm512_storeu_pd(acc.w, w);
+      _mm512_store_pd(lanes[0], w);
     }
     if constexpr (streams) {
-      _mm512_storeu_pd(acc.p, pw);
-      _mm512_storeu_pd(acc.q, qw);
-      acc.p[0] += p_rest;
-      acc.q[0] += q_rest;
+      _mm512_store_pd(lanes[1], pw);
+      _mm512_store_pd(lanes[2], qw);
     }
-    for (index_t j = len8, k = 0; j < len; ++j, ++k)
-      acc.add(static_cast<int>(k), p[j], HasQ ? q[j] : 0.0f, c);
-    out[0] = acc.finish(c);
-  } else if constexpr (streams) {
-    c->p_sum = combine_lanes_avx512(pw) + p_rest;
-    c->q_sum = combine_lanes_avx512(qw) + q_rest;
-  } else if constexpr (Check) {
-    c->p_sum = out[0];  // one tile: its entry sum is its weight sum
+    finish_run<HasQ, Check>(lanes, p_rest, q_rest, p, q, len8, len, out, c);
   }
 }
 
