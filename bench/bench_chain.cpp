@@ -12,9 +12,9 @@
 //   unchecked: per accepted draft, p(x) and q(x) (8 bytes); at the stopping position of each
 //              request either the p and q rows (residual, 8V bytes) or the bonus row p_{L+1}
 //              (4V bytes); plus the tokens and outputs (small);
-//   checked:   (check_level::reads, the default) the same rows, which are validated as they
-//              are read, plus p(x) and q(x) of the drafts after the stopping position (the
-//              checks read every drafted token's probabilities: 8 bytes each).
+//   checked:   (check_level::reads, the default) the same bytes: the rows are validated as
+//              they are read, and p(x), q(x) of each draft the verifier tests just before it
+//              uses them.
 //
 // Scenarios (fix the outcome so bytes are deterministic):
 //   accept_all  p = q at every drafted position: every draft is accepted, a bonus is sampled;
@@ -210,8 +210,9 @@ struct chain_fixture {
   }
   chain_batch_output output() { return {out, num_accepted, {}, flags}; }
 
-  /// Bytes the unchecked call must touch, from the outcome of one call.
-  [[nodiscard]] double unchecked_bytes() const {
+  /// Bytes a call must touch, from the outcome of one call (checked or not: check_level::reads
+  /// validates what the verifier reads as it reads it).
+  [[nodiscard]] double bytes() const {
     double bytes = 0;
     for (index_t r = 0; r < batch; ++r) {
       const auto n = num_accepted[static_cast<std::size_t>(r)];
@@ -219,14 +220,6 @@ struct chain_fixture {
       bytes += (n == length ? 4.0 : 8.0) * static_cast<double>(vocab);
       bytes += 4.0 * static_cast<double>(length) * 2 + 16;  // tokens, outputs, rng
     }
-    return bytes;
-  }
-  /// Bytes a checked call (check_level::reads) reads: the unchecked call's, plus p(x) and q(x)
-  /// of every draft the verifier did not reach.
-  [[nodiscard]] double checked_bytes() const {
-    double bytes = unchecked_bytes();
-    for (index_t r = 0; r < batch; ++r)
-      bytes += 8.0 * static_cast<double>(length - num_accepted[static_cast<std::size_t>(r)]);
     return bytes;
   }
 };
@@ -264,7 +257,7 @@ void run_case(benchmark::State& state, case_spec c) {
     });
   };
   call();
-  const double bytes = c.checked ? f.checked_bytes() : f.unchecked_bytes();
+  const double bytes = f.bytes();
   bench::run_against_stream(state, bytes, call);
   state.counters["accepted_mean"] =
       static_cast<double>(std::accumulate(f.num_accepted.begin(), f.num_accepted.end(), 0)) /
@@ -299,7 +292,6 @@ void mixed_greedy_case(benchmark::State& state, case_spec c) {
       continue;
     }
     bytes += 8.0 * n + (n == c.length ? 4.0 : 8.0) * V;
-    if (c.checked) bytes += 8.0 * static_cast<double>(c.length - n);
   }
   bench::run_against_stream(state, bytes, call);
   state.counters["accepted_mean"] =

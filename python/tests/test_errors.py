@@ -168,9 +168,18 @@ def test_candidates_errors_name_the_request():
     p = np.full((2, 4), 0.25, np.float32)
     q = p.copy()
     q[1, 3] = 0.0
+    cand = np.array([[0, 1], [2, 3]], np.int32)
     with pytest.raises(ValueError, match=r"^specula: q\[column 3\]: .*\[request 1: "):
-        specula.verify_candidates(p, np.array([[0, 1], [2, 3]], np.int32), q, seeds=[1, 2],
-                                  steps=0)
+        specula.verify_candidates(p, cand, q, seeds=[1, 2], steps=0, check="full")
+    # p = q at candidate 2, accepted with probability 1: at check="reads" (the default) q(3) is
+    # never read, so it is not checked, and the result is that of the repaired input.
+    got = specula.verify_candidates(p, cand, q, seeds=[1, 2], steps=0)
+    want = specula.verify_candidates(p, cand, p, seeds=[1, 2], steps=0)
+    assert [np.asarray(g).tolist() for g in got] == [np.asarray(w).tolist() for w in want]
+    q[1, 2] = 0.0  # the tested candidate: refused at either level
+    for check in ("reads", "full"):
+        with pytest.raises(ValueError, match=r"^specula: q\[column 2\]: .*\[request 1: "):
+            specula.verify_candidates(p, cand, q, seeds=[1, 2], steps=0, check=check)
 
 
 def test_logits_to_probs_errors():

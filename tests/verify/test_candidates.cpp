@@ -253,6 +253,33 @@ TEST_CASE("verify_candidates_checked rejects bad input, naming the argument",
       expect([&] { call(p, q5, cand, ws, level); }, status::length_mismatch, "q");
     }
   }
+  SECTION("candidates the recursion never tests are checked at full but not at reads") {
+    // p = q: the first candidate is accepted with probability min(1, p/q) = 1, so p(3) and q(3)
+    // of the second are never read.
+    const std::vector<float> row = {0.1f, 0.2f, 0.3f, 0.4f};
+    const auto clean = call(row, row, cand, ws, check_level::reads);
+    REQUIRE(clean.accepted == 0);
+    for (const bool in_q : {false, true}) {
+      INFO((in_q ? "q(3)" : "p(3)"));
+      std::vector<float> bad = row;
+      bad[3] = in_q ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      const auto& pr = in_q ? row : bad;
+      const auto& qr = in_q ? bad : row;
+      expect([&] { call(pr, qr, cand, ws, check_level::full); },
+             in_q ? status::zero_draft_probability : status::nan_value, in_q ? "q" : "p");
+      candidates_result got;
+      REQUIRE_NOTHROW(got = call(pr, qr, cand, ws, check_level::reads));
+      CHECK(got.token == clean.token);
+      CHECK(got.accepted == clean.accepted);
+      CHECK(got.flags == clean.flags);
+    }
+    SECTION("and a tested candidate's are refused at reads") {
+      std::vector<float> bad = row;
+      bad[1] = -1e-9f;  // p(1), the first candidate
+      expect([&] { call(bad, row, cand, ws, check_level::reads); }, status::negative_value, "p");
+      expect([&] { call(row, bad, cand, ws, check_level::reads); }, status::negative_value, "q");
+    }
+  }
   SECTION("a negative p entry away from the candidates: read after a rejection") {
     // p(1) = p(3) = 0: both candidates are rejected, so p and q are read in full.
     std::vector<float> pr = {0.6f, 0.0f, 0.5f, 0.0f};

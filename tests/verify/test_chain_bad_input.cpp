@@ -482,6 +482,51 @@ TEST_CASE("check_level::reads checks the rows the verifier reads, as it reads th
                     {status::inf_value, "draft_probs", 0, 1});
     }
   }
+  SECTION("the drafts after a rejection are checked at full but not at reads") {
+    // The first draft is rejected for certain: p_2(x_2) and q_2(x_2) are never read.
+    for (const bool in_q : {false, true}) {
+      INFO((in_q ? "q_2(x_2)" : "p_2(x_2)"));
+      reads_fixture f(true);
+      if (in_q) {  // q_2(x_2) = 0 in a valid row
+        f.draft[6 + 0] += f.draft[6 + 4];
+        f.draft[6 + 4] = 0.0f;
+      } else {
+        f.target[6 + 4] = nan;
+      }
+      require_error([&] { verify_chain(host::seq, f.in(), f.output(), at(check_level::full)); },
+                    in_q ? expected_error{status::zero_draft_probability, "draft_probs", 1, 4}
+                         : expected_error{status::nan_value, "target_probs", 1, 4});
+      reads_fixture clean(true);
+      verify_chain(host::seq, clean.in(), clean.output(), at(check_level::reads));
+      REQUIRE_NOTHROW(verify_chain(host::seq, f.in(), f.output(), at(check_level::reads)));
+      CHECK(f.out == clean.out);
+      CHECK(f.n == clean.n);
+    }
+  }
+  SECTION("a zero or negative q(x) at a draft the verifier tests is refused at reads") {
+    reads_fixture zero(false);
+    zero.draft[6 + 0] += zero.draft[6 + 4];
+    zero.draft[6 + 4] = 0.0f;  // q_2(x_2), tested after the first draft is accepted
+    require_error(
+        [&] { verify_chain(host::seq, zero.in(), zero.output(), at(check_level::reads)); },
+        {status::zero_draft_probability, "draft_probs", 1, 4});
+    reads_fixture negative(false);
+    negative.draft[1] = -1e-9f;  // q_1(x_1): checked before the acceptance test uses it
+    require_error(
+        [&] { verify_chain(host::seq, negative.in(), negative.output(), at(check_level::reads)); },
+        {status::negative_value, "draft_probs", 0, 1});
+  }
+  SECTION("one array for both p and q: a failed q(x) is named draft_probs") {
+    // p = q: every draft is accepted; q_1(x_1) = p_1(x_1) = 0 fails as a proposal entry only.
+    reads_fixture f(false);
+    f.target.assign(f.draft.begin(), f.draft.end());
+    f.target.insert(f.target.end(), {0.5f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f});
+    f.target[1] = 0.0f;
+    const chain_batch_input<float> in{
+        6, f.offsets, f.tokens, {f.target.data(), 2, 6}, {f.target.data(), 3, 6}, f.rng};
+    require_error([&] { verify_chain(host::seq, in, f.output(), at(check_level::reads)); },
+                  {status::zero_draft_probability, "draft_probs", 0, 1});
+  }
   SECTION("a row that is only read pointwise is scanned at full but not at reads") {
     reads_fixture f(false);
     f.target[6 + 0] = nan;  // p_2 away from the drafted token 4

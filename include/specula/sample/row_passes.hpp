@@ -19,6 +19,7 @@
 /// executing the scalar code redundantly and the passes split across the CTA's threads.
 
 #include <concepts>
+#include <limits>
 
 #include "specula/core/config.hpp"
 #include "specula/core/row.hpp"
@@ -51,14 +52,17 @@ struct sequential_passes {
 
 /// How much of their input the checked host entry points validate.
 enum class check_level {
-  /// Shapes, extents, offsets and token ids; the probabilities of drafted tokens (p(x), q(x));
-  /// and every probability row the verifier reads in full, checked as it is read (no NaN, no
-  /// Inf, no negative entry, |sum - 1| within the tolerance). Rows the verifier never reads
-  /// cannot change its output and are not scanned, so a checked call costs about what an
-  /// unchecked one does. Applies to the exact rule over float rows; other rules and row types
-  /// are checked at the `full` level.
+  /// Shapes, extents, offsets and token ids, before verifying; then every probability the
+  /// verifier reads, checked as it is read: the entries it reads pointwise (p(x) and q(x) of each
+  /// drafted token, child or candidate it tests: finite, non-negative, q(x) > 0) and every row it
+  /// reads in full (no NaN, no Inf, no negative entry, |sum - 1| within the tolerance). What the
+  /// verifier never reads (the rows of accepted drafts beyond p(x), the drafts after a
+  /// rejection, the children of nodes the walk does not reach) cannot change its output and is
+  /// not checked, so a checked call costs about what an unchecked one does. Applies to the exact
+  /// rule over float rows; other rules and row types are checked at the `full` level.
   reads,
-  /// Every row of every input is validated before anything is verified.
+  /// Every row of every input, and p(x) and q(x) of every drafted token, are validated before
+  /// anything is verified.
   full,
 };
 
@@ -69,8 +73,13 @@ struct row_read_log {
   double sum_tolerance = 1e-3;
   const float* remembered[max_remembered] = {};
   int count = 0;
-  const float* failed_row = nullptr;  ///< the first row that failed, or nullptr
-  diagnostic failure{};               ///< its diagnostic (row index not set)
+  /// The row of the first failure (a row that failed, or the row of an entry read pointwise that
+  /// failed), or nullptr.
+  const float* failed_row = nullptr;
+  diagnostic failure{};  ///< its diagnostic (row index not set; the column of a failed entry)
+  /// The first failure is an entry q(x) of a proposal row (names draft_probs / q even when the
+  /// caller passed one array for both).
+  bool failed_in_proposal = false;
 };
 
 /// Host passes that validate every float probability row they read (check_level::reads): the
@@ -80,12 +89,39 @@ struct row_read_log {
 /// minimum on the way (detail::dense_tile_sums), and unless those prove the rows valid, the
 /// rows are scanned with check_probability_row (for the diagnostic, or to settle a sum close to
 /// the tolerance). The candidate recursion's later forms are checked with check_probability_row
-/// before their pass. The weights, and so the results, are those of sequential_passes for every
-/// valid row. The first failure is recorded in the log; the caller turns it into an error after
-/// the request.
+/// before their pass. The entries a verifier reads pointwise, p(x) and q(x) of the drafted token
+/// it tests, are checked by check_entry (detail::check_pointwise) just before their use. The
+/// weights, and so the results, are those of sequential_passes for every valid row. The first
+/// failure is recorded in the log; the caller turns it into an error after the request.
 struct checking_passes {
   using summary_type = weight_summary;
   row_read_log* log = nullptr;
+
+  /// Checks an entry the verifier reads pointwise: `row[col]` is p(x) (finite, >= 0) or, when
+  /// `proposal`, q(x) of a drafted token (finite, > 0). Records the first failure.
+  SPECULA_HOST_DEVICE void check_entry(const float* row, index_t col,
+                                       bool proposal) const noexcept {
+#if !SPECULA_IS_DEVICE_CODE
+    const float v = row[col];
+    // NaN fails every comparison; +Inf fails the upper bound.
+    const bool ok = (proposal ? v > 0.0f : v >= 0.0f) && v <= std::numeric_limits<float>::max();
+    if (ok || log->failed_row != nullptr) return;
+    status code = status::zero_draft_probability;
+    if (detail::is_nan(v))
+      code = status::nan_value;
+    else if (!detail::is_finite(v))
+      code = status::inf_value;
+    else if (v < 0.0f)
+      code = status::negative_value;
+    log->failed_row = row;
+    log->failure = {code, -1, col, static_cast<double>(v)};
+    log->failed_in_proposal = proposal;
+#else
+    (void)row;
+    (void)col;
+    (void)proposal;
+#endif
+  }
 
   // Host+device only so that verifiers (host+device functions) instantiate cleanly with it in
   // CUDA translation units; it validates on the host and is never used in device code.
@@ -211,6 +247,22 @@ SPECULA_HOST_DEVICE constexpr bool workspace_leader(const Passes& passes) noexce
     return passes.leader();
   else
     return true;
+}
+
+/// Called by a verifier just before it uses an entry it reads pointwise: `row[x]` is p(x) or, when
+/// `proposal`, q(x) of the drafted token x it tests. Passes that validate what a verifier reads
+/// (checking_passes, float rows) check the entry; other passes do nothing.
+template <class Passes, class T>
+SPECULA_HOST_DEVICE constexpr void check_pointwise(const Passes& passes, const T* row, index_t x,
+                                                   bool proposal) noexcept {
+  if constexpr (requires { passes.check_entry(row, x, proposal); })
+    passes.check_entry(row, x, proposal);
+  else {
+    (void)passes;
+    (void)row;
+    (void)x;
+    (void)proposal;
+  }
 }
 
 }  // namespace detail

@@ -148,6 +148,17 @@ template <class Proposal>
   }
 }
 
+/// Lets checking passes validate p(c) and q(c) of the candidate c a step tests (see
+/// check_pointwise) before the step reads them.
+template <class Passes, class T, class Proposal>
+SPECULA_HOST_DEVICE constexpr void check_candidate_entries(const Passes& passes,
+                                                           row_view<const T> p,
+                                                           const Proposal& proposal,
+                                                           index_t c) noexcept {
+  check_pointwise(passes, p.data, c, false);
+  if constexpr (requires { proposal.q.data; }) check_pointwise(passes, proposal.q.data, c, true);
+}
+
 /// The proposal row's mass weights, proposal.mass(x).
 template <class Proposal>
 struct proposal_mass_weights {
@@ -362,6 +373,7 @@ SPECULA_HOST_DEVICE candidates_result verify_candidates_bound(
   for (index_t j = 1; j <= k; ++j) {
     renorm[j - 1] = left.renorm(cand, j);
     const index_t c = cand[j - 1];
+    check_candidate_entries(passes, p, proposal, c);
     const index_t first = first_candidate_index(cand, c, j - 1);
     // q^(j)(x): x among c_1..c_{j-1} is `earlier`.
     const auto q_at = [&, j](index_t x) {
@@ -446,6 +458,7 @@ verify_candidates(const Rule& rule, Source& src, row_view<const T> p, const Prop
       if (writer) renorm[j - 1] = renorm_j;
       detail::workspace_barrier(passes);
       const index_t c = cand[j - 1];
+      detail::check_candidate_entries(passes, p, proposal, c);
       const index_t first = rec.first_index(c, j - 1);
       const double pk = rec.p_at(j, c, first);
       const double qk = rec.q_at(j, c, first);
@@ -510,16 +523,18 @@ verify_candidates(const Rule& rule, Source& src, row_view<const T> p, const Prop
 struct candidates_options {
   double sum_tolerance = default_sum_tolerance;    ///< |sum - 1| allowed in p and q
   double residual_floor = default_residual_floor;  ///< as in verify_candidates
-  /// check_level::reads (default): p and q are checked as the verification reads them in full
-  /// (only after a rejection) plus p(c), q(c) of every candidate; full: both rows first.
+  /// check_level::reads (default): p and q are checked as the verification reads them: in full
+  /// after a rejection, p(c) and q(c) of each candidate it tests; full: p(c), q(c) of every
+  /// candidate and both rows first.
   check_level check = check_level::reads;
 };
 
 /// Checked verify_candidates (host): validates the candidates (each in [0, vocab), distinct when
-/// drawn without replacement), the workspace size (candidates_workspace_size<Rule>(k, V)), p(c)
-/// and q(c) of every candidate (q(c) > 0 when the proposal has a row), and the rows at the
-/// chosen check level, then verifies. Throws invalid_input naming the argument ("p", "q",
-/// "candidates", "workspace") and index; the result is unspecified when it throws.
+/// drawn without replacement) and the workspace size (candidates_workspace_size<Rule>(k, V)),
+/// then, at the chosen check level, p(c) and q(c) of the candidates (finite, non-negative, q(c) >
+/// 0 when the proposal has a row) and the rows, and verifies. Throws invalid_input naming the
+/// argument ("p", "q", "candidates", "workspace") and index; the result is unspecified when it
+/// throws.
 template <class Rule, class T, class Proposal>
 candidates_result verify_candidates_checked(const Rule& rule, const request_rng& rng,
                                             row_view<const T> p, const Proposal& proposal,
@@ -555,14 +570,6 @@ candidates_result verify_candidates_checked(const Rule& rule, const request_rng&
     if (c < 0 || static_cast<index_t>(c) >= vocab)
       throw_if_failed({status::token_out_of_range, j, -1, static_cast<double>(c)}, "candidates",
                       ("must be in [0, " + std::to_string(vocab) + ")").c_str());
-    detail::check_entry(static_cast<double>(p[c]), "p", -1, c);
-    if constexpr (has_row) {
-      const auto qc = static_cast<double>(q[c]);
-      detail::check_entry(qc, "q", -1, c);
-      if (!(qc > 0.0))
-        throw_if_failed({status::zero_draft_probability, -1, c, qc}, "q",
-                        "a candidate must have positive proposal probability");
-    }
     if constexpr (std::is_same_v<Proposal, without_replacement<T>>)
       for (index_t i = 0; i < j; ++i)
         if (candidates[i] == c)
@@ -572,6 +579,18 @@ candidates_result verify_candidates_checked(const Rule& rule, const request_rng&
   constexpr bool reads = detail::residual_is_positive_difference<Rule> && std::is_same_v<T, float>;
   const bool scan = options.check == check_level::full || !reads;
   if (scan) {
+    // At check_level::reads the recursion checks p(c) and q(c) of each candidate it tests.
+    for (index_t j = 0; j < k; ++j) {
+      const token_t c = candidates[j];
+      detail::check_entry(static_cast<double>(p[c]), "p", -1, c);
+      if constexpr (has_row) {
+        const auto qc = static_cast<double>(q[c]);
+        detail::check_entry(qc, "q", -1, c);
+        if (!(qc > 0.0))
+          throw_if_failed({status::zero_draft_probability, -1, c, qc}, "q",
+                          "a candidate must have positive proposal probability");
+      }
+    }
     throw_if_failed(check_probability_row(p, options.sum_tolerance), "p");
     if constexpr (has_row) throw_if_failed(check_probability_row(q, options.sum_tolerance), "q");
   }
@@ -584,7 +603,11 @@ candidates_result verify_candidates_checked(const Rule& rule, const request_rng&
           verify_candidates(rule, src, p, proposal, candidates.data, k, options.residual_floor,
                             position, workspace.data, checking_passes{&log});
       if (log.failed_row != nullptr)
-        throw_if_failed(log.failure, log.failed_row == p.data ? "p" : "q");
+        throw_if_failed(log.failure,
+                        log.failed_row == p.data && !log.failed_in_proposal ? "p" : "q",
+                        log.failure.code == status::zero_draft_probability
+                            ? "a candidate must have positive proposal probability"
+                            : "");
       return r;
     }
   }

@@ -53,8 +53,9 @@ struct chain_options {
   /// A residual whose mass is at or below this is treated as empty; the emitted token is then
   /// sampled from p and the request is flagged chain_residual_fallback.
   double residual_floor = default_residual_floor;
-  /// What checked entry points validate (see check_level): by default the rows the verifier
-  /// reads, checked as they are read; check_level::full scans every row first.
+  /// What checked entry points validate (see check_level): by default the rows and the entries
+  /// p(x), q(x) the verifier reads, checked as they are read; check_level::full checks every row
+  /// and every drafted token's p(x), q(x) first.
   check_level check = check_level::reads;
   /// -1 inside a request's counted drafts: invalid input, or vLLM's rejection at that position.
   draft_placeholders placeholders = draft_placeholders::refuse;
@@ -204,12 +205,14 @@ template <class Rule>
   return o.placeholders == draft_placeholders::reject && !binds;
 }
 
-/// Validates drafted tokens of a segment and the probabilities the verifier reads at them:
-/// q(x) (positive) and p(x) at every drafted position.
+/// Validates drafted tokens of a segment and, when `entries` (check_level::full), the
+/// probabilities the verifier reads at them: q(x) (positive) and p(x) at every drafted position.
+/// At check_level::reads the verifier checks them itself as it reads them (check_pointwise), so
+/// drafts after a rejection are not checked.
 template <class T>
 void validate_segment_drafts(const chain_segment& s, index_t b, const token_t* tokens,
                              batch_view<const T> draft_probs, batch_view<const T> target_probs,
-                             index_t vocab, bool padded, index_t max_draft,
+                             index_t vocab, bool padded, index_t max_draft, bool entries,
                              bool placeholders = false) {
   for (index_t i = 0; i < s.length; ++i) {
     const token_t x = tokens[s.draft_row + i];
@@ -221,6 +224,7 @@ void validate_segment_drafts(const chain_segment& s, index_t b, const token_t* t
     if (x < 0 || static_cast<index_t>(x) >= vocab)
       throw_if_failed({status::token_out_of_range, row, col, static_cast<double>(x)},
                       "draft_tokens", ("vocab_size is " + std::to_string(vocab)).c_str());
+    if (!entries) continue;  // check_level::reads: checked as the verifier reads them
     if (draft_probs.rows > 0) {
       const auto qx = static_cast<double>(draft_probs.row(s.draft_row + i)[x]);
       check_entry(qx, "draft_probs", s.draft_row + i, x);
@@ -296,13 +300,16 @@ void throw_read_failure(const row_read_log& log, batch_view<const T> target_prob
     if (offset < 0 || offset >= static_cast<std::ptrdiff_t>(rows.rows * stride)) return -1;
     return static_cast<index_t>(offset) / stride;
   };
-  const index_t target_row = row_in(target_probs);
+  const index_t target_row = log.failed_in_proposal ? -1 : row_in(target_probs);
   if (target_row >= 0) {
     d.row = target_row;
     throw_if_failed(d, "target_probs");
   }
   d.row = row_in(draft_probs);
-  throw_if_failed(d, "draft_probs");
+  throw_if_failed(d, "draft_probs",
+                  d.code == status::zero_draft_probability
+                      ? "a drafted token must have positive probability in its proposal row"
+                      : "");
 }
 
 inline void validate_options(const chain_options& o) {
@@ -427,7 +434,7 @@ void validate_chain_input(const Policy& policy, const chain_batch_input<T>& in,
   for (index_t b = 0; b < batch; ++b)
     detail::validate_segment_drafts(detail::flattened_segment(in, b), b, in.draft_tokens.data,
                                     in.draft_probs, in.target_probs, in.vocab_size, false, 0,
-                                    placeholders);
+                                    scan_rows, placeholders);
   detail::validate_flattened_outputs(out, num_draft, batch);
 }
 
@@ -465,7 +472,7 @@ void validate_chain_input(const Policy& policy, const padded_chain_input<T>& in,
     const index_t n = detail::padded_length(in.draft_tokens, in.draft_lengths, len, b);
     detail::validate_segment_drafts(detail::chain_segment{n, b * len, b * (len + 1)}, b,
                                     in.draft_tokens.data, in.draft_probs, in.target_probs,
-                                    in.vocab_size, true, len, placeholders);
+                                    in.vocab_size, true, len, scan_rows, placeholders);
   }
   detail::require_size(out.output_tokens.size, batch * (len + 1), "output_tokens",
                        "length must be B * (L + 1)");
@@ -594,8 +601,9 @@ void verify_chain_unchecked(const Policy& policy, const padded_chain_input<T>& i
 
 /// Checked chain verification (either layout): validates inputs and outputs, then verifies every
 /// request under `policy` with `rule` (the exact rule by default). At check_level::reads (the
-/// default) the rows are checked as the verifier reads them; a bad row then throws after the
-/// requests before it were verified, so outputs are unspecified whenever the call throws.
+/// default) the rows and the entries p(x), q(x) are checked as the verifier reads them; a bad one
+/// then throws after the requests before it were verified, so outputs are unspecified whenever
+/// the call throws.
 template <host::policy Policy, class Input, class Output, batch_chain_rule Rule = exact_rule>
 requires requires(const Policy& p, const Input& in, const Output& out) {
   validate_chain_batch(p, in, out);

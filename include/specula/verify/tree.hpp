@@ -58,8 +58,9 @@ struct tree_options {
   double sum_tolerance = default_sum_tolerance;
   double residual_floor = default_residual_floor;
   sibling_sampling sampling = sibling_sampling::without_replacement;
-  /// What checked entry points validate (see check_level): by default the rows the verifier
-  /// reads, checked as they are read; check_level::full scans every row first.
+  /// What checked entry points validate (see check_level): by default the rows and the entries
+  /// p(x), q(x) the verifier reads, checked as they are read; check_level::full checks every row
+  /// and every drafted token's p(x), q(x) first.
   check_level check = check_level::reads;
 };
 
@@ -212,9 +213,10 @@ inline index_t total_nodes(row_view<const token_tree> trees) {
 
 namespace detail {
 
-/// Validates batched tree-verification inputs and outputs; scans every row only when
-/// `scan_rows` (the entries the verifier reads pointwise, p_u(c) and q_u(c) of every child c of
-/// every node u, are always checked).
+/// Validates batched tree-verification inputs and outputs; scans every row, and checks the entries
+/// the verifier reads pointwise (p_u(c) and q_u(c) of every child c of every node u), only when
+/// `scan_rows`. At check_level::reads the walk checks those entries of the children it tests as
+/// it reads them (check_pointwise); tokens, shapes and distinct siblings are always checked here.
 template <host::policy Policy, class T>
 void validate_tree_input(const Policy& policy, const tree_batch_input<T>& in,
                          const tree_batch_output& out, const tree_options& options,
@@ -244,6 +246,13 @@ void validate_tree_input(const Policy& policy, const tree_batch_input<T>& in,
                          std::to_string(in.vocab_size) + ")")
                             .c_str());
       const index_t parent = t.parent[i];
+      if (dense && options.sampling == sibling_sampling::without_replacement)
+        for (index_t s = t.first_child[parent]; s >= 0 && s < i; s = t.next_sibling[s])
+          if (t.token[s] == x)
+            throw_if_failed({status::invalid_parameter, b, i, static_cast<double>(x)}, "trees",
+                            "siblings drawn without replacement must have distinct tokens "
+                            "(request = row, node = column)");
+      if (!scan_rows) continue;
       check_entry(static_cast<double>(in.target_probs.row(base + parent)[x]), "target_probs",
                   base + parent, x);
       if (dense) {
@@ -252,12 +261,6 @@ void validate_tree_input(const Policy& policy, const tree_batch_input<T>& in,
         if (!(qx > 0.0))
           throw_if_failed({status::zero_draft_probability, base + parent, x, qx}, "draft_probs",
                           "a drafted child must have positive probability in its parent's row");
-        if (options.sampling == sibling_sampling::without_replacement)
-          for (index_t s = t.first_child[parent]; s >= 0 && s < i; s = t.next_sibling[s])
-            if (t.token[s] == x)
-              throw_if_failed({status::invalid_parameter, b, i, static_cast<double>(x)}, "trees",
-                              "siblings drawn without replacement must have distinct tokens "
-                              "(request = row, node = column)");
       }
     }
     base += t.size;
@@ -340,8 +343,8 @@ void verify_tree_unchecked(const Policy& policy, const tree_batch_input<T>& in,
 }
 
 /// Checked tree verification: validates, then verifies every request under `policy`. At
-/// check_level::reads (the default) the rows are checked as the verifier reads them, so outputs
-/// are unspecified whenever the call throws.
+/// check_level::reads (the default) the rows and the entries p(x), q(x) are checked as the
+/// verifier reads them, so outputs are unspecified whenever the call throws.
 template <host::policy Policy, class T, batch_chain_rule Rule = exact_rule>
 void verify_tree(const Policy& policy, const tree_batch_input<T>& in, const tree_batch_output& out,
                  tree_workspace& ws, const tree_options& options = {}, const Rule& rule = {}) {
