@@ -400,91 +400,96 @@ TEST_CASE("checked tree calls check p(x) and q(x) of the children they test (eve
   // child; elsewhere the call gives the clean input's outputs. On one thread and on several.
   // p(c) = +Inf and q(c) = 0 (its mass moved to a token that is no child of u) leave the rows
   // unread at a tested child (accepted: min(1, p/q) = 1), so only the pointwise check sees them.
-  for (const bool reject_root : {false, true}) {
-    random_tree_batch bt(16, {trees::full(2, 2), trees::full(3, 1), trees::full(2, 2)}, 5);
-    bt.p = bt.q;
-    index_t base = 0;
-    for (const token_tree& t : bt.trees) {
-      if (reject_root) {
-        float* root = bt.p.data() + base * bt.vocab;
-        for (index_t c : t.children(0)) root[t.token(c)] = 0.0f;
-        double rest = 0;
-        for (index_t y = 0; y < bt.vocab; ++y) rest += root[y];
-        for (index_t y = 0; y < bt.vocab; ++y) root[y] = static_cast<float>(root[y] / rest);
-      }
-      base += t.size();
-    }
-    std::vector<token_t> out(static_cast<std::size_t>(bt.nodes));
-    std::vector<std::int32_t> n(3);
-    const auto call = [&](auto policy, check_level level) {
-      tree_options o;
-      o.check = level;
-      verify_tree(policy, bt.input(), tree_batch_output{out, n, {}, {}}, o);
-    };
-    std::vector<std::vector<token_t>> clean_out(2);
-    std::vector<std::vector<std::int32_t>> clean_n(2);
-    for (const check_level level : {check_level::reads, check_level::full}) {
-      REQUIRE_NOTHROW(call(host::par.with_threads(2), level));
-      REQUIRE_NOTHROW(call(host::seq, level));
-      clean_out[level == check_level::full] = out;
-      clean_n[level == check_level::full] = n;
-    }
-    for (std::size_t b = 0; b < bt.trees.size(); ++b)  // the walks described above
-      CHECK(clean_n[0][b] == (reject_root ? 0 : bt.trees[b].max_depth()));
-    base = 0;
-    for (const token_tree& t : bt.trees) {
-      for (index_t node = 1; node < t.size(); ++node) {
-        const index_t u = t.parent(node);
-        // Tested: every root child (reject_root), or a node of the first path (first_path).
-        bool on_first_path = true;
-        for (index_t a = node; a > 0; a = t.parent(a))
-          on_first_path = on_first_path && t.first_child(t.parent(a)) == a;
-        const bool tested = reject_root ? u == 0 : on_first_path;
-        const index_t row = base + u;
-        const auto at = static_cast<std::size_t>(row * bt.vocab + t.token(node));
-        const std::string where =
-            "[row " + std::to_string(row) + "][column " + std::to_string(t.token(node)) + "]";
-        // A token that is no child of u, to take q(c)'s mass.
-        const auto kids = t.children(u);
-        token_t spare = 0;
-        while (
-            std::any_of(kids.begin(), kids.end(), [&](index_t c) { return t.token(c) == spare; }))
-          ++spare;
-        const auto spare_at = static_cast<std::size_t>(row * bt.vocab + spare);
-        for (const int corruption : {0, 1, 2, 3}) {
-          const bool in_q = corruption >= 2;
-          auto& rows = in_q ? bt.q : bt.p;
-          const std::vector<float> saved = rows;
-          const float bad[] = {-1e-9f, std::numeric_limits<float>::infinity(), -1e-9f, 0.0f};
-          if (corruption == 3) rows[spare_at] += rows[at];
-          rows[at] = bad[corruption];
-          const std::string what = (in_q ? "draft_probs" : "target_probs") + where;
-          INFO((reject_root ? "reject_root" : "first_path")
-               << ", node " << node << " of tree at row " << base << (in_q ? ", q" : ", p") << " = "
-               << bad[corruption]);
-          CHECK_THROWS_WITH(call(host::seq, check_level::full), Catch::Contains(what));
-          CHECK_THROWS_WITH(call(host::par.with_threads(2), check_level::full),
-                            Catch::Contains(what));
-          if (tested) {
-            CHECK_THROWS_WITH(call(host::seq, check_level::reads), Catch::Contains(what));
-            CHECK_THROWS_WITH(call(host::par.with_threads(2), check_level::reads),
-                              Catch::Contains(what));
-          } else {
-            for (const bool par : {false, true}) {
-              if (par)
-                CHECK_NOTHROW(call(host::par.with_threads(2), check_level::reads));
-              else
-                CHECK_NOTHROW(call(host::seq, check_level::reads));
-              CHECK(out == clean_out[0]);
-              CHECK(n == clean_n[0]);
-            }
-          }
-          rows = saved;
+  // Siblings drawn with and without replacement.
+  for (const auto sampling :
+       {sibling_sampling::without_replacement, sibling_sampling::with_replacement})
+    for (const bool reject_root : {false, true}) {
+      random_tree_batch bt(16, {trees::full(2, 2), trees::full(3, 1), trees::full(2, 2)}, 5);
+      bt.p = bt.q;
+      index_t base = 0;
+      for (const token_tree& t : bt.trees) {
+        if (reject_root) {
+          float* root = bt.p.data() + base * bt.vocab;
+          for (index_t c : t.children(0)) root[t.token(c)] = 0.0f;
+          double rest = 0;
+          for (index_t y = 0; y < bt.vocab; ++y) rest += root[y];
+          for (index_t y = 0; y < bt.vocab; ++y) root[y] = static_cast<float>(root[y] / rest);
         }
+        base += t.size();
       }
-      base += t.size();
+      std::vector<token_t> out(static_cast<std::size_t>(bt.nodes));
+      std::vector<std::int32_t> n(3);
+      const auto call = [&](auto policy, check_level level) {
+        tree_options o;
+        o.check = level;
+        o.sampling = sampling;
+        verify_tree(policy, bt.input(), tree_batch_output{out, n, {}, {}}, o);
+      };
+      std::vector<std::vector<token_t>> clean_out(2);
+      std::vector<std::vector<std::int32_t>> clean_n(2);
+      for (const check_level level : {check_level::reads, check_level::full}) {
+        REQUIRE_NOTHROW(call(host::par.with_threads(2), level));
+        REQUIRE_NOTHROW(call(host::seq, level));
+        clean_out[level == check_level::full] = out;
+        clean_n[level == check_level::full] = n;
+      }
+      for (std::size_t b = 0; b < bt.trees.size(); ++b)  // the walks described above
+        CHECK(clean_n[0][b] == (reject_root ? 0 : bt.trees[b].max_depth()));
+      base = 0;
+      for (const token_tree& t : bt.trees) {
+        for (index_t node = 1; node < t.size(); ++node) {
+          const index_t u = t.parent(node);
+          // Tested: every root child (reject_root), or a node of the first path (first_path).
+          bool on_first_path = true;
+          for (index_t a = node; a > 0; a = t.parent(a))
+            on_first_path = on_first_path && t.first_child(t.parent(a)) == a;
+          const bool tested = reject_root ? u == 0 : on_first_path;
+          const index_t row = base + u;
+          const auto at = static_cast<std::size_t>(row * bt.vocab + t.token(node));
+          const std::string where =
+              "[row " + std::to_string(row) + "][column " + std::to_string(t.token(node)) + "]";
+          // A token that is no child of u, to take q(c)'s mass.
+          const auto kids = t.children(u);
+          token_t spare = 0;
+          while (
+              std::any_of(kids.begin(), kids.end(), [&](index_t c) { return t.token(c) == spare; }))
+            ++spare;
+          const auto spare_at = static_cast<std::size_t>(row * bt.vocab + spare);
+          for (const int corruption : {0, 1, 2, 3}) {
+            const bool in_q = corruption >= 2;
+            auto& rows = in_q ? bt.q : bt.p;
+            const std::vector<float> saved = rows;
+            const float bad[] = {-1e-9f, std::numeric_limits<float>::infinity(), -1e-9f, 0.0f};
+            if (corruption == 3) rows[spare_at] += rows[at];
+            rows[at] = bad[corruption];
+            const std::string what = (in_q ? "draft_probs" : "target_probs") + where;
+            INFO((sampling == sibling_sampling::with_replacement ? "with" : "without")
+                 << " replacement, " << (reject_root ? "reject_root" : "first_path") << ", node "
+                 << node << " of tree at row " << base << (in_q ? ", q" : ", p") << " = "
+                 << bad[corruption]);
+            CHECK_THROWS_WITH(call(host::seq, check_level::full), Catch::Contains(what));
+            CHECK_THROWS_WITH(call(host::par.with_threads(2), check_level::full),
+                              Catch::Contains(what));
+            if (tested) {
+              CHECK_THROWS_WITH(call(host::seq, check_level::reads), Catch::Contains(what));
+              CHECK_THROWS_WITH(call(host::par.with_threads(2), check_level::reads),
+                                Catch::Contains(what));
+            } else {
+              for (const bool par : {false, true}) {
+                if (par)
+                  CHECK_NOTHROW(call(host::par.with_threads(2), check_level::reads));
+                else
+                  CHECK_NOTHROW(call(host::seq, check_level::reads));
+                CHECK(out == clean_out[0]);
+                CHECK(n == clean_n[0]);
+              }
+            }
+            rows = saved;
+          }
+        }
+        base += t.size();
+      }
     }
-  }
 }
 
 TEST_CASE("greedy tree and chain verification reproduce greedy decoding", "[verify][tree]") {

@@ -251,12 +251,13 @@ SPECULA_HOST_DEVICE constexpr bool workspace_leader(const Passes& passes) noexce
 
 /// Called by a verifier just before it uses an entry it reads pointwise: `row[x]` is p(x) or, when
 /// `proposal`, q(x) of the drafted token x it tests. Passes that validate what a verifier reads
-/// (checking_passes, float rows) check the entry; other passes do nothing.
-template <class Passes, class T>
-SPECULA_HOST_DEVICE constexpr void check_pointwise(const Passes& passes, const T* row, index_t x,
+/// (checking_passes) check the entry of a float row_view; with other passes or row types (double
+/// rows, the device's transformed rows) it does nothing.
+template <class Passes, class Row>
+SPECULA_HOST_DEVICE constexpr void check_pointwise(const Passes& passes, const Row& row, index_t x,
                                                    bool proposal) noexcept {
-  if constexpr (requires { passes.check_entry(row, x, proposal); })
-    passes.check_entry(row, x, proposal);
+  if constexpr (requires { passes.check_entry(row.data, x, proposal); })
+    passes.check_entry(row.data, x, proposal);
   else {
     (void)passes;
     (void)row;

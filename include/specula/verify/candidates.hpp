@@ -155,8 +155,8 @@ SPECULA_HOST_DEVICE constexpr void check_candidate_entries(const Passes& passes,
                                                            row_view<const T> p,
                                                            const Proposal& proposal,
                                                            index_t c) noexcept {
-  check_pointwise(passes, p.data, c, false);
-  if constexpr (requires { proposal.q.data; }) check_pointwise(passes, proposal.q.data, c, true);
+  check_pointwise(passes, p, c, false);
+  if constexpr (requires { proposal.q; }) check_pointwise(passes, proposal.q, c, true);
 }
 
 /// The proposal row's mass weights, proposal.mass(x).

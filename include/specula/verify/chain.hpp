@@ -205,6 +205,10 @@ template <class Rule>
   return o.placeholders == draft_placeholders::reject && !binds;
 }
 
+/// The detail text of status::zero_draft_probability for a drafted token or child.
+inline constexpr const char* zero_draft_text =
+    "a drafted token must have positive probability in its proposal row";
+
 /// Validates drafted tokens of a segment and, when `entries` (check_level::full), the
 /// probabilities the verifier reads at them: q(x) (positive) and p(x) at every drafted position.
 /// At check_level::reads the verifier checks them itself as it reads them (check_pointwise), so
@@ -230,7 +234,7 @@ void validate_segment_drafts(const chain_segment& s, index_t b, const token_t* t
       check_entry(qx, "draft_probs", s.draft_row + i, x);
       if (!(qx > 0.0))
         throw_if_failed({status::zero_draft_probability, s.draft_row + i, x, qx}, "draft_probs",
-                        "a drafted token must have positive proposal probability");
+                        zero_draft_text);
     }
     check_entry(static_cast<double>(target_probs.row(s.target_row_of(i))[x]), "target_probs",
                 s.target_row_of(i), x);
@@ -307,9 +311,7 @@ void throw_read_failure(const row_read_log& log, batch_view<const T> target_prob
   }
   d.row = row_in(draft_probs);
   throw_if_failed(d, "draft_probs",
-                  d.code == status::zero_draft_probability
-                      ? "a drafted token must have positive probability in its proposal row"
-                      : "");
+                  d.code == status::zero_draft_probability ? zero_draft_text : "");
 }
 
 inline void validate_options(const chain_options& o) {

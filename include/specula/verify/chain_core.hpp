@@ -140,9 +140,9 @@ verify_chain_drafts(const Rule& rule, Source& src, index_t length, const token_t
     const token_t x = drafts[i];
     const auto rule_i = bind_rule(rule_at(rule, i), p, x, passes);
     const auto pos = static_cast<std::uint32_t>(i);
-    if (x >= 0) {  // p(x) and q(x) are read below (checking passes validate them first)
-      detail::check_pointwise(passes, p.data, x, false);
-      if constexpr (requires { q.row.data; }) detail::check_pointwise(passes, q.row.data, x, true);
+    if (x >= 0) {  // q(x) and p(x) are read below (checking passes validate them first)
+      if constexpr (requires { q.row; }) detail::check_pointwise(passes, q.row, x, true);
+      detail::check_pointwise(passes, p, x, false);
     }
     // A placeholder (x < 0: no draft at this position, vLLM's -1) is rejected without a draw;
     // the token is then sampled from the residual with nothing proposed by a one-hot draft.

@@ -260,7 +260,7 @@ void validate_tree_input(const Policy& policy, const tree_batch_input<T>& in,
         check_entry(qx, "draft_probs", base + parent, x);
         if (!(qx > 0.0))
           throw_if_failed({status::zero_draft_probability, base + parent, x, qx}, "draft_probs",
-                          "a drafted child must have positive probability in its parent's row");
+                          zero_draft_text);
       }
     }
     base += t.size;
