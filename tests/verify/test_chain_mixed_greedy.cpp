@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "specula/verify/chain.hpp"
@@ -132,4 +133,27 @@ TEST_CASE("is_greedy bad input", "[verify][bad_input]") {
       std::numeric_limits<float>::quiet_NaN();  // request 2's second target row
   CHECK_THROWS_WITH(verify_chain(host::seq, bt.in(greedy), o.view()),
                     Catch::Contains("target_probs[row 6][column 2]: NaN entry"));
+}
+
+TEST_CASE("a greedy request's proposal rows are never read: checked at full but not at reads",
+          "[verify][bad_input]") {
+  batch bt;
+  const std::vector<std::uint8_t> greedy = {0, 0, 1, 0};
+  // q(x) of request 2's first draft (draft row 3): zero, its mass moved to another token so that
+  // the row stays valid.
+  const auto at = static_cast<std::size_t>(3 * bt.V + bt.tokens[3]);
+  const auto other = static_cast<std::size_t>(3 * bt.V + (bt.tokens[3] + 1) % bt.V);
+  outputs clean, got;
+  verify_chain(host::seq, bt.in(greedy), clean.view());
+  bt.draft[other] += bt.draft[at];
+  bt.draft[at] = 0.0f;
+  chain_options full;
+  full.check = check_level::full;
+  CHECK_THROWS_WITH(
+      verify_chain(host::seq, bt.in(greedy), got.view(), full),
+      Catch::Contains("draft_probs[row 3][column " + std::to_string(bt.tokens[3]) + "]"));
+  REQUIRE_NOTHROW(verify_chain(host::seq, bt.in(greedy), got.view()));
+  CHECK(got.tokens == clean.tokens);
+  CHECK(got.n == clean.n);
+  CHECK(got.flags == clean.flags);
 }
