@@ -53,7 +53,9 @@
 // uninitialised (GCC bug 105593, fixed in 12.3 and 13); the warnings point into the header.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#if !defined(__clang__)  // a GCC warning: Clang would warn that it does not know it
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #define SPECULA_EXP_X86 1
