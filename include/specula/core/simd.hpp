@@ -402,13 +402,17 @@ inline constexpr index_t lane_entries_per_fold = 64;
 /// vector, each converted from a 16-byte load: on Zen 4 the conversion of a 32-byte load into
 /// eight doubles, or of an upper half extracted from a register, takes more issue slots of the
 /// two floating-point add pipes, which bound these kernels. The sums are fmadd(x, 1, acc), acc +
-/// x rounded once: the same bits, on the FMA pipes. Checked without q, the bits of the converted
-/// entries (a double keeps its float's sign, NaN included) are ORed into `bits`.
+/// x rounded once: the same bits, on the FMA pipes. Opaque ones: each kernel hides its 1.0 from
+/// the optimiser behind an empty asm, since Clang (14) otherwise rewrites fmadd(x, 1, acc) as
+/// an add, which issues on the add pipes (its residual kernels ran 1.2-1.4x slower). Checked
+/// without q, the bits of the converted entries (a double keeps its float's sign, NaN included) are
+/// ORed into `bits`.
 template <bool HasQ, bool Check, bool Clamp>
 __attribute__((target("avx2,fma"), always_inline)) inline void add_eight_avx2(
     const float* p, const float* q, __m256d& lo, __m256d& hi, __m256i& bits) noexcept {
   const __m256d zero = _mm256_setzero_pd();
-  const __m256d one = _mm256_set1_pd(1.0);
+  __m256d one = _mm256_set1_pd(1.0);
+  asm("" : "+v"(one));  // an FMA, not an add (see opaque ones above)
   __m256d a = _mm256_cvtps_pd(_mm_loadu_ps(p));
   __m256d b = _mm256_cvtps_pd(_mm_loadu_ps(p + 4));
   if constexpr (Check && !HasQ)
@@ -469,7 +473,8 @@ struct check_stream {
 /// ORed into `bits`. The sums are fmadd(v, 1, s) (s + v rounded once) on the FMA pipes.
 __attribute__((target("avx2,fma"), always_inline)) inline void check_block_avx2(
     const float* at, __m256& s0, __m256& s1, __m256i& bits) noexcept {
-  const __m256 one = _mm256_set1_ps(1.0f);
+  __m256 one = _mm256_set1_ps(1.0f);
+  asm("" : "+v"(one));  // an FMA, not an add
   __m256 v0 = _mm256_load_ps(at);
   __m256 v1 = _mm256_load_ps(at + 8);
   asm("" : "+v"(v0), "+v"(v1));  // one load each (see check_blocks_avx512)
@@ -640,7 +645,8 @@ __attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline __m512d fol
 /// one ternary-logic instruction.
 __attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline void check_blocks_avx512(
     const float* pa, const float* qa, __m512& ps, __m512& qs, __m512i& bits) noexcept {
-  const __m512 one = _mm512_set1_ps(1.0f);
+  __m512 one = _mm512_set1_ps(1.0f);
+  asm("" : "+v"(one));  // an FMA, not an add
   __m512 pv = _mm512_load_ps(pa);
   __m512 qv = _mm512_load_ps(qa);
   // One load each: without this GCC folds the loads into the three uses (four or six 64-byte
@@ -655,8 +661,10 @@ __attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline void check_
 __attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline void check_block_avx512(
     const float* at, __m512& s, __m512i& bits) noexcept {
   const __m512 v = _mm512_load_ps(at);
+  __m512 one = _mm512_set1_ps(1.0f);
+  asm("" : "+v"(one));  // an FMA, not an add
   bits = _mm512_or_si512(_mm512_castps_si512(v), bits);
-  s = _mm512_fmadd_ps(v, _mm512_set1_ps(1.0f), s);
+  s = _mm512_fmadd_ps(v, one, s);
 }
 
 /// Without q, the weights of the eight (`Sixteen`: sixteen) entries at p added to a tile's
@@ -668,7 +676,8 @@ template <bool Sixteen, bool Check, bool Clamp>
 __attribute__((target(SPECULA_AVX512_TARGET), always_inline)) inline void add_row_avx512(
     const float* p, __m512d& w, __m512i& bits) noexcept {
   const __m512d zero = _mm512_setzero_pd();
-  const __m512d one = _mm512_set1_pd(1.0);
+  __m512d one = _mm512_set1_pd(1.0);
+  asm("" : "+v"(one));  // an FMA, not an add
   const __m512d a = _mm512_cvtps_pd(_mm256_loadu_ps(p));
   const __m512d b = Sixteen ? _mm512_cvtps_pd(_mm256_loadu_ps(p + 8)) : zero;
   if constexpr (Check)
