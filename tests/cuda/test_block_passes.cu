@@ -1,7 +1,8 @@
-// The CTA-wide row passes (cuda/specula/cuda/block_passes.cuh): the 16-byte-load schedule of a
-// tile (host, runs everywhere), and on the device the passes' mass and signed sum against the
-// host's positive_mass and ordered_sum, bit for bit, for 16-byte aligned rows (vector loads) and
-// unaligned ones (element loads).
+// The CTA-wide row passes (cuda/specula/cuda/block_passes.cuh) on the device: their mass and
+// signed sum against the host's positive_mass and ordered_sum, bit for bit, for rows at every
+// alignment (full tiles loaded ahead, partial tiles element by element); and the inverse-CDF
+// sample over their summary (the tile it lands in scanned by the whole CTA) against the host's
+// sample_inverse_cdf for the same uniforms.
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -20,36 +21,6 @@
 
 using namespace specula;
 namespace sc = specula::cuda;
-
-TEST_CASE("block passes' 16-byte-load schedule hands every lane its own elements in order",
-          "[cuda][host]") {
-  // Lane L of a tile's 8 lanes loads elements 32m + 4L + c (c = 0..3); lane k must sum the
-  // elements k + 8j in increasing j. Emulate the shuffle rounds: in round r lane k reads
-  // component vector_given_component(src, r) of lane src = vector_source_lane(k, r).
-  for (int m = 0; m < 8; ++m) {
-    for (int k = 0; k < 8; ++k) {
-      int received[4] = {-1, -1, -1, -1};
-      for (int r = 0; r < 4; ++r) {
-        const int src = sc::detail::vector_source_lane(k, r);
-        REQUIRE(src >= 0);
-        REQUIRE(src < 8);
-        const int c = sc::detail::vector_given_component(src, r);
-        received[r] = 32 * m + 4 * src + c;
-      }
-      for (int s = 0; s < 4; ++s) {
-        INFO("m " << m << " lane " << k << " slot " << s);
-        CHECK(received[sc::detail::vector_round_of(k, s)] == k + 8 * (4 * m + s));
-      }
-    }
-    // Each source lane hands over one component per round: no two readers of a lane want
-    // different components in the same round.
-    for (int r = 0; r < 4; ++r)
-      for (int k1 = 0; k1 < 8; ++k1)
-        for (int k2 = 0; k2 < 8; ++k2)
-          if (sc::detail::vector_source_lane(k1, r) == sc::detail::vector_source_lane(k2, r))
-            CHECK((k1 & 3) == (k2 & 3));
-  }
-}
 
 namespace {
 
@@ -157,6 +128,90 @@ TEST_CASE("block passes equal the host's sums bit for bit, with and without vect
       // The entropy's terms take log from CUDA's library on the device (within 1 ulp of the
       // host's): the same order, so the sums agree to rounding of the terms.
       CHECK(got[6] == Approx(want[6]).epsilon(1e-13));
+    }
+  }
+}
+
+namespace {
+
+/// Inverse-CDF samples over the passes' summary of w for each uniform of u (all threads sample;
+/// thread 0 writes): the residual of p against q (two rows) when `residual`, else p's weights.
+__global__ void sample_kernel(const float* p, const float* q, index_t n, bool residual,
+                              const double* u, index_t count, index_t* out) {
+  __shared__ sc::block_passes_storage<threads, 1024> storage;
+  const sc::block_passes<threads> passes(storage);
+  const row_view<const float> pr(p, n);
+  const dense_proposal<float> dq{row_view<const float>(q, n)};
+  const detail::scalar_bound_rule<exact_rule> exact{};
+  const detail::chain_residual<decltype(exact), row_view<const float>, dense_proposal<float>> res{
+      exact, pr, dq};
+  const detail::row_weights<float> rw{pr};
+  typename sc::block_passes<threads>::summary_type s;
+  for (index_t k = 0; k < count; ++k) {
+    // One summary, many draws: the scans (in the passes' shared scratch) leave the recorded
+    // tile sums as they were.
+    index_t i = -2;
+    if (residual) {
+      if (k == 0) passes.summarize(n, res, s);
+      i = sample_inverse_cdf(n, res, s, u[k]);
+    } else {
+      if (k == 0) passes.summarize(n, rw, s);
+      i = sample_inverse_cdf(n, rw, s, u[k]);
+    }
+    if (threadIdx.x == 0) out[k] = i;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("block passes' inverse-CDF sample equals the host's for the same uniforms",
+          "[cuda][device]") {
+  if (!cuda_test::have_gpu("block passes sample")) return;
+  for (index_t n : {1, 7, 255, 256, 257, 1000, 5000, 131079}) {
+    auto pd = testing::random_probability_row(n, 67, 0, 0.3);
+    auto qd = testing::random_probability_row(n, 67, 1, 0.3);
+    std::vector<float> p(pd.begin(), pd.end()), q(qd.begin(), qd.end());
+    if (n > 10) p[9] = std::numeric_limits<float>::quiet_NaN();  // NaN weighs nothing
+    const row_view<const float> pr(p.data(), n);
+    const dense_proposal<float> hq{row_view<const float>(q.data(), n)};
+    const detail::scalar_bound_rule<exact_rule> exact{};
+    const detail::chain_residual<decltype(exact), row_view<const float>, dense_proposal<float>> res{
+        exact, pr, hq};
+    const detail::row_weights<float> rw{pr};
+    // Uniforms: spread over (0, 1), just past each of a few running sums (a scan that stops
+    // one element early or late shows), and next to 1 (the walk's fallback).
+    std::vector<double> u;
+    for (int k = 1; k < 64; ++k) u.push_back((k - 0.5) / 63.0);
+    u.push_back(1.0 - 0x1p-53);
+    u.push_back(0x1p-60);
+    for (const bool residual : {false, true}) {
+      std::vector<double> us = u;
+      const double total = residual ? positive_mass(n, res) : positive_mass(n, rw);
+      double acc = 0.0;
+      for (index_t i = 0; i < n; ++i) {
+        const double wi = residual ? res(i) : rw(i);
+        if (!(wi > 0.0)) continue;
+        acc += wi;
+        if (i % 97 == 5 && total > 0.0) {
+          us.push_back(acc / total);
+          us.push_back(std::nextafter(acc / total, 1.0));
+        }
+      }
+      std::vector<index_t> want;
+      for (const double x : us)
+        want.push_back(residual ? sample_inverse_cdf(n, res, total, x)
+                                : sample_inverse_cdf(n, rw, total, x));
+      const cuda_test::device_vector<float> dp(p), dqv(q);
+      const cuda_test::device_vector<double> du(us);
+      cuda_test::device_vector<index_t> out(std::vector<index_t>(us.size(), -3));
+      sample_kernel<<<1, threads>>>(dp.ptr, dqv.ptr, n, residual, du.ptr,
+                                    static_cast<index_t>(us.size()), out.ptr);
+      sc::throw_on_error(cudaDeviceSynchronize(), "sample kernel");
+      const std::vector<index_t> got = out.to_host();
+      for (std::size_t k = 0; k < us.size(); ++k) {
+        INFO("n " << n << " residual " << residual << " u " << us[k]);
+        CHECK(got[k] == want[k]);
+      }
     }
   }
 }

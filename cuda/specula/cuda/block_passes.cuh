@@ -28,16 +28,28 @@
 /// after the last read of the old contents (the passes end with one). No two threads write the
 /// same shared word, so compute-sanitizer's racecheck has nothing to report.
 ///
-/// Vector loads. Lane k of a tile needs the elements k, k + 8, ... — every eighth one — so a
-/// 16-byte load (four floats) always holds elements of four different lanes. Weight functions
+/// Loads. Lane k of a tile sums the elements k, k + 8, ... — every eighth one. Weight functions
 /// over float rows that say which rows they read and how a weight follows from the values
-/// (vector_weights below: a row, the chain residual over a dense or one-hot proposal) are read
-/// with one 16-byte load per row and per four elements when their rows are 16-byte aligned:
-/// the 8 lanes of a tile together load 32 consecutive elements, then four rounds of warp
-/// shuffles within the 8 lanes (vector_source_lane / vector_given_component) hand every lane
-/// the four elements it sums, which it adds in the scalar order. The weights and the order of
-/// the additions are those of the element-wise path, so the bits are the same; unaligned rows
-/// and a row's last, partial tile take the element-wise path.
+/// (vector_weights below: a row; in chain.cuh, a scalar rule's chain residual) have a
+/// full tile read with all of a lane's 32 loads (64 with two rows) issued before the first
+/// weight is computed: one 4-byte load per element and row, the 8 lanes of a tile reading 32
+/// consecutive bytes (one sector) per load, so a warp's load touches one sector of each of its
+/// four tiles and every sector read is used whole. The weights and the order of the additions
+/// are those of the element-wise path, so the bits are the same; a row's last, partial tile and
+/// other weight functions take the element-wise path. (An earlier schedule read 16-byte vectors
+/// and handed their elements to the summing lanes by warp shuffles: four shuffles and about a
+/// dozen selects per four elements, with a sub-warp mask that made the compiler wrap every
+/// shuffle in a convergence check.)
+///
+/// The 8 lanes of a tile combine their sums by three butterfly shuffles (xor 1, 2, 4):
+/// IEEE addition is commutative, so every lane ends with ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)),
+/// the host's bits, without a round trip through shared memory.
+///
+/// Sampling. The inverse-CDF sample after summarize() walks the recorded tile sums in every
+/// thread; the one tile it lands in is then scanned with the CTA (summary_type::scan_tile): each
+/// thread computes one weight into shared memory, then every thread scans them in index order
+/// from there (the scan is a running sum in double, so it stays sequential; what leaves it is a
+/// dependent global load per element).
 
 #include <cstdint>
 #include <type_traits>
@@ -51,10 +63,11 @@ SPECULA_CUDA_NAMESPACE_BEGIN
 
 namespace detail {
 
-/// How block_passes reads a weight function with 16-byte loads (see file comment). The primary
-/// template opts out; a specialisation for a weight function W provides
-///   - `static const float* p(const W&)`, `static const float* q(const W&)`: the float rows the
-///     weight at y reads at index y (q: nullptr when there is one row);
+/// How block_passes reads a weight function's full tiles with all loads in flight (see file
+/// comment). The primary template opts out; a specialisation for a weight function W provides
+///   - `static constexpr int rows`: 1 or 2, the float rows w(y) reads (at index y);
+///   - `static const float* p(const W&)`, `static const float* q(const W&)`: those rows (q:
+///     nullptr when there is one);
 ///   - `static double weight(const W&, index_t y, float p_y, float q_y)`: w(y) from those values,
 ///     bit for bit (it calls W's own arithmetic on rows that hold the values, never a copy of
 ///     it).
@@ -75,6 +88,7 @@ template <>
 struct vector_weights<specula::detail::row_weights<float, row_view<const float>>> {
   using weights = specula::detail::row_weights<float, row_view<const float>>;
   static constexpr bool enabled = true;
+  static constexpr int rows = 1;
   [[nodiscard]] __device__ static const float* p(const weights& w) noexcept { return w.row.data; }
   [[nodiscard]] __device__ static const float* q(const weights&) noexcept { return nullptr; }
   [[nodiscard]] __device__ static double weight(const weights&, index_t y, float p_y,
@@ -83,84 +97,46 @@ struct vector_weights<specula::detail::row_weights<float, row_view<const float>>
   }
 };
 
-/// The 16-byte-load schedule of one tile (see file comment). Lane L of a tile's 8 lanes loads the
-/// four elements 32m + 4L + c (c = 0..3) of every 32; they belong to lane 4(L & 1) + c, as its
-/// element j = 4m + (L >> 1). In shuffle round r = 0..3, lane k reads from this lane ...
-[[nodiscard]] __host__ __device__ constexpr int vector_source_lane(int k, int r) noexcept {
-  return 2 * (((k & 3) + r) & 3) + (k >> 2);
-}
-/// ... which hands over its component (the one lane k needs) ...
-[[nodiscard]] __host__ __device__ constexpr int vector_given_component(int lane, int r) noexcept {
-  return ((lane >> 1) - r) & 3;
-}
-/// ... so that lane k receives its element 4m + s (s = 0..3) in round vector_round_of(k, s).
-[[nodiscard]] __host__ __device__ constexpr int vector_round_of(int k, int s) noexcept {
-  return (s - (k & 3)) & 3;
-}
-
-/// v.x, v.y, v.z or v.w (c in 0..3) without indexing memory.
-[[nodiscard]] __device__ inline float vector_component(const float4& v, int c) noexcept {
-  return c == 0 ? v.x : (c == 1 ? v.y : (c == 2 ? v.z : v.w));
-}
-[[nodiscard]] __device__ inline float vector_pick(float a0, float a1, float a2, float a3,
-                                                  int r) noexcept {
-  return r == 0 ? a0 : (r == 1 ? a1 : (r == 2 ? a2 : a3));
-}
-
-/// Whether a row can be read with 16-byte loads (a null row: nothing to read).
-[[nodiscard]] __device__ inline bool vector_aligned(const float* row) noexcept {
-  return (reinterpret_cast<std::uintptr_t>(row) & 15u) == 0;
-}
-
 /// The sum of lane `lane` of the full tile starting at `begin` (weights at begin + lane + 8j in
-/// increasing j, clamped at 0 when Positive), read with 16-byte loads and redistributed by
-/// shuffles among the tile's 8 lanes (threads 8s .. 8s + 7 of a warp, all of which call this
-/// for the same tile). `p` and `q` (or null) are 16-byte aligned.
+/// increasing j, clamped at 0 when Positive), every load of the lane issued before the first use
+/// (see file comment). `q` is null for weight functions of one row.
 template <bool Positive, class WeightFn>
-__device__ double vector_tile_sum(const WeightFn& w, const float* p, const float* q, index_t begin,
-                                  int lane) noexcept {
+__device__ double strided_tile_sum(const WeightFn& w, const float* p, const float* q, index_t begin,
+                                   int lane) noexcept {
   using vw = vector_weights<WeightFn>;
-  const unsigned group = 0xffu << (threadIdx.x & 24u);  // this tile's 8 lanes of the warp
-  const auto* p4 = reinterpret_cast<const float4*>(p + begin);
-  const auto* q4 = q == nullptr ? nullptr : reinterpret_cast<const float4*>(q + begin);
-  double acc = 0.0;
-  // Every load of the tile is issued before the first use: 8 (or 16) 16-byte loads in flight per
-  // thread. Loading inside the summing loop left one in flight at a time (the compiler does not
-  // move global loads across the shuffles), which made a CTA's pass over a row latency-bound:
-  // about 50 µs for a 32000-entry row on an H200 against about 1 µs of streaming.
-  float4 pl[8];
-  float4 ql[8];
+  constexpr int per_lane = static_cast<int>(specula::detail::sum_tile / 8);
+  const float* pl = p + begin + lane;
+  float pv[per_lane];
+  float qv[per_lane];
 #pragma unroll
-  for (int m = 0; m < 8; ++m) {
-    pl[m] = p4[lane + 8 * m];
-    ql[m] = q4 == nullptr ? float4{0.f, 0.f, 0.f, 0.f} : q4[lane + 8 * m];
+  for (int j = 0; j < per_lane; ++j) pv[j] = pl[8 * j];
+  if constexpr (vw::rows == 2) {
+    const float* ql = q + begin + lane;
+#pragma unroll
+    for (int j = 0; j < per_lane; ++j) qv[j] = ql[8 * j];
+  } else {
+#pragma unroll
+    for (int j = 0; j < per_lane; ++j) qv[j] = 0.f;
   }
+  double acc = 0.0;
 #pragma unroll
-  for (int m = 0; m < 8; ++m) {
-    const float4 pv = pl[m];
-    const float4 qv = ql[m];
-    float pr[4];
-    float qr[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int give = vector_given_component(lane, r);
-      const int from = vector_source_lane(lane, r);
-      pr[r] = __shfl_sync(group, vector_component(pv, give), from, 8);
-      if (q4 != nullptr) qr[r] = __shfl_sync(group, vector_component(qv, give), from, 8);
-    }
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int r = vector_round_of(lane, s);
-      const index_t y = begin + lane + 8 * (4 * m + s);
-      const double wi = vw::weight(w, y, vector_pick(pr[0], pr[1], pr[2], pr[3], r),
-                                   vector_pick(qr[0], qr[1], qr[2], qr[3], r));
-      if constexpr (Positive)
-        acc += wi > 0.0 ? wi : 0.0;
-      else
-        acc += wi;
-    }
+  for (int j = 0; j < per_lane; ++j) {
+    const double wi = vw::weight(w, begin + lane + 8 * j, pv[j], qv[j]);
+    if constexpr (Positive)
+      acc += wi > 0.0 ? wi : 0.0;
+    else
+      acc += wi;
   }
   return acc;
+}
+
+/// ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) over the 8 lanes of each tile, in every lane of it (see
+/// file comment). Every lane of the warp calls it.
+[[nodiscard]] __device__ inline double combine_tile_lanes(double v) noexcept {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  v += __shfl_xor_sync(0xffffffffu, v, 4);
+  return v;
 }
 
 }  // namespace detail
@@ -192,10 +168,44 @@ struct block_passes_scratch {
 template <int Threads>
 struct block_passes {
   static_assert((Threads & (Threads - 1)) == 0, "the argmax reduction needs a power of two");
+  static_assert(Threads >= 32, "the tile lanes combine by warp shuffles: whole warps");
+  /// A summarize() record (a tile_summary, specula/sample/categorical.hpp) whose sample scans
+  /// its tile with the CTA.
   struct summary_type {
     double total = 0.0;
     index_t recorded = 0;
     const double* tile_sum = nullptr;
+    double* scratch = nullptr;  ///< Threads doubles of shared memory for scan_tile
+
+    /// detail::scan_tile(begin, end, w, acc, target) with the whole CTA (see file comment):
+    /// every thread calls it with the same arguments and gets the same index. The weights of
+    /// a chunk of Threads elements go to shared memory (zero past `end`, which the scan skips
+    /// as it skips every weight that is not positive), then each thread runs the host's scan
+    /// over them.
+    template <class WeightFn>
+    [[nodiscard]] __device__ index_t scan_tile(index_t begin, index_t end, WeightFn& w, double acc,
+                                               double target) const {
+      const auto tid = static_cast<index_t>(threadIdx.x);
+      for (index_t chunk = begin; chunk < end; chunk += Threads) {
+        scratch[tid] = chunk + tid < end ? static_cast<double>(w(chunk + tid)) : 0.0;
+        __syncthreads();
+        index_t found = -1;
+#pragma unroll 8
+        for (int j = 0; j < Threads; ++j) {
+          const double wi = scratch[j];
+          if (wi > 0.0) {
+            acc += wi;
+            if (target < acc) {
+              found = chunk + j;
+              break;
+            }
+          }
+        }
+        __syncthreads();  // scratch is rewritten by the next chunk or pass
+        if (found >= 0) return found;
+      }
+      return -1;
+    }
   };
 
   double* tile_sum;
@@ -231,16 +241,6 @@ struct block_passes {
     const int lane = tid & 7;
     const index_t slot = tid >> 3;
     const index_t tiles = last_tile < 0 ? (n + tile - 1) / tile : last_tile;
-    // 16-byte loads when the weight function has a vector form and its rows are aligned (the
-    // same for every thread: it depends on the row pointers only).
-    [[maybe_unused]] const float* vp = nullptr;
-    [[maybe_unused]] const float* vq = nullptr;
-    [[maybe_unused]] bool vector = false;
-    if constexpr (vw::enabled) {
-      vp = vw::p(w);
-      vq = vw::q(w);
-      vector = detail::vector_aligned(vp) && (vq == nullptr || detail::vector_aligned(vq));
-    }
     for (index_t base = first_tile; base < tiles; base += per_round) {
       const index_t t = base + slot;
       double acc = 0.0;
@@ -249,9 +249,8 @@ struct block_passes {
         const index_t end = begin + tile < n ? begin + tile : n;
         bool done = false;
         if constexpr (vw::enabled) {
-          // A full tile: all 8 lanes of the tile take this branch together (same t).
-          if (vector && end - begin == tile) {
-            acc = detail::vector_tile_sum<Positive>(w, vp, vq, begin, lane);
+          if (end - begin == tile) {
+            acc = detail::strided_tile_sum<Positive>(w, vw::p(w), vw::q(w), begin, lane);
             done = true;
           }
         }
@@ -265,16 +264,24 @@ struct block_passes {
           }
         }
       }
-      lanes[tid] = acc;
-      __syncthreads();
-      if (lane == 0 && t < tiles) {
-        const double* l = lanes + slot * 8;
-        round[slot] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-      }
+      // Every lane of every warp is here (the round loop is the same in all threads).
+      acc = detail::combine_tile_lanes(acc);
+      if (lane == 0 && t < tiles) round[slot] = acc;
       __syncthreads();
       const index_t m = tiles - base < per_round ? tiles - base : per_round;
-      for (index_t j = 0; j < m; ++j) visit(base + j, round[j]);
-      __syncthreads();  // round and lanes are reused by the next round or pass
+      // Eight of the round's sums read before the first is visited (visit may store to shared
+      // memory, which would otherwise keep each read behind the previous visit).
+      constexpr index_t batch = per_round < 8 ? per_round : 8;
+      for (index_t j0 = 0; j0 < m; j0 += batch) {
+        double v[batch];
+#pragma unroll
+        for (index_t u = 0; u < batch; ++u)
+          v[u] = round[j0 + u];  // in bounds: batch divides per_round
+#pragma unroll
+        for (index_t u = 0; u < batch; ++u)
+          if (j0 + u < m) visit(base + j0 + u, v[u]);
+      }
+      __syncthreads();  // round is reused by the next round or pass
     }
   }
 
@@ -300,6 +307,7 @@ struct block_passes {
     s.total = 0.0;
     s.recorded = 0;
     s.tile_sum = tile_sum;
+    s.scratch = lanes;
     const bool writer = threadIdx.x == 0;
     tile_rounds(n, w, [&](index_t t, double v) {
       if (t < max_tiles) {

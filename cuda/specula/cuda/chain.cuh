@@ -58,14 +58,19 @@ struct value_proposal {
   }
 };
 
-/// The chain residual over float rows with a dense proposal: rows p and q, read with 16-byte
-/// loads (block_passes.cuh); the weight is chain_residual's own on the loaded values.
-template <class BoundRule>
-struct vector_weights<
-    specula::detail::chain_residual<BoundRule, row_view<const float>, dense_proposal<float>>> {
+/// The chain residual of a scalar rule over float rows with a dense proposal: rows p and q,
+/// loaded ahead (block_passes.cuh); the weight is chain_residual's own on the loaded values.
+/// Row-aware rules (LANTERN++) are read element by element: their weight branches on the
+/// resampling mode and looks up neighbours, and 32 inlined copies of it per tile multiplied the
+/// compile time of every kernel instantiating it (docs/cuda.md, "Loads").
+template <class Rule>
+struct vector_weights<specula::detail::chain_residual<
+    specula::detail::scalar_bound_rule<Rule>, row_view<const float>, dense_proposal<float>>> {
+  using BoundRule = specula::detail::scalar_bound_rule<Rule>;
   using weights =
       specula::detail::chain_residual<BoundRule, row_view<const float>, dense_proposal<float>>;
   static constexpr bool enabled = true;
+  static constexpr int rows = 2;
   [[nodiscard]] __device__ static const float* p(const weights& w) noexcept { return w.p.data; }
   [[nodiscard]] __device__ static const float* q(const weights& w) noexcept { return w.q.row.data; }
   [[nodiscard]] __device__ static double weight(const weights& w, index_t y, float p_y,
@@ -77,12 +82,14 @@ struct vector_weights<
 };
 
 /// The same with a one-hot proposal: row p only (q(y) depends on y alone).
-template <class BoundRule>
-struct vector_weights<
-    specula::detail::chain_residual<BoundRule, row_view<const float>, one_hot_proposal>> {
+template <class Rule>
+struct vector_weights<specula::detail::chain_residual<specula::detail::scalar_bound_rule<Rule>,
+                                                      row_view<const float>, one_hot_proposal>> {
+  using BoundRule = specula::detail::scalar_bound_rule<Rule>;
   using weights =
       specula::detail::chain_residual<BoundRule, row_view<const float>, one_hot_proposal>;
   static constexpr bool enabled = true;
+  static constexpr int rows = 1;
   [[nodiscard]] __device__ static const float* p(const weights& w) noexcept { return w.p.data; }
   [[nodiscard]] __device__ static const float* q(const weights&) noexcept { return nullptr; }
   [[nodiscard]] __device__ static double weight(const weights& w, index_t y, float p_y,
@@ -171,7 +178,10 @@ struct replay_passes {
     s.total = 0.0;
     s.recorded = tiles < inner.max_tiles ? tiles : inner.max_tiles;
     s.tile_sum = inner.tile_sum;
-    for (index_t t = 0; t < tiles; ++t) s.total += sums[t];
+    s.scratch = inner.lanes;
+    // The same numbers in the same order, from the shared copy (a chain of dependent global
+    // loads otherwise).
+    for (index_t t = 0; t < tiles; ++t) s.total += t < s.recorded ? s.tile_sum[t] : sums[t];
   }
   template <class Row>
   __device__ index_t argmax(const Row& row) const {

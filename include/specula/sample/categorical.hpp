@@ -133,16 +133,18 @@ SPECULA_HOST_DEVICE constexpr index_t scan_tile(index_t begin, index_t end, Weig
 /// begin, end)` for tile k) are accumulated in order until one crosses `target`, then that tile
 /// is scanned element by element. Falls back to the last positive index when rounding leaves
 /// the target beyond the accumulated mass; -1 when no weight is positive.
-template <class WeightFn, class TileSum>
+/// The tile is scanned by `scan(begin, end, acc, target)` (scan_tile's contract; the 4-argument
+/// form uses scan_tile itself).
+template <class WeightFn, class TileSum, class Scan>
 SPECULA_HOST_DEVICE constexpr index_t walk_tiles(index_t n, WeightFn& w, double target,
-                                                 TileSum&& tile_sum) noexcept {
+                                                 TileSum&& tile_sum, Scan&& scan) noexcept {
   double acc = 0.0;
   index_t k = 0;
   for (index_t t = 0; t < n; t += sum_tile, ++k) {
     const index_t end = t + sum_tile < n ? t + sum_tile : n;
     const double tile = tile_sum(k, t, end);
     if (target < acc + tile) {
-      const index_t i = scan_tile(t, end, w, acc, target);
+      const index_t i = scan(t, end, acc, target);
       if (i >= 0) return i;
     }
     acc += tile;
@@ -150,6 +152,14 @@ SPECULA_HOST_DEVICE constexpr index_t walk_tiles(index_t n, WeightFn& w, double 
   for (index_t i = n - 1; i >= 0; --i)
     if (w(i) > 0.0) return i;
   return -1;
+}
+
+template <class WeightFn, class TileSum>
+SPECULA_HOST_DEVICE constexpr index_t walk_tiles(index_t n, WeightFn& w, double target,
+                                                 TileSum&& tile_sum) noexcept {
+  return walk_tiles(n, w, target, tile_sum, [&](index_t begin, index_t end, double acc, double t) {
+    return scan_tile(begin, end, w, acc, t);
+  });
 }
 
 }  // namespace detail
@@ -309,13 +319,30 @@ concept tile_summary = requires(const S& s, index_t k) {
 
 static_assert(tile_summary<weight_summary>);
 
+/// A tile_summary that scans the tile a sample lands in itself, with detail::scan_tile's
+/// contract and result (the device's CTA-wide passes: every thread of the CTA loads part of the
+/// tile).
+template <class S, class WeightFn>
+concept tile_scanning_summary = tile_summary<S> &&
+    requires(const S& s, index_t i, WeightFn& w, double x) {
+  { s.scan_tile(i, i, w, x, x) } -> std::convertible_to<index_t>;
+};
+
 /// sample_inverse_cdf(n, w, s.total, u), walking the tile sums recorded in `s`.
 template <class WeightFn, tile_summary Summary>
 SPECULA_HOST_DEVICE index_t sample_inverse_cdf(index_t n, WeightFn&& w, const Summary& s,
                                                double u) noexcept {
-  return detail::walk_tiles(n, w, u * s.total, [&](index_t k, index_t begin, index_t end) {
+  auto tile_sum = [&](index_t k, index_t begin, index_t end) {
     return k < s.recorded ? s.tile_sum[k] : detail::tile_positive_sum(begin, end, w);
-  });
+  };
+  if constexpr (tile_scanning_summary<Summary, std::remove_reference_t<WeightFn>>) {
+    return detail::walk_tiles(n, w, u * s.total, tile_sum,
+                              [&](index_t begin, index_t end, double acc, double t) {
+                                return s.scan_tile(begin, end, w, acc, t);
+                              });
+  } else {
+    return detail::walk_tiles(n, w, u * s.total, tile_sum);
+  }
 }
 
 /// Inverse-CDF sampling from a row of non-negative weights (two passes: sum, then scan).
