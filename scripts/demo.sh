@@ -29,7 +29,9 @@
 #              or auto, the default: cuda when the demo was built with CUDA, nvidia-smi lists a
 #              GPU and DEMO_BACKEND is specula; every method and its baseline then run on the
 #              GPU), DEMO_EXE (a specula_demo elsewhere, with DEMO_SKIP_BUILD=1), DEMO_MODELS_DIR
-#              (its --models-dir).
+#              (its --models-dir), DEMO_WARMUP (untimed requests each run decodes first: its
+#              --warmup, default 0; on a GPU a run's first request otherwise pays module loading
+#              and graph capture).
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -42,6 +44,7 @@ TEXT_TOKENS="${DEMO_TEXT_TOKENS:-128}"
 SAMPLES="${DEMO_SAMPLES:-2}"
 SEED="${DEMO_SEED:-1}"
 REPEATS="${DEMO_REPEATS:-3}"
+WARMUP="${DEMO_WARMUP:-0}"
 THREADS="${DEMO_THREADS:-1}"
 OUT_DIR="${DEMO_OUT_DIR:-$BUILD_DIR/demo}"
 IMAGE_MODEL="${DEMO_IMAGE_MODEL:-image-ar-256}"
@@ -50,6 +53,7 @@ DEVICE="${DEMO_DEVICE:-auto}"
 TARGET=specula_demo
 
 [[ "$REPEATS" =~ ^[1-9][0-9]*$ ]] || die "DEMO_REPEATS must be a positive integer, got '$REPEATS'"
+[[ "$WARMUP" =~ ^[0-9]+$ ]] || die "DEMO_WARMUP must be an integer >= 0, got '$WARMUP'"
 [[ "$THREADS" =~ ^[0-9]+$ ]] || die "DEMO_THREADS must be an integer >= 0, got '$THREADS'"
 case "$DEVICE" in
   cpu | cuda | auto) ;;
@@ -150,8 +154,8 @@ run_row() {
   local threads="$THREADS" demo_task="$task"
   [[ $task == text-xl ]] && threads="$XL_THREADS" demo_task=text
   "$exe" --task "$demo_task" --method "$method" --json --quiet --seed "$SEED" \
-    --num-samples "$SAMPLES" --threads "$threads" --device "$DEVICE" $args >"$base.json" \
-    2>"$base.err" || rc=$?
+    --num-samples "$SAMPLES" --warmup "$WARMUP" --threads "$threads" --device "$DEVICE" $args \
+    >"$base.json" 2>"$base.err" || rc=$?
   echo "$rc" >"$base.rc"
   ((rc == 0 || rc == 3)) || log "$task ${spec%%|*} failed (exit $rc): $(head -n 1 "$base.err")"
 }

@@ -157,7 +157,7 @@ register_steps() {
   step model_bench 15 60 env SPECULA_MODELS_DIR=examples/models \
     '$BIN/specula_bench_device_model' --benchmark_min_time=0.05 \
     '--benchmark_out=$RESULTS/model_bench.json' --benchmark_out_format=json
-  step model_demo 30 150 bash -c '[[ -x $BIN/specula_demo ]] || exit 77; DEMO_SKIP_BUILD=1 DEMO_EXE=$BIN/specula_demo DEMO_MODELS_DIR=examples/models DEMO_DEVICE=cuda DEMO_REPEATS=1 DEMO_SAMPLES=1 DEMO_TEXT_TOKENS=64 bash scripts/demo.sh text diffusion image'
+  step model_demo 30 150 bash -c '[[ -x $BIN/specula_demo ]] || exit 77; DEMO_SKIP_BUILD=1 DEMO_EXE=$BIN/specula_demo DEMO_MODELS_DIR=examples/models DEMO_DEVICE=cuda DEMO_REPEATS=1 DEMO_WARMUP=1 DEMO_SAMPLES=1 DEMO_TEXT_TOKENS=64 bash scripts/demo.sh text diffusion image'
   step memcheck 20 75 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 \
     '$BIN/specula_test_cuda' "$SANITIZED"
   step synccheck 15 60 compute-sanitizer --tool synccheck --error-exitcode 1 \

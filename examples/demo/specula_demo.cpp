@@ -151,6 +151,7 @@ struct demo_options {
   std::string text_model = "text-target";    // text task: the target model
   std::string draft_model;                   // sd / cool-sd draft (empty: the task's default)
   index_t num_samples = 1;
+  index_t warmup = 0;          // untimed samples decoded before the timed ones
   index_t threads = 1;         // backend threads of every model (0: one per hardware thread)
   std::string device = "cpu";  // cpu (the example backend) | cuda (device_transformer)
   bool no_resident = false;    // --device cuda: every loop through device_session
@@ -1139,6 +1140,9 @@ void print_help() {
       "  --seed S             random seed (default 1); sample i uses request id i\n"
       "  --max-new-tokens N   tokens to generate (text: default 128; image: the whole grid)\n"
       "  --num-samples N      requests to decode, one after the other (default 1)\n"
+      "  --warmup N           untimed requests decoded first, each on its own random stream\n"
+      "                       after the timed ones' (first-use costs: CUDA module loading,\n"
+      "                       graph capture, allocations; default 0)\n"
       "  --threads N          threads of the example backend's products and attention, for\n"
       "                       every model of the run (default 1; 0: one per hardware thread)\n"
       "  --device cpu|cuda    run the models on the CPU (default: the example backend) or on\n"
@@ -1305,7 +1309,7 @@ demo_options parse_args(int argc, char** argv) {
       "--cfg",           "--lambda",         "--lantern-k",   "--model",      "--backend",
       "--gguf-dir",      "--draft-model",    "--device",      "--sjd-variant"};
   const std::vector<std::string_view> valued_more = {"--p-min", "--lookup-branches",
-                                                     "--lookup-ngram"};
+                                                     "--lookup-ngram", "--warmup"};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -1365,6 +1369,8 @@ demo_options parse_args(int argc, char** argv) {
       o.draft_model = value;
     } else if (flag == "--num-samples") {
       o.num_samples = parse_int(flag, value);
+    } else if (flag == "--warmup") {
+      o.warmup = parse_int(flag, value);
     } else if (flag == "--device") {
       o.device = value;
     } else if (flag == "--threads") {
@@ -1545,6 +1551,7 @@ void resolve(demo_options& o, const method_entry& m) {
                    o.method.c_str());
 
   require(o.num_samples >= 1 && o.num_samples <= 4096, "--num-samples", "must be in [1, 4096]");
+  require(o.warmup >= 0 && o.warmup <= 64, "--warmup", "must be in [0, 64]");
   require(o.threads >= 0 && o.threads <= 256, "--threads", "must be in [0, 256]");
   require(o.device == "cpu" || o.device == "cuda", "--device", "must be cpu or cuda");
   if (o.device == "cuda") {
@@ -1882,26 +1889,35 @@ int run(int argc, char** argv) {
 
   // Decode.
   progress_line progress(!o.quiet && isatty(STDERR_FILENO) != 0);
+  auto input = [&](index_t stream, progress_line* shown) {
+    return run_input{o,
+                     *model,
+                     draft ? &*draft : nullptr,
+                     device ? &*device : nullptr,
+                     device_draft ? &*device_draft : nullptr,
+                     neighbours ? &*neighbours : nullptr,
+                     prompt,
+                     vocab_limit,
+                     image_width,
+                     null_label,
+                     specula::request_rng{o.seed, static_cast<std::uint32_t>(stream), 0},
+                     shown,
+                     llama_target ? &*llama_target : nullptr,
+                     llama_draft ? &*llama_draft : nullptr};
+  };
+  // Warm-up: whole requests, untimed and unreported, on streams after the timed requests' (so
+  // the timed tokens are those of a run without warm-up).
+  for (index_t i = 0; i < o.warmup; ++i) {
+    decode_stats ignored;
+    (void)method.run(input(o.num_samples + i, nullptr), ignored);
+  }
   std::vector<sample_result> results(static_cast<std::size_t>(o.num_samples));
   decode_stats total;
   double wall = 0.0;
   for (index_t i = 0; i < o.num_samples; ++i) {
     sample_result& r = results[static_cast<std::size_t>(i)];
     progress.begin(i, o.num_samples, o.max_new_tokens);
-    const run_input in{o,
-                       *model,
-                       draft ? &*draft : nullptr,
-                       device ? &*device : nullptr,
-                       device_draft ? &*device_draft : nullptr,
-                       neighbours ? &*neighbours : nullptr,
-                       prompt,
-                       vocab_limit,
-                       image_width,
-                       null_label,
-                       specula::request_rng{o.seed, static_cast<std::uint32_t>(i), 0},
-                       &progress,
-                       llama_target ? &*llama_target : nullptr,
-                       llama_draft ? &*llama_draft : nullptr};
+    const run_input in = input(i, &progress);
     const auto t0 = std::chrono::steady_clock::now();
     r.tokens = method.run(in, r.stats);
     r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -1944,6 +1960,7 @@ int run(int argc, char** argv) {
   params["seed"] = o.seed;
   params["max_new_tokens"] = o.max_new_tokens;
   params["num_samples"] = o.num_samples;
+  params["warmup"] = o.warmup;
   params["threads"] = model->options().threads;
   params["kernel"] = model->kernel() == ex::matmul_kernel::builtin ? "builtin" : "blas";
   params["backend"] = o.backend;
