@@ -101,8 +101,7 @@ std::vector<double> host_passes(const std::vector<float>& pv, const std::vector<
 
 }  // namespace
 
-TEST_CASE("block passes equal the host's sums bit for bit, with and without vector loads",
-          "[cuda][device]") {
+TEST_CASE("block passes equal the host's sums bit for bit at every row offset", "[cuda][device]") {
   if (!cuda_test::have_gpu("block passes")) return;
   for (index_t n : {1, 7, 255, 256, 1000, 1024, 5000, 131079}) {
     auto pd = testing::random_probability_row(n, 61, 0, 0.3);
@@ -110,7 +109,7 @@ TEST_CASE("block passes equal the host's sums bit for bit, with and without vect
     std::vector<float> p(pd.begin(), pd.end()), q(qd.begin(), qd.end());
     if (n > 10) p[9] = std::numeric_limits<float>::quiet_NaN();  // NaN weighs nothing
     const std::vector<double> want = host_passes(p, q);
-    for (index_t lead : {0, 1, 2, 4}) {  // 0 and 4: 16-byte aligned rows
+    for (index_t lead : {0, 1, 2, 4}) {  // row pointers offset by `lead` floats
       INFO("n " << n << " lead " << lead);
       std::vector<float> pl(static_cast<std::size_t>(lead), 0.5f), ql = pl;
       pl.insert(pl.end(), p.begin(), p.end());
@@ -136,17 +135,20 @@ namespace {
 
 /// Inverse-CDF samples over the passes' summary of w for each uniform of u (all threads sample;
 /// thread 0 writes): the residual of p against q (two rows) when `residual`, else p's weights.
+/// Threads < 256 scans a tile in several chunks; rows longer than MaxTiles tiles have the rest
+/// of their tile sums recomputed by the walk.
+template <int Threads, index_t MaxTiles>
 __global__ void sample_kernel(const float* p, const float* q, index_t n, bool residual,
                               const double* u, index_t count, index_t* out) {
-  __shared__ sc::block_passes_storage<threads, 1024> storage;
-  const sc::block_passes<threads> passes(storage);
+  __shared__ sc::block_passes_storage<Threads, MaxTiles> storage;
+  const sc::block_passes<Threads> passes(storage);
   const row_view<const float> pr(p, n);
   const dense_proposal<float> dq{row_view<const float>(q, n)};
   const detail::scalar_bound_rule<exact_rule> exact{};
   const detail::chain_residual<decltype(exact), row_view<const float>, dense_proposal<float>> res{
       exact, pr, dq};
   const detail::row_weights<float> rw{pr};
-  typename sc::block_passes<threads>::summary_type s;
+  typename sc::block_passes<Threads>::summary_type s;
   for (index_t k = 0; k < count; ++k) {
     // One summary, many draws: the scans (in the passes' shared scratch) leave the recorded
     // tile sums as they were.
@@ -203,14 +205,23 @@ TEST_CASE("block passes' inverse-CDF sample equals the host's for the same unifo
                                 : sample_inverse_cdf(n, rw, total, x));
       const cuda_test::device_vector<float> dp(p), dqv(q);
       const cuda_test::device_vector<double> du(us);
-      cuda_test::device_vector<index_t> out(std::vector<index_t>(us.size(), -3));
-      sample_kernel<<<1, threads>>>(dp.ptr, dqv.ptr, n, residual, du.ptr,
-                                    static_cast<index_t>(us.size()), out.ptr);
-      sc::throw_on_error(cudaDeviceSynchronize(), "sample kernel");
-      const std::vector<index_t> got = out.to_host();
-      for (std::size_t k = 0; k < us.size(); ++k) {
-        INFO("n " << n << " residual " << residual << " u " << us[k]);
-        CHECK(got[k] == want[k]);
+      const auto count = static_cast<index_t>(us.size());
+      for (int variant = 0; variant < 3; ++variant) {
+        cuda_test::device_vector<index_t> out(std::vector<index_t>(us.size(), -3));
+        if (variant == 0)  // every tile sum recorded
+          sample_kernel<threads, 1024>
+              <<<1, threads>>>(dp.ptr, dqv.ptr, n, residual, du.ptr, count, out.ptr);
+        else if (variant == 1)  // 8 recorded, the rest recomputed
+          sample_kernel<threads, 8>
+              <<<1, threads>>>(dp.ptr, dqv.ptr, n, residual, du.ptr, count, out.ptr);
+        else  // 64 threads: a tile scanned in four chunks
+          sample_kernel<64, 8><<<1, 64>>>(dp.ptr, dqv.ptr, n, residual, du.ptr, count, out.ptr);
+        sc::throw_on_error(cudaDeviceSynchronize(), "sample kernel");
+        const std::vector<index_t> got = out.to_host();
+        for (std::size_t k = 0; k < us.size(); ++k) {
+          INFO("n " << n << " residual " << residual << " variant " << variant << " u " << us[k]);
+          CHECK(got[k] == want[k]);
+        }
       }
     }
   }

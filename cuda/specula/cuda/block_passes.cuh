@@ -17,9 +17,11 @@
 ///   - Threads / 8 tiles are summed per round; every thread then adds the round's tile sums to its
 ///     running total left to right — exactly positive_mass / summarize_weights.
 ///
-/// Rules for code run this way: every thread must reach every pass (the verifiers' control flow
-/// depends only on values all threads share), and writes to memory other threads read must be
-/// made by one thread and followed by a barrier (the passes do this for their own buffers).
+/// Rules for code run this way: every thread must reach every pass, and every sample drawn
+/// through a passes summary (`categorical(n, w, summary, at)`: its tile scan is CTA-wide, with
+/// barriers), which holds because the verifiers' control flow depends only on values all threads
+/// share; and writes to memory other threads read must be made by one thread and followed by a
+/// barrier (the passes do this for their own buffers).
 /// Outputs written redundantly (every thread storing the same value to global memory) are
 /// harmless. Scratch the verifiers write and read back (the tree kernels' recursion state) may
 /// live in shared memory — one copy per CTA, read by broadcast: every thread computes the value
@@ -30,7 +32,8 @@
 ///
 /// Loads. Lane k of a tile sums the elements k, k + 8, ... — every eighth one. Weight functions
 /// over float rows that say which rows they read and how a weight follows from the values
-/// (vector_weights below: a row; in chain.cuh, a scalar rule's chain residual) have a
+/// (vector_weights below: a row; in chain.cuh, the chain residual of rules that read p(y) and
+/// q(y) alone) have a
 /// full tile read with all of a lane's 32 loads (64 with two rows) issued before the first
 /// weight is computed: one 4-byte load per element and row, the 8 lanes of a tile reading 32
 /// consecutive bytes (one sector) per load, so a warp's load touches one sector of each of its
@@ -179,19 +182,19 @@ struct block_passes {
 
     /// detail::scan_tile(begin, end, w, acc, target) with the whole CTA (see file comment):
     /// every thread calls it with the same arguments and gets the same index. The weights of
-    /// a chunk of Threads elements go to shared memory (zero past `end`, which the scan skips
-    /// as it skips every weight that is not positive), then each thread runs the host's scan
-    /// over them.
+    /// a chunk of up to Threads elements go to shared memory, then each thread runs the host's
+    /// scan over them.
     template <class WeightFn>
     [[nodiscard]] __device__ index_t scan_tile(index_t begin, index_t end, WeightFn& w, double acc,
                                                double target) const {
       const auto tid = static_cast<index_t>(threadIdx.x);
       for (index_t chunk = begin; chunk < end; chunk += Threads) {
-        scratch[tid] = chunk + tid < end ? static_cast<double>(w(chunk + tid)) : 0.0;
+        const index_t m = end - chunk < Threads ? end - chunk : Threads;
+        if (tid < m) scratch[tid] = static_cast<double>(w(chunk + tid));
         __syncthreads();
         index_t found = -1;
 #pragma unroll 8
-        for (int j = 0; j < Threads; ++j) {
+        for (index_t j = 0; j < m; ++j) {
           const double wi = scratch[j];
           if (wi > 0.0) {
             acc += wi;

@@ -36,6 +36,7 @@
 #include "specula/cuda/policy.cuh"
 #include "specula/rules/exact.hpp"
 #include "specula/rules/rule.hpp"
+#include "specula/rules/typical.hpp"
 #include "specula/sample/categorical.hpp"
 #include "specula/verify/chain.hpp"
 #include "specula/verify/chain_core.hpp"
@@ -58,15 +59,24 @@ struct value_proposal {
   }
 };
 
-/// The chain residual of a scalar rule over float rows with a dense proposal: rows p and q,
-/// loaded ahead (block_passes.cuh); the weight is chain_residual's own on the loaded values.
-/// Row-aware rules (LANTERN++) are read element by element: their weight branches on the
-/// resampling mode and looks up neighbours, and 32 inlined copies of it per tile multiplied the
-/// compile time of every kernel instantiating it (docs/cuda.md, "Loads").
+/// Bound rules whose chain residual is a short function of p(y) and q(y) alone (scalar rules,
+/// typical acceptance): their residual passes load a tile ahead (vector_weights below).
+/// Row-aware rules that look beyond y (LANTERN++: a branch on the resampling mode and neighbour
+/// lookups per element) are read element by element: 32 inlined copies of such a weight per tile
+/// multiplied the compile time of every kernel instantiating it (docs/cuda.md, "Loads").
+template <class BoundRule>
+inline constexpr bool residual_loads_ahead = false;
 template <class Rule>
-struct vector_weights<specula::detail::chain_residual<
-    specula::detail::scalar_bound_rule<Rule>, row_view<const float>, dense_proposal<float>>> {
-  using BoundRule = specula::detail::scalar_bound_rule<Rule>;
+inline constexpr bool residual_loads_ahead<specula::detail::scalar_bound_rule<Rule>> = true;
+template <>
+inline constexpr bool residual_loads_ahead<typical_bound_rule> = true;
+
+/// The chain residual over float rows with a dense proposal: rows p and q, loaded ahead
+/// (block_passes.cuh); the weight is chain_residual's own on the loaded values.
+template <class BoundRule>
+requires residual_loads_ahead<BoundRule>
+struct vector_weights<
+    specula::detail::chain_residual<BoundRule, row_view<const float>, dense_proposal<float>>> {
   using weights =
       specula::detail::chain_residual<BoundRule, row_view<const float>, dense_proposal<float>>;
   static constexpr bool enabled = true;
@@ -82,10 +92,10 @@ struct vector_weights<specula::detail::chain_residual<
 };
 
 /// The same with a one-hot proposal: row p only (q(y) depends on y alone).
-template <class Rule>
-struct vector_weights<specula::detail::chain_residual<specula::detail::scalar_bound_rule<Rule>,
-                                                      row_view<const float>, one_hot_proposal>> {
-  using BoundRule = specula::detail::scalar_bound_rule<Rule>;
+template <class BoundRule>
+requires residual_loads_ahead<BoundRule>
+struct vector_weights<
+    specula::detail::chain_residual<BoundRule, row_view<const float>, one_hot_proposal>> {
   using weights =
       specula::detail::chain_residual<BoundRule, row_view<const float>, one_hot_proposal>;
   static constexpr bool enabled = true;

@@ -57,7 +57,8 @@ struct philox_source {
   }
 
   /// The same sample (same index for the same uniform) using tile sums recorded by
-  /// summarize_weights, so the row is not summed again.
+  /// summarize_weights, so the row is not summed again. With a device passes summary (a
+  /// tile_scanning_summary) this is a CTA-wide step: every thread of the CTA must call it.
   template <class WeightFn, tile_summary Summary>
   [[nodiscard]] SPECULA_HOST_DEVICE index_t categorical(index_t n, WeightFn&& w, const Summary& s,
                                                         draw_id at) const noexcept {
