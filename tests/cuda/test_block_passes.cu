@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "device_buffer.cuh"
@@ -73,6 +74,16 @@ __global__ void passes_kernel(const float* p, const float* q, index_t n, double*
   }
 }
 
+/// Rows p and q of length n in float (seeded), with a NaN at index 9 when the row is long enough
+/// (NaN weighs nothing).
+std::pair<std::vector<float>, std::vector<float>> float_rows(index_t n, std::uint64_t seed) {
+  const auto pd = testing::random_probability_row(n, seed, 0, 0.3);
+  const auto qd = testing::random_probability_row(n, seed, 1, 0.3);
+  std::vector<float> p(pd.begin(), pd.end()), q(qd.begin(), qd.end());
+  if (n > 10) p[9] = std::numeric_limits<float>::quiet_NaN();
+  return {p, q};
+}
+
 std::vector<double> host_passes(const std::vector<float>& pv, const std::vector<float>& qv) {
   const auto n = static_cast<index_t>(pv.size());
   const row_view<const float> pr(pv.data(), n);
@@ -104,10 +115,7 @@ std::vector<double> host_passes(const std::vector<float>& pv, const std::vector<
 TEST_CASE("block passes equal the host's sums bit for bit at every row offset", "[cuda][device]") {
   if (!cuda_test::have_gpu("block passes")) return;
   for (index_t n : {1, 7, 255, 256, 1000, 1024, 5000, 131079}) {
-    auto pd = testing::random_probability_row(n, 61, 0, 0.3);
-    auto qd = testing::random_probability_row(n, 61, 1, 0.3);
-    std::vector<float> p(pd.begin(), pd.end()), q(qd.begin(), qd.end());
-    if (n > 10) p[9] = std::numeric_limits<float>::quiet_NaN();  // NaN weighs nothing
+    const auto [p, q] = float_rows(n, 61);
     const std::vector<double> want = host_passes(p, q);
     for (index_t lead : {0, 1, 2, 4}) {  // row pointers offset by `lead` floats
       INFO("n " << n << " lead " << lead);
@@ -148,20 +156,20 @@ __global__ void sample_kernel(const float* p, const float* q, index_t n, bool re
   const detail::chain_residual<decltype(exact), row_view<const float>, dense_proposal<float>> res{
       exact, pr, dq};
   const detail::row_weights<float> rw{pr};
-  typename sc::block_passes<Threads>::summary_type s;
-  for (index_t k = 0; k < count; ++k) {
-    // One summary, many draws: the scans (in the passes' shared scratch) leave the recorded
-    // tile sums as they were.
-    index_t i = -2;
-    if (residual) {
-      if (k == 0) passes.summarize(n, res, s);
-      i = sample_inverse_cdf(n, res, s, u[k]);
-    } else {
-      if (k == 0) passes.summarize(n, rw, s);
-      i = sample_inverse_cdf(n, rw, s, u[k]);
+  // One summary, many draws: the scans (in the passes' shared scratch) leave the recorded tile
+  // sums as they were.
+  auto draw_all = [&](const auto& w) {
+    typename sc::block_passes<Threads>::summary_type s;
+    passes.summarize(n, w, s);
+    for (index_t k = 0; k < count; ++k) {
+      const index_t i = sample_inverse_cdf(n, w, s, u[k]);
+      if (threadIdx.x == 0) out[k] = i;
     }
-    if (threadIdx.x == 0) out[k] = i;
-  }
+  };
+  if (residual)
+    draw_all(res);
+  else
+    draw_all(rw);
 }
 
 }  // namespace
@@ -170,10 +178,7 @@ TEST_CASE("block passes' inverse-CDF sample equals the host's for the same unifo
           "[cuda][device]") {
   if (!cuda_test::have_gpu("block passes sample")) return;
   for (index_t n : {1, 7, 255, 256, 257, 1000, 5000, 131079}) {
-    auto pd = testing::random_probability_row(n, 67, 0, 0.3);
-    auto qd = testing::random_probability_row(n, 67, 1, 0.3);
-    std::vector<float> p(pd.begin(), pd.end()), q(qd.begin(), qd.end());
-    if (n > 10) p[9] = std::numeric_limits<float>::quiet_NaN();  // NaN weighs nothing
+    const auto [p, q] = float_rows(n, 67);
     const row_view<const float> pr(p.data(), n);
     const dense_proposal<float> hq{row_view<const float>(q.data(), n)};
     const detail::scalar_bound_rule<exact_rule> exact{};
