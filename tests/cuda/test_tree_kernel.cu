@@ -362,6 +362,78 @@ TEST_CASE("device tree verification: oversized trees and bad launches",
 }
 
 // ---------------------------------------------------------------------------------------------
+// The candidate recursion's threshold form in the CTA passes
+
+namespace {
+
+/// The mass of candidate_residual (exact rule, fp32 rows) at steps k = 1..4 for each proposal
+/// kind (without replacement, i.i.d., one-hot): out[4 * kind + k - 1]. Tiles without a
+/// candidate are read ahead through vector_weights (cuda/tree.cuh), the others element by
+/// element.
+__global__ void threshold_mass_kernel(const float* p, const float* q, index_t n,
+                                      const token_t* cand, const double* inv_z,
+                                      const double* renorm, double* out) {
+  __shared__ sc::block_passes_storage<sc::tree_block_threads, 1> storage;
+  const sc::block_passes<sc::tree_block_threads> passes(storage);
+  const row_view<const float> pr(p, n), qr(q, n);
+  const exact_rule rule{};
+  auto masses = [&](const auto& proposal, int kind) {
+    using prop = std::remove_cvref_t<decltype(proposal)>;
+    const detail::candidate_recursion<exact_rule, float, prop> rec{rule, pr,    proposal,
+                                                                   cand, inv_z, renorm};
+    for (index_t k = 1; k <= 4; ++k) {
+      const double m = passes.mass(n, detail::candidate_residual<exact_rule, float, prop>{rec, k});
+      if (threadIdx.x == 0) out[4 * kind + k - 1] = m;
+    }
+  };
+  masses(without_replacement<float>{qr}, 0);
+  masses(with_replacement<float>{qr}, 1);
+  masses(one_hot_candidates{}, 2);
+}
+
+}  // namespace
+
+TEST_CASE("device passes sum the candidate recursion's threshold form like the host",
+          "[cuda][tree][device]") {
+  if (!have_gpu()) return;
+  const exact_rule rule{};
+  const std::vector<double> inv_z = {1.7, 2.3, 0.9, 1.1};
+  const std::vector<double> renorm = {1.0, 1.25, 1.5, 2.0};
+  for (index_t n : {7, 255, 256, 1000, 5000, 131079}) {
+    const auto q = to_float(testing::random_probability_row(n, 71, 1, 0.2));
+    const auto p = to_float(testing::random_probability_row(n, 71, 0, 0.1));
+    // Candidates in the first tile, the middle, the last (partial) tile, and a repeat.
+    const std::vector<token_t> cand = {static_cast<token_t>(1 % n), static_cast<token_t>(n / 2),
+                                       static_cast<token_t>(n - 1), static_cast<token_t>(1 % n)};
+    const row_view<const float> pr(p.data(), n), qr(q.data(), n);
+    std::vector<double> want;
+    auto host = [&](const auto& proposal) {
+      using prop = std::remove_cvref_t<decltype(proposal)>;
+      const detail::candidate_recursion<exact_rule, float, prop> rec{
+          rule, pr, proposal, cand.data(), inv_z.data(), renorm.data()};
+      for (index_t k = 1; k <= 4; ++k)
+        want.push_back(
+            positive_mass(n, detail::candidate_residual<exact_rule, float, prop>{rec, k}));
+    };
+    host(without_replacement<float>{qr});
+    host(with_replacement<float>{qr});
+    host(one_hot_candidates{});
+    const device_vector<float> dp(p), dq(q);
+    const device_vector<token_t> dc(cand);
+    const device_vector<double> dz(inv_z), dr(renorm);
+    device_vector<double> out(std::vector<double>(12, -1.0));
+    threshold_mass_kernel<<<1, sc::tree_block_threads>>>(dp.ptr, dq.ptr, n, dc.ptr, dz.ptr, dr.ptr,
+                                                         out.ptr);
+    sc::throw_on_error(cudaDeviceSynchronize(), "threshold mass kernel");
+    const auto got = out.to_host();
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      INFO("n " << n << " proposal " << i / 4 << " k " << i % 4 + 1 << ": " << got[i] << " against "
+                << want[i]);
+      CHECK(got[i] == want[i]);
+    }
+  }
+}
+
 // K candidates at one position
 
 namespace {

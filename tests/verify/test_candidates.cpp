@@ -1,9 +1,13 @@
 // K candidates at one position (recursive rejection): exact laws for K = 1..4 without and with
-// replacement and for deterministic candidates; negative controls; K = 1 equals the chain.
+// replacement and for deterministic candidates; negative controls; K = 1 equals the chain; K
+// rejected candidates against the recursion materialised in long double.
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "chain_test_util.hpp"
@@ -140,6 +144,196 @@ TEST_CASE("without replacement: exact when earlier candidates hold nearly all of
             },
             1e-6);
       }
+}
+
+namespace {
+
+/// A source that rejects every candidate and records what the verifier asks of it: the
+/// probability of each acceptance test, and the distribution of the residual sample (the weights
+/// it is handed, normalised here in long double).
+struct rejecting_probe {
+  std::vector<double> accept;
+  std::vector<long double> law;
+  int samples = 0;
+  bool bernoulli(double prob, draw_id /*at*/) {
+    accept.push_back(prob);
+    return false;
+  }
+  template <class W>
+  index_t record(index_t n, W&& w) {
+    law.assign(static_cast<std::size_t>(n), 0.0L);
+    long double sum = 0.0L;
+    for (index_t x = 0; x < n; ++x) sum += law[static_cast<std::size_t>(x)] = w(x);
+    for (auto& v : law) v /= sum;
+    ++samples;
+    return 0;
+  }
+  template <class W>
+  index_t categorical(index_t n, W&& w, double /*total*/, draw_id /*at*/) {
+    return record(n, w);
+  }
+  template <class W>
+  index_t categorical(index_t n, W&& w, const weight_summary& /*summary*/, draw_id /*at*/) {
+    return record(n, w);
+  }
+};
+static_assert(random_source<rejecting_probe>);
+
+enum class ref_proposal { without, with, one_hot, without_unnormalised };
+
+/// What K rejected candidates leave, written out from the definition with every residual
+/// target materialised in long double: q^(j) is q (i.i.d.), q with c_1..c_{j-1} removed and
+/// divided by the mass left (without replacement; q itself at j = 1), or one-hot at c_j; the
+/// test of c_j accepts with min(1, p^(j)(c_j) / q^(j)(c_j)) (1 where q^(j)(c_j) = 0), and
+/// p^(j+1) = Norm(max(p^(j) - q^(j), 0)). `without_unnormalised` drops the division (a wrong
+/// recursion, for the negative control).
+struct materialised_recursion {
+  std::vector<long double> accept;
+  std::vector<long double> residual;  // p^(K+1)
+};
+
+template <class Row>
+materialised_recursion materialise(const Row& p, const Row& q, const std::vector<token_t>& cand,
+                                   ref_proposal kind) {
+  const std::size_t n = p.size();
+  std::vector<long double> cur(p.begin(), p.end()), qj(n);
+  std::vector<bool> removed(n, false);
+  materialised_recursion out;
+  for (std::size_t j = 0; j < cand.size(); ++j) {
+    const auto c = static_cast<std::size_t>(cand[j]);
+    long double rest = 0.0L;
+    for (std::size_t x = 0; x < n; ++x)
+      if (!removed[x]) rest += q[x];
+    for (std::size_t x = 0; x < n; ++x) {
+      switch (kind) {
+        case ref_proposal::one_hot:
+          qj[x] = x == c ? 1.0L : 0.0L;
+          break;
+        case ref_proposal::with:
+          qj[x] = q[x];
+          break;
+        case ref_proposal::without:
+          qj[x] = removed[x] ? 0.0L : j == 0 ? q[x] : q[x] / rest;
+          break;
+        case ref_proposal::without_unnormalised:
+          qj[x] = removed[x] ? 0.0L : q[x];
+          break;
+      }
+    }
+    out.accept.push_back(qj[c] > 0.0L ? std::min(1.0L, cur[c] / qj[c]) : 1.0L);
+    long double z = 0.0L;
+    for (std::size_t x = 0; x < n; ++x) z += cur[x] = std::max(cur[x] - qj[x], 0.0L);
+    for (auto& v : cur) v /= z;
+    if (kind == ref_proposal::without || kind == ref_proposal::without_unnormalised)
+      removed[c] = true;
+  }
+  out.residual = cur;
+  return out;
+}
+
+long double total_variation(const std::vector<long double>& a, const std::vector<long double>& b) {
+  long double tv = 0.0L;
+  for (std::size_t x = 0; x < a.size(); ++x) tv += std::fabs(a[x] - b[x]);
+  return tv / 2;
+}
+
+/// Runs verify_candidates (residual floor 0) on rows of type T under the probe.
+template <class T>
+rejecting_probe reject_all(const std::vector<T>& p, const std::vector<T>& q,
+                           const std::vector<token_t>& cand, ref_proposal kind,
+                           bool fallback = false) {
+  rejecting_probe probe;
+  const row_view<const T> pr(p.data(), static_cast<index_t>(p.size()));
+  const row_view<const T> qr(q.data(), static_cast<index_t>(q.size()));
+  const auto k = static_cast<index_t>(cand.size());
+  std::vector<double> ws(static_cast<std::size_t>(candidates_workspace_size(k)));
+  candidates_result r;
+  if (kind == ref_proposal::one_hot)
+    r = verify_candidates(exact_rule{}, probe, pr, one_hot_candidates{}, cand.data(), k, 0.0, 0,
+                          ws.data());
+  else if (kind == ref_proposal::with)
+    r = verify_candidates(exact_rule{}, probe, pr, with_replacement<T>{qr}, cand.data(), k, 0.0, 0,
+                          ws.data());
+  else
+    r = verify_candidates(exact_rule{}, probe, pr, without_replacement<T>{qr}, cand.data(), k, 0.0,
+                          0, ws.data());
+  REQUIRE(r.accepted == -1);
+  REQUIRE(((r.flags & chain_residual_fallback) != 0) == fallback);
+  return probe;
+}
+
+template <class T>
+std::vector<T> rows_of(const std::vector<double>& v) {
+  return std::vector<T>(v.begin(), v.end());
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE(
+    "K rejected candidates: acceptance tests and residual sample follow the "
+    "materialised recursion",
+    "[verify][tree]", float, double) {
+  using T = TestType;
+  const index_t vocab = 1000;  // four tiles of the host passes, the last one partial
+  struct scenario {
+    const char* name;
+    std::vector<double> p, q;
+    std::vector<token_t> cand;
+    ref_proposal kind;
+  };
+  std::vector<scenario> scenarios;
+  const auto p = testing::random_probability_row(vocab, 11, 0, 0.0);
+  const auto q = testing::random_probability_row(vocab, 11, 1, 0.0);
+  // Candidates in one tile and across tile boundaries (255 | 256), the last element among them.
+  const std::vector<token_t> six = {3, 700, 4, 999, 256, 255};
+  scenarios.push_back({"without replacement", p, q, six, ref_proposal::without});
+  scenarios.push_back({"i.i.d., a repeat", p, q, {3, 700, 3, 999}, ref_proposal::with});
+  // q next to p (a relative 1e-6 apart): Z_1 ~ 1e-6, so the later steps subtract a tiny
+  // multiple of q from p - q, where rounding relative to p would show.
+  std::vector<double> near = p;
+  for (std::size_t x = 0; x < near.size(); ++x) near[x] *= 1.0 + 1e-6 * (x % 3 == 0 ? 1 : -1);
+  scenarios.push_back({"without replacement, q next to p", p, near, six, ref_proposal::without});
+  scenarios.push_back({"i.i.d., q next to p", p, near, {3, 700, 4}, ref_proposal::with});
+  // One-hot candidates holding all but 1e-3 of the target at each step: Z_j ~ 1e-3.
+  std::vector<double> geometric(static_cast<std::size_t>(vocab), 1e-24);
+  for (std::size_t x = 0; x < 6; ++x) geometric[x] = std::pow(1e-3, static_cast<double>(x));
+  scenarios.push_back(
+      {"one-hot, Z ~ 1e-3", geometric, geometric, {0, 1, 2, 3, 4}, ref_proposal::one_hot});
+  scenarios.push_back({"one-hot, a repeat", p, q, {5, 5, 999, 0}, ref_proposal::one_hot});
+  for (const auto& sc : scenarios) {
+    INFO(sc.name);
+    const auto pt = rows_of<T>(sc.p), qt = rows_of<T>(sc.q);
+    const auto probe = reject_all(pt, qt, sc.cand, sc.kind);
+    const auto ref = materialise(pt, qt, sc.cand, sc.kind);
+    REQUIRE(probe.samples == 1);
+    REQUIRE(probe.accept.size() == sc.cand.size());
+    for (std::size_t j = 0; j < sc.cand.size(); ++j) {
+      INFO("test " << j + 1);
+      CHECK(std::fabs(probe.accept[j] - ref.accept[j]) <= 1e-12L * ref.accept[j]);
+    }
+    const long double tv = total_variation(probe.law, ref.residual);
+    INFO("total variation " << static_cast<double>(tv));
+    CHECK(tv <= 1e-12L);
+  }
+  if constexpr (std::is_same_v<T, double>) {
+    // Normalisers of ~1e-100: P_3 = 1e200 passes threshold_form_max_scale (2^512), so the third
+    // step falls back to sampling from p^(3), as an exhausted residual does (reaching it has
+    // probability 1e-200 here).
+    std::vector<double> steep(static_cast<std::size_t>(vocab), 1e-300);
+    steep[0] = 1.0;
+    steep[1] = 1e-100;
+    steep[2] = 1e-200;
+    const std::vector<token_t> three = {0, 1, 2};
+    const auto probe = reject_all(steep, steep, three, ref_proposal::one_hot, true);
+    const auto ref = materialise(steep, steep, {0, 1}, ref_proposal::one_hot);
+    REQUIRE(probe.accept.size() == 3);
+    CHECK(total_variation(probe.law, ref.residual) <= 1e-12L);
+  }
+  // Negative control: a recursion without the renormalisation of q after a removal.
+  const auto pt = rows_of<T>(p), qt = rows_of<T>(q);
+  const auto probe = reject_all(pt, qt, six, ref_proposal::without);
+  const auto wrong = materialise(pt, qt, six, ref_proposal::without_unnormalised);
+  CHECK(total_variation(probe.law, wrong.residual) > 1e-6L);  // 1e6 times the tolerance
 }
 
 TEST_CASE("negative controls: wrong proposals for the candidates are biased",

@@ -73,11 +73,26 @@ namespace detail {
 ///     nullptr when there is one);
 ///   - `static double weight(const W&, index_t y, float p_y, float q_y)`: w(y) from those values,
 ///     bit for bit (it calls W's own arithmetic on rows that hold the values, never a copy of
-///     it).
+///     it);
+///   - optionally `static bool plain(const W&, index_t begin, index_t end)`: whether the full
+///     tile [begin, end) may be read so (loads_ahead; false: element by element);
+///   - optionally `static constexpr int batch`: the loads per row kept in flight (a divisor of
+///     the lane's 32; default all 32).
 template <class W>
 struct vector_weights {
   static constexpr bool enabled = false;
 };
+
+/// Whether vector_weights `VW` may read the full tile [begin, end) of `w` ahead: always, unless
+/// the specialisation says otherwise for some tiles (`static bool plain(const W&, begin, end)`;
+/// the others take the element-wise path).
+template <class VW, class W>
+[[nodiscard]] __device__ bool loads_ahead(const W& w, index_t begin, index_t end) noexcept {
+  if constexpr (requires { VW::plain(w, begin, end); })
+    return VW::plain(w, begin, end);
+  else
+    return true;
+}
 
 /// A row read as a single value (vector_weights: a weight function evaluated on loaded values).
 struct value_row {
@@ -108,27 +123,39 @@ __device__ double strided_tile_sum(const WeightFn& w, const float* p, const floa
                                    int lane) noexcept {
   using vw = vector_weights<WeightFn>;
   constexpr int per_lane = static_cast<int>(specula::detail::sum_tile / 8);
-  const float* pl = p + begin + lane;
-  float pv[per_lane];
-  float qv[per_lane];
-#pragma unroll
-  for (int j = 0; j < per_lane; ++j) pv[j] = pl[8 * j];
-  if constexpr (vw::rows == 2) {
-    const float* ql = q + begin + lane;
-#pragma unroll
-    for (int j = 0; j < per_lane; ++j) qv[j] = ql[8 * j];
-  } else {
-#pragma unroll
-    for (int j = 0; j < per_lane; ++j) qv[j] = 0.f;
-  }
-  double acc = 0.0;
-#pragma unroll
-  for (int j = 0; j < per_lane; ++j) {
-    const double wi = vw::weight(w, begin + lane + 8 * j, pv[j], qv[j]);
-    if constexpr (Positive)
-      acc += wi > 0.0 ? wi : 0.0;
+  // Loads in flight at once per row: all of the lane's, or vw::batch of them at a time where the
+  // kernel around the pass has fewer registers to spare (the same additions in the same order).
+  constexpr int batch = [] {
+    if constexpr (requires { vw::batch; })
+      return vw::batch;
     else
-      acc += wi;
+      return per_lane;
+  }();
+  static_assert(per_lane % batch == 0, "a batch divides the lane's elements");
+  const float* pl = p + begin + lane;
+  const float* ql = vw::rows == 2 ? q + begin + lane : nullptr;
+  double acc = 0.0;
+#pragma unroll 1  // a batch's loads are not hoisted above the previous batch's weights
+  for (int j0 = 0; j0 < per_lane; j0 += batch) {
+    float pv[batch];
+    float qv[batch];
+#pragma unroll
+    for (int j = 0; j < batch; ++j) pv[j] = pl[8 * (j0 + j)];
+    if constexpr (vw::rows == 2) {
+#pragma unroll
+      for (int j = 0; j < batch; ++j) qv[j] = ql[8 * (j0 + j)];
+    } else {
+#pragma unroll
+      for (int j = 0; j < batch; ++j) qv[j] = 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < batch; ++j) {
+      const double wi = vw::weight(w, begin + lane + 8 * (j0 + j), pv[j], qv[j]);
+      if constexpr (Positive)
+        acc += wi > 0.0 ? wi : 0.0;
+      else
+        acc += wi;
+    }
   }
   return acc;
 }
@@ -252,7 +279,7 @@ struct block_passes {
         const index_t end = begin + tile < n ? begin + tile : n;
         bool done = false;
         if constexpr (vw::enabled) {
-          if (end - begin == tile) {
+          if (end - begin == tile && detail::loads_ahead<vw>(w, begin, end)) {
             acc = detail::strided_tile_sum<Positive>(w, vw::p(w), vw::q(w), begin, lane);
             done = true;
           }

@@ -56,6 +56,42 @@ inline constexpr index_t tree_max_children = 32;
 /// the rest recomputed.
 inline constexpr index_t tree_max_tiles = 4096;
 
+namespace detail {
+
+/// The threshold form of the candidate recursion over float rows (verify/candidates.hpp:
+/// candidate_residual): tiles without a candidate are read ahead (block_passes.cuh), their
+/// weights the residual's own off_candidate_value on the loaded values; the tiles holding one
+/// of the k candidates are read element by element.
+template <class Rule, class Proposal>
+requires specula::detail::threshold_candidate_form<Rule, Proposal>
+struct vector_weights<specula::detail::candidate_residual<Rule, float, Proposal>> {
+  using weights = specula::detail::candidate_residual<Rule, float, Proposal>;
+  static constexpr bool one_hot = requires { Proposal::zero_off_candidates; };
+  static constexpr bool enabled = true;
+  static constexpr int rows = one_hot ? 1 : 2;
+  /// 8 loads per row at a time: with all 32 of both rows in flight tree_kernel and
+  /// candidates_kernel spilled (128 registers, up to 92 / 128 bytes of spill stores / loads),
+  /// with 16 candidates_kernel still did (12 / 32 bytes); with 8 none does (nvcc 13.0, sm_90).
+  static constexpr int batch = 8;
+  [[nodiscard]] __device__ static const float* p(const weights& w) noexcept { return w.rec.p.data; }
+  [[nodiscard]] __device__ static const float* q(const weights& w) noexcept {
+    if constexpr (one_hot)
+      return nullptr;
+    else
+      return w.rec.proposal.q.data;
+  }
+  [[nodiscard]] __device__ static double weight(const weights& w, index_t, float p_y,
+                                                float q_y) noexcept {
+    return w.off_candidate_value(static_cast<double>(p_y), static_cast<double>(q_y));
+  }
+  [[nodiscard]] __device__ static bool plain(const weights& w, index_t begin,
+                                             index_t end) noexcept {
+    return w.no_candidate_in(begin, end);
+  }
+};
+
+}  // namespace detail
+
 /// A batch of flat trees on the device (all pointers device memory). Request b's nodes are
 /// [node_offsets[b], node_offsets[b + 1]); their rows are those rows of target_probs (and of
 /// draft_probs: q_u, the row u's children were drawn from; or no rows for deterministic

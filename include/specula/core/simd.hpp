@@ -886,6 +886,67 @@ template <bool HasQ>
   return combine_lanes(lane);
 }
 
+/// Whether a dense form with q is the two-step threshold form of the candidate recursion
+/// (verify/candidates.hpp: candidate_residual): max(max(p - q * scale[0], 0) - q * scale[1], 0),
+/// normaliser 1 between the steps. threshold_tile_avx2 / _avx512 sum it unrolled.
+[[nodiscard]] inline bool two_step_form(const dense_f32_weights& f) noexcept {
+  return f.steps == 2 && f.q != nullptr && f.scale != nullptr && f.inv_z[0] == 1.0;
+}
+
+/// One tile of the two-step form (see two_step_form), lanes as recursion_tile_avx2 (element i
+/// in lane i % 8): the same bits.
+[[nodiscard]] __attribute__((target("avx2"))) inline double threshold_tile_avx2(
+    const float* p, const float* q, const double* scale, index_t len) noexcept {
+  const __m256d zero = _mm256_setzero_pd();
+  const __m256d s0 = _mm256_set1_pd(scale[0]), s1 = _mm256_set1_pd(scale[1]);
+  __m256d a0 = zero, a1 = zero;
+  index_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m256 pv = _mm256_loadu_ps(p + i);
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    const __m256d p0 = _mm256_cvtps_pd(_mm256_castps256_ps128(pv));
+    const __m256d p1 = _mm256_cvtps_pd(_mm256_extractf128_ps(pv, 1));
+    const __m256d q0 = _mm256_cvtps_pd(_mm256_castps256_ps128(qv));
+    const __m256d q1 = _mm256_cvtps_pd(_mm256_extractf128_ps(qv, 1));
+    __m256d v0 = _mm256_max_pd(_mm256_sub_pd(p0, _mm256_mul_pd(q0, s0)), zero);
+    __m256d v1 = _mm256_max_pd(_mm256_sub_pd(p1, _mm256_mul_pd(q1, s0)), zero);
+    v0 = _mm256_max_pd(_mm256_sub_pd(v0, _mm256_mul_pd(q0, s1)), zero);
+    v1 = _mm256_max_pd(_mm256_sub_pd(v1, _mm256_mul_pd(q1, s1)), zero);
+    a0 = _mm256_add_pd(a0, v0);
+    a1 = _mm256_add_pd(a1, v1);
+  }
+  alignas(32) double lane[8];
+  _mm256_store_pd(lane, a0);
+  _mm256_store_pd(lane + 4, a1);
+  const double unit = 1.0;
+  for (int k = 0; i < len; ++i, ++k)
+    lane[k] += recursion_element<true>(p[i], q[i], scale, &unit, 2);
+  return combine_lanes(lane);
+}
+
+/// threshold_tile_avx2 with eight doubles per vector (the same lanes and bits).
+[[nodiscard]] __attribute__((target(SPECULA_AVX512_TARGET))) inline double threshold_tile_avx512(
+    const float* p, const float* q, const double* scale, index_t len) noexcept {
+  const __m512d zero = _mm512_setzero_pd();
+  const __m512d s0 = _mm512_set1_pd(scale[0]), s1 = _mm512_set1_pd(scale[1]);
+  __m512d a = zero;
+  index_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m512d pv = _mm512_cvtps_pd(_mm256_loadu_ps(p + i));
+    const __m512d qv = _mm512_cvtps_pd(_mm256_loadu_ps(q + i));
+    // The products kept apart from the subtractions (GCC contracts them in AVX-512 functions).
+    __m512d v = _mm512_max_pd(_mm512_sub_pd(pv, SPECULA_EXP_ROUNDED(_mm512_mul_pd(qv, s0))), zero);
+    v = _mm512_max_pd(_mm512_sub_pd(v, SPECULA_EXP_ROUNDED(_mm512_mul_pd(qv, s1))), zero);
+    a = _mm512_add_pd(a, v);
+  }
+  alignas(64) double lane[8];
+  _mm512_store_pd(lane, a);
+  const double unit = 1.0;
+  for (int k = 0; i < len; ++i, ++k)
+    lane[k] += recursion_element<true>(p[i], q[i], scale, &unit, 2);
+  return combine_lanes(lane);
+}
+
 #endif  // SPECULA_SIMD_X86
 
 template <bool HasQ>
@@ -915,7 +976,12 @@ template <bool HasQ, bool Check = false>
 #if SPECULA_SIMD_X86
   const simd::isa path = simd::active_isa();
   if (path >= simd::isa::avx2) {
-    // The recursion has no AVX-512 kernel: AVX2's serves AVX-512 CPUs (same bits).
+    if constexpr (HasQ) {
+      if (!simple && two_step_form(f))
+        return path == simd::isa::avx512 ? threshold_tile_avx512(p, q, f.scale, len)
+                                         : threshold_tile_avx2(p, q, f.scale, len);
+    }
+    // The nested recursion has no AVX-512 kernel: AVX2's serves AVX-512 CPUs (same bits).
     if (!simple) return recursion_tile_avx2<HasQ>(p, q, f.scale, f.inv_z, f.steps, len);
     double sum = 0.0;
     if (path == simd::isa::avx512)

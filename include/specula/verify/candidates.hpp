@@ -18,11 +18,13 @@
 ///
 /// p^(k) is never materialised: p^(k)(x) is recomputed pointwise from p(x), q(x), whether x is
 /// among the earlier candidates, and the normalisers Z_1..Z_{k-1} kept in a caller-provided
-/// workspace. Each rejected candidate costs one pass over the row (its normaliser Z_k); the final
-/// residual sample reuses Z_K and the tile sums of that pass (weight_summary) and reads one
-/// tile. Without replacement, the first rejection costs one more pass: the proposal row's own
-/// total, from which the mass q^(k) renormalises by is derived (see without_replacement).
-/// Nothing is allocated.
+/// workspace. For the exact rule the recursion unrolls into a threshold on p/q
+/// (threshold_candidate_form), so every pass costs the same few operations per element; other
+/// rules recompute the k - 1 earlier steps per element. Each rejected candidate costs one pass
+/// over the row (its normaliser Z_k); the final residual sample reuses Z_K and the tile sums of
+/// that pass (weight_summary) and reads one tile. Without replacement, the first rejection costs
+/// one more pass: the proposal row's own total, from which the mass q^(k) renormalises by is
+/// derived (see without_replacement). Nothing is allocated.
 ///
 /// Row-aware rules (rules/rule.hpp: LANTERN / LANTERN++, typical acceptance) take part too: step
 /// k binds the rule to p^(k) and c_k as the chain verifier binds it to p and its draft, and the
@@ -249,15 +251,94 @@ struct candidate_recursion {
   }
 };
 
-/// r_k as a weight function with a tile form: the recursion runs step by step over a whole
+/// Whether the candidate recursion of `Rule` with `Proposal` has the threshold form: the rule's
+/// residual is the positive difference max(p - q, 0) and q^(j)(x) off the candidates is
+/// q(x) * s_j (without replacement: s_j = 1 / rest_j; i.i.d.: s_j = 1) or 0 (one-hot). Then,
+/// for every x that is not among c_1..c_k, unrolling the recursion gives
+///   p^(j)(x) = P_j * max(p(x) - T_j * q(x), 0),  r_k(x) = P_k * max(p(x) - T_{k+1} * q(x), 0),
+/// with P_1 = 1, T_1 = 0, T_{j+1} = T_j + s_j / P_j and P_{j+1} = P_j / Z_j (by induction: the
+/// clamp commutes with the positive factor P_j, and max(max(u, 0) - v, 0) = max(u - v, 0) for
+/// v >= 0). A pass of step k then costs the same few operations per element whatever k,
+/// instead of k nested steps (docs/trees.md, "Cost of the recursion").
+template <class Proposal>
+inline constexpr int proposal_kind = 0;  // 1: without replacement, 2: i.i.d., 3: one-hot
+template <class T>
+inline constexpr int proposal_kind<without_replacement<T>> = 1;
+template <class T>
+inline constexpr int proposal_kind<with_replacement<T>> = 2;
+template <>
+inline constexpr int proposal_kind<one_hot_candidates> = 3;
+
+template <class Rule, class Proposal>
+inline constexpr bool threshold_candidate_form =
+    residual_is_positive_difference<Rule>&& proposal_kind<Proposal> != 0;
+
+/// The factor s_j of q(x) in q^(j)(x) off the candidates (see threshold_candidate_form); 0 when
+/// q^(j) is zero there (one-hot candidates).
+template <class Proposal>
+[[nodiscard]] SPECULA_HOST_DEVICE constexpr double off_candidate_q_scale(double renorm) noexcept {
+  if constexpr (proposal_kind<Proposal> == 1) return renorm;
+  if constexpr (proposal_kind<Proposal> == 3) return 0.0;
+  return 1.0;
+}
+
+/// Largest P_k the threshold form goes to. The recursion reaches step k with probability
+/// E[1 / P_k] = 1 / P_k in the mean (each step's rejection probability is Z_j, so P_k over the
+/// steps reached is a martingale of mean 1), so past 2^512 a step is treated as an exhausted
+/// residual (chain_residual_fallback: the token is sampled from p^(k)), which moves the output
+/// law by at most 2^-512, far below what the residual floor moves it. It keeps P_k, 1 / P_k and
+/// the weights r_k / P_k finite and normal.
+inline constexpr double threshold_form_max_scale = 0x1p512;
+
+/// r_k as a weight function with a tile form.
+///
+/// With the threshold form (see threshold_candidate_form) the weights are r_k / P_k: for x not
+/// among the candidates
+///   max(max(p(x) - q(x) * s_1, 0) - q(x) * t_k, 0),  t_k = T_{k+1} - s_1 = sum_{j=2..k} s_j / P_j,
+/// and r_k(x) / P_k through the nested recursion for the candidates; the step's normaliser is
+/// Z_k = P_k * (their sum) (mass_scale()). The first subtraction is the one the nested recursion
+/// makes at step 1 (exact for float rows whose exponents differ by at most 29) and the second
+/// subtracts the remaining steps' mass at once, so the rounding is of the order of the nested
+/// recursion's, whose step j rounds s_j * q(x) and the difference at scale P_j (docs/trees.md).
+///
+/// Other rules (the nested form) weigh r_k itself: the recursion runs step by step over a whole
 /// tile (vectorisable inner loops) treating every element as a non-candidate, then the few
 /// candidate elements in the tile are recomputed exactly. Non-candidates go through the same
-/// operations as residual(k, x) (for one-hot proposals q^(j)(x) is exactly 0 off the
-/// candidates), so both forms agree bit for bit.
+/// operations as residual(k, x), so both forms agree bit for bit.
 template <class Rule, class T, class Proposal>
 struct candidate_residual {
+  static constexpr bool threshold = threshold_candidate_form<Rule, Proposal>;
   const candidate_recursion<Rule, T, Proposal>& rec;
   index_t k;
+  double scales[2] = {1.0, 0.0};  ///< s_1 and t_k (the threshold form)
+  double unit = 1.0;              ///< the dense form's normaliser between its two steps
+  double scale = 1.0;             ///< P_k with the threshold form, else 1
+  double inv_scale = 1.0;         ///< 1 / scale
+
+  /// Step k >= 1; needs rec.inv_z[0 .. k-1) and rec.renorm[0 .. k).
+  SPECULA_HOST_DEVICE constexpr candidate_residual(const candidate_recursion<Rule, T, Proposal>& r,
+                                                   index_t step) noexcept
+      : rec(r), k(step) {
+    if constexpr (threshold) {
+      double p_scale = 1.0, t = 0.0;
+      for (index_t j = 2; j <= k; ++j) {
+        p_scale = mul_rn(p_scale, rec.inv_z[j - 2]);
+        t += off_candidate_q_scale<Proposal>(rec.renorm[j - 1]) / p_scale;
+      }
+      scales[0] = off_candidate_q_scale<Proposal>(rec.renorm[0]);
+      scales[1] = t;
+      scale = p_scale;
+      inv_scale = 1.0 / p_scale;
+    }
+  }
+
+  /// False past threshold_form_max_scale: the caller treats the step as an exhausted residual.
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr bool usable() const noexcept {
+    return !threshold || scale <= threshold_form_max_scale;
+  }
+
+  /// The factor from the sum of these weights to Z_k.
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr double mass_scale() const noexcept { return scale; }
 
   /// q^(j)(x) for an x that is not among the candidates.
   SPECULA_HOST_DEVICE constexpr double off_candidate_q(index_t x, token_t cj,
@@ -272,41 +353,88 @@ struct candidate_residual {
     }
   }
 
+  /// The threshold form's weight of an x that is not among the candidates, from p(x) and q(x)
+  /// (q(x) unused for one-hot candidates).
+  SPECULA_HOST_DEVICE constexpr double off_candidate_value(double px, double qx) const noexcept {
+    if constexpr (requires { Proposal::zero_off_candidates; }) {
+      (void)qx;
+      return static_cast<double>(rec.rule.residual_weight(px, 0.0));
+    } else {
+      const auto first = static_cast<double>(rec.rule.residual_weight(px, mul_rn(qx, scales[0])));
+      return static_cast<double>(rec.rule.residual_weight(first, mul_rn(qx, scales[1])));
+    }
+  }
+
+  /// The threshold form's weight of an x that is not among the candidates.
+  SPECULA_HOST_DEVICE constexpr double off_candidate_weight(index_t x) const noexcept {
+    if constexpr (requires { Proposal::zero_off_candidates; })
+      return off_candidate_value(static_cast<double>(rec.p[x]), 0.0);
+    else
+      return off_candidate_value(static_cast<double>(rec.p[x]),
+                                 static_cast<double>(rec.proposal.q[x]));
+  }
+
+  /// Whether none of the candidates lies in [begin, end) (the threshold form's weights there are
+  /// all off_candidate_weight).
+  SPECULA_HOST_DEVICE constexpr bool no_candidate_in(index_t begin, index_t end) const noexcept {
+    bool none = true;
+    for (index_t j = 0; j < k; ++j) {
+      const auto c = static_cast<index_t>(rec.cand[j]);
+      none = none && !(c >= begin && c < end);
+    }
+    return none;
+  }
+
   SPECULA_HOST_DEVICE constexpr double operator()(index_t x) const noexcept {
-    return rec.residual(k, x);
+    if constexpr (threshold) {
+      const index_t first = rec.first_index(x, k);
+      if (first > k) return off_candidate_weight(x);
+      const double r = static_cast<double>(
+          rec.rule.residual_weight(rec.p_at(k, x, first), rec.q_at(k, x, first)));
+      return mul_rn(r, inv_scale);
+    } else {
+      return rec.residual(k, x);
+    }
   }
 
   SPECULA_HOST_DEVICE constexpr void tile(index_t begin, index_t end, double* out) const noexcept {
     const index_t n = end - begin;
-    for (index_t i = 0; i < n; ++i) out[i] = static_cast<double>(rec.p[begin + i]);
-    for (index_t j = 1; j < k; ++j) {
-      const token_t cj = rec.cand[j - 1];
-      const double renorm = rec.renorm[j - 1];
-      const double inv_z = rec.inv_z[j - 1];
+    if constexpr (threshold) {
+      for (index_t i = 0; i < n; ++i) out[i] = off_candidate_weight(begin + i);
+    } else {
+      for (index_t i = 0; i < n; ++i) out[i] = static_cast<double>(rec.p[begin + i]);
+      for (index_t j = 1; j < k; ++j) {
+        const token_t cj = rec.cand[j - 1];
+        const double renorm = rec.renorm[j - 1];
+        const double inv_z = rec.inv_z[j - 1];
+        for (index_t i = 0; i < n; ++i)
+          out[i] = mul_rn(static_cast<double>(rec.rule.residual_weight(
+                              out[i], off_candidate_q(begin + i, cj, renorm))),
+                          inv_z);
+      }
+      const token_t ck = rec.cand[k - 1];
+      const double renorm = rec.renorm[k - 1];
       for (index_t i = 0; i < n; ++i)
-        out[i] = mul_rn(static_cast<double>(rec.rule.residual_weight(
-                            out[i], off_candidate_q(begin + i, cj, renorm))),
-                        inv_z);
+        out[i] = static_cast<double>(
+            rec.rule.residual_weight(out[i], off_candidate_q(begin + i, ck, renorm)));
     }
-    const token_t ck = rec.cand[k - 1];
-    const double renorm = rec.renorm[k - 1];
-    for (index_t i = 0; i < n; ++i)
-      out[i] = static_cast<double>(
-          rec.rule.residual_weight(out[i], off_candidate_q(begin + i, ck, renorm)));
     for (index_t j = 0; j < k; ++j) {
       const index_t c = rec.cand[j];
-      if (c >= begin && c < end) out[c - begin] = rec.residual(k, c);
+      if (c >= begin && c < end) out[c - begin] = (*this)(c);
     }
   }
 
-  /// The dense form (core/simd.hpp): k steps, the candidates as skip indices.
+  /// The dense form (core/simd.hpp), the candidates as skip indices: the threshold form as two
+  /// steps (scales s_1 and t_k, normaliser 1 between them; max(p, 0) for one-hot candidates).
   [[nodiscard]] dense_f32_weights dense_f32() const noexcept
       requires(dense_candidate_form<Rule, T, Proposal>) {
+    static_assert(threshold, "a dense form is the exact rule's, which has the threshold form");
+    const float* q = dense_proposal_row(rec.proposal);
     return {.p = rec.p.data,
-            .q = dense_proposal_row(rec.proposal),
-            .scale = std::is_same_v<Proposal, without_replacement<float>> ? rec.renorm : nullptr,
-            .inv_z = rec.inv_z,
-            .steps = k,
+            .q = q,
+            .scale = q != nullptr ? scales : nullptr,
+            .inv_z = &unit,
+            .steps = q != nullptr ? 2 : 1,
             .skip = rec.cand,
             .num_skip = k};
   }
@@ -321,6 +449,9 @@ struct first_candidate_residual {
   const Proposal& proposal;
   token_t c1;
   const double* renorm;  // renorm[0]: 1 / q's mass (1 at the first step)
+  /// The factor from the sum of these weights to Z_1 (they are r_1 itself).
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr double mass_scale() const noexcept { return 1.0; }
+  [[nodiscard]] SPECULA_HOST_DEVICE constexpr bool usable() const noexcept { return true; }
   SPECULA_HOST_DEVICE constexpr double operator()(index_t x) const noexcept {
     return static_cast<double>(
         rule.residual_weight(static_cast<double>(p[x]), proposal.prob(x, false, c1, renorm[0])));
@@ -473,10 +604,13 @@ verify_candidates(const Rule& rule, Source& src, row_view<const T> p, const Prop
       // One pass for the normaliser of this step's residual; returns true when the call is done
       // (fallback, or the last candidate was rejected and the residual sample was drawn).
       auto finish_step = [&](auto&& r) -> bool {
-        passes.summarize(n, r, summary);
-        const double mass = summary.total;
+        double mass = 0.0;  // Z_j (the weights are r_j / P_j in the threshold form)
+        if (r.usable()) {
+          passes.summarize(n, r, summary);
+          mass = detail::mul_rn(r.mass_scale(), summary.total);
+        }
         if (!(mass > residual_floor && mass > 0.0)) {
-          // Empty residual: sample from the current target p^(j).
+          // Empty residual (or past threshold_form_max_scale): sample from the current target.
           result.flags |= chain_residual_fallback;
           auto target = [&](index_t x) {
             return detail::positive_part(rec.p_at(j, x, rec.first_index(x, j - 1)));
