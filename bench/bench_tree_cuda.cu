@@ -9,6 +9,9 @@
 //                                           narrowing levels down to depth 5)
 //   cuda_tree_greedy/<shape>/V:<V>/B:<B>    greedy tree verification of the same trees
 //   cuda_candidates/K:<K>/V:<V>/B:<B>       K candidates at one position, without replacement
+//   cuda_candidates/all_rejected/K:<K>/...  the same with p(c) = 0 at every candidate (all K
+//                                           rejected: K normaliser passes, then the residual
+//                                           sample; the host's candidates/.../all_rejected case)
 //   cuda_sample_wor/k:<k>/V:<V>/B:<B>/S:<1|auto>  sampling k categories without replacement, one
 //                                           CTA per row (S:1) or the automatic row split
 // Counters as bench/cuda_bench_util.cuh: bytes is the floor each launch must touch — for trees
@@ -197,7 +200,8 @@ void tree_case(benchmark::State& state, const token_tree& shape, index_t vocab, 
   specula::bench::time_against_copy(state, bytes, launch);
 }
 
-void candidates_case(benchmark::State& state, index_t k, index_t vocab, index_t batch) {
+void candidates_case(benchmark::State& state, index_t k, index_t vocab, index_t batch,
+                     bool all_rejected = false) {
   bool skip = false;
   skip_without_gpu(state, skip);
   if (skip) return;
@@ -207,9 +211,16 @@ void candidates_case(benchmark::State& state, index_t k, index_t vocab, index_t 
   std::vector<token_t> cand;
   std::vector<request_rng> rng;
   for (index_t b = 0; b < batch; ++b) {
-    for (index_t j = 0; j < k; ++j) cand.push_back(static_cast<token_t>(j));
+    for (index_t j = 0; j < k; ++j)
+      cand.push_back(static_cast<token_t>(all_rejected ? j * 7 + 1 : j));
     offsets.push_back(offsets.back() + k);
     rng.push_back(request_rng{6, static_cast<std::uint32_t>(b), 0});
+  }
+  if (all_rejected) {  // p(c) = 0 for every candidate, then renormalised (bench_tree.cpp's case)
+    double rest = 0;
+    for (index_t j = 0; j < k; ++j) p[static_cast<std::size_t>(j * 7 + 1)] = 0.0f;
+    for (const float x : p) rest += x;
+    for (float& x : p) x = static_cast<float>(x / rest);
   }
   device_buffer d_off(offsets.size() * sizeof(index_t)), d_c(cand.size() * sizeof(token_t) + 4),
       d_rng(rng.size() * sizeof(request_rng)),
@@ -296,6 +307,12 @@ int register_all() {
       specula::bench::add_case(
           "cuda_candidates/K:" + std::to_string(k) + "/V:128256/B:" + std::to_string(b),
           [=](benchmark::State& s) { candidates_case(s, k, 128256, b); });
+  for (index_t k : {1, 2, 4})
+    for (index_t b : {1, 16})
+      specula::bench::add_case(
+          "cuda_candidates/all_rejected/K:" + std::to_string(k) +
+              "/V:128256/B:" + std::to_string(b),
+          [=](benchmark::State& s) { candidates_case(s, k, 128256, b, true); });
   for (index_t b : {1, 4, 16, 64})
     for (bool split : {false, true})
       specula::bench::add_case(
