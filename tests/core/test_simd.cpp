@@ -120,47 +120,51 @@ SPECULA_ISA_TEST_CASE("SIMD row and residual tile sums equal the element calls b
 
 SPECULA_ISA_TEST_CASE("SIMD candidate recursion equals the element calls bit for bit",
                       "[core][simd]") {
-  for (index_t n : {9, 257, 1000, 4099}) {
-    const auto p = make_row(n, 3, false);
-    const auto q = make_row(n, 4, false);
-    const row_view<const float> pr(p), qr(q);
-    const std::vector<token_t> cand = {1, static_cast<token_t>(n - 1), 5, 1};  // a repeat
-    // Normalisers as the recursion meets them, and ones whose product passes
-    // threshold_form_max_scale at the second step (then no pass is made: the step falls back).
-    const std::vector<double> inv_z_sets[2] = {{1.7, 2.3, 0.9, 1.1}, {1e200, 1e3, 1e-3, 1.0}};
-    const std::vector<double> renorm = {1.0, 1.25, 1.5, 2.0};
-    const exact_rule rule{};
-    auto run = [&](const auto& proposal) {
-      using prop = std::remove_cvref_t<decltype(proposal)>;
-      for (int set = 0; set < 2; ++set) {
-        const detail::candidate_recursion<exact_rule, float, prop> rec{
-            rule, pr, proposal, cand.data(), inv_z_sets[set].data(), renorm.data()};
-        for (index_t k = 1; k <= 4; ++k) {
-          const detail::candidate_residual<exact_rule, float, prop> r{rec, k};
-          CHECK(r.usable() == (set == 0 || k == 1));
-          if (r.usable()) check_passes_match_element_calls(n, r, "candidate residual");
+  for (index_t n : {9, 257, 1000, 4099})
+    for (bool last_tile : {true, false}) {
+      const auto p = make_row(n, 3, false);
+      const auto q = make_row(n, 4, false);
+      const row_view<const float> pr(p), qr(q);
+      // A repeat; the last element among the candidates, or the last (partial) tile without one,
+      // so that the tile kernels sum its tail.
+      const std::vector<token_t> cand = {1, static_cast<token_t>(last_tile ? n - 1 : 2), 5, 1};
+      INFO("last tile holds a candidate: " << last_tile);
+      // Normalisers as the recursion meets them, and ones whose product passes
+      // threshold_form_max_scale at the second step (then no pass is made: the step falls back).
+      const std::vector<double> inv_z_sets[2] = {{1.7, 2.3, 0.9, 1.1}, {1e200, 1e3, 1e-3, 1.0}};
+      const std::vector<double> renorm = {1.0, 1.25, 1.5, 2.0};
+      const exact_rule rule{};
+      auto run = [&](const auto& proposal) {
+        using prop = std::remove_cvref_t<decltype(proposal)>;
+        for (int set = 0; set < 2; ++set) {
+          const detail::candidate_recursion<exact_rule, float, prop> rec{
+              rule, pr, proposal, cand.data(), inv_z_sets[set].data(), renorm.data()};
+          for (index_t k = 1; k <= 4; ++k) {
+            const detail::candidate_residual<exact_rule, float, prop> r{rec, k};
+            CHECK(r.usable() == (set == 0 || k == 1));
+            if (r.usable()) check_passes_match_element_calls(n, r, "candidate residual");
+          }
         }
-      }
-      const detail::candidate_recursion<exact_rule, float, prop> rec{
-          rule, pr, proposal, cand.data(), inv_z_sets[0].data(), renorm.data()};
-      check_passes_match_element_calls(n,
-                                       detail::first_candidate_residual<exact_rule, float, prop>{
-                                           rule, pr, proposal, cand[0], renorm.data() + 1},
-                                       "first step");
-      // renorm 1 (nothing removed yet): a simple form for the tile kernels (simple_form).
-      check_passes_match_element_calls(n,
-                                       detail::first_candidate_residual<exact_rule, float, prop>{
-                                           rule, pr, proposal, cand[0], renorm.data()},
-                                       "first step, renorm 1");
-    };
-    run(without_replacement<float>{qr});
-    run(with_replacement<float>{qr});
-    run(one_hot_candidates{});
-    check_passes_match_element_calls(
-        n,
-        detail::proposal_mass_weights<without_replacement<float>>{without_replacement<float>{qr}},
-        "proposal mass");
-  }
+        const detail::candidate_recursion<exact_rule, float, prop> rec{
+            rule, pr, proposal, cand.data(), inv_z_sets[0].data(), renorm.data()};
+        check_passes_match_element_calls(n,
+                                         detail::first_candidate_residual<exact_rule, float, prop>{
+                                             rule, pr, proposal, cand[0], renorm.data() + 1},
+                                         "first step");
+        // renorm 1 (nothing removed yet): a simple form for the tile kernels (simple_form).
+        check_passes_match_element_calls(n,
+                                         detail::first_candidate_residual<exact_rule, float, prop>{
+                                             rule, pr, proposal, cand[0], renorm.data()},
+                                         "first step, renorm 1");
+      };
+      run(without_replacement<float>{qr});
+      run(with_replacement<float>{qr});
+      run(one_hot_candidates{});
+      check_passes_match_element_calls(
+          n,
+          detail::proposal_mass_weights<without_replacement<float>>{without_replacement<float>{qr}},
+          "proposal mass");
+    }
 }
 
 SPECULA_ISA_TEST_CASE("SIMD validation pass and argmax equal the scalar loops", "[core][simd]") {

@@ -399,39 +399,41 @@ TEST_CASE("device passes sum the candidate recursion's threshold form like the h
   const exact_rule rule{};
   const std::vector<double> inv_z = {1.7, 2.3, 0.9, 1.1};
   const std::vector<double> renorm = {1.0, 1.25, 1.5, 2.0};
-  for (index_t n : {7, 255, 256, 1000, 5000, 131079}) {
-    const auto q = to_float(testing::random_probability_row(n, 71, 1, 0.2));
-    const auto p = to_float(testing::random_probability_row(n, 71, 0, 0.1));
-    // Candidates in the first tile, the middle, the last (partial) tile, and a repeat.
-    const std::vector<token_t> cand = {static_cast<token_t>(1 % n), static_cast<token_t>(n / 2),
-                                       static_cast<token_t>(n - 1), static_cast<token_t>(1 % n)};
-    const row_view<const float> pr(p.data(), n), qr(q.data(), n);
-    std::vector<double> want;
-    auto host = [&](const auto& proposal) {
-      using prop = std::remove_cvref_t<decltype(proposal)>;
-      const detail::candidate_recursion<exact_rule, float, prop> rec{
-          rule, pr, proposal, cand.data(), inv_z.data(), renorm.data()};
-      for (index_t k = 1; k <= 4; ++k)
-        want.push_back(
-            positive_mass(n, detail::candidate_residual<exact_rule, float, prop>{rec, k}));
-    };
-    host(without_replacement<float>{qr});
-    host(with_replacement<float>{qr});
-    host(one_hot_candidates{});
-    const device_vector<float> dp(p), dq(q);
-    const device_vector<token_t> dc(cand);
-    const device_vector<double> dz(inv_z), dr(renorm);
-    device_vector<double> out(std::vector<double>(12, -1.0));
-    threshold_mass_kernel<<<1, sc::tree_block_threads>>>(dp.ptr, dq.ptr, n, dc.ptr, dz.ptr, dr.ptr,
-                                                         out.ptr);
-    sc::throw_on_error(cudaDeviceSynchronize(), "threshold mass kernel");
-    const auto got = out.to_host();
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      INFO("n " << n << " proposal " << i / 4 << " k " << i % 4 + 1 << ": " << got[i] << " against "
-                << want[i]);
-      CHECK(got[i] == want[i]);
+  for (index_t n : {7, 255, 256, 1000, 5000, 131079})
+    for (bool last_tile : {true, false}) {
+      const auto q = to_float(testing::random_probability_row(n, 71, 1, 0.2));
+      const auto p = to_float(testing::random_probability_row(n, 71, 0, 0.1));
+      // Candidates in the first tile, the middle, the last (partial) tile or not, and a repeat.
+      const std::vector<token_t> cand = {static_cast<token_t>(1 % n), static_cast<token_t>(n / 2),
+                                         static_cast<token_t>(last_tile ? n - 1 : 2 % n),
+                                         static_cast<token_t>(1 % n)};
+      const row_view<const float> pr(p.data(), n), qr(q.data(), n);
+      std::vector<double> want;
+      auto host = [&](const auto& proposal) {
+        using prop = std::remove_cvref_t<decltype(proposal)>;
+        const detail::candidate_recursion<exact_rule, float, prop> rec{
+            rule, pr, proposal, cand.data(), inv_z.data(), renorm.data()};
+        for (index_t k = 1; k <= 4; ++k)
+          want.push_back(
+              positive_mass(n, detail::candidate_residual<exact_rule, float, prop>{rec, k}));
+      };
+      host(without_replacement<float>{qr});
+      host(with_replacement<float>{qr});
+      host(one_hot_candidates{});
+      const device_vector<float> dp(p), dq(q);
+      const device_vector<token_t> dc(cand);
+      const device_vector<double> dz(inv_z), dr(renorm);
+      device_vector<double> out(std::vector<double>(12, -1.0));
+      threshold_mass_kernel<<<1, sc::tree_block_threads>>>(dp.ptr, dq.ptr, n, dc.ptr, dz.ptr,
+                                                           dr.ptr, out.ptr);
+      sc::throw_on_error(cudaDeviceSynchronize(), "threshold mass kernel");
+      const auto got = out.to_host();
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        INFO("n " << n << " last tile " << last_tile << " proposal " << i / 4 << " k " << i % 4 + 1
+                  << ": " << got[i] << " against " << want[i]);
+        CHECK(got[i] == want[i]);
+      }
     }
-  }
 }
 
 // K candidates at one position

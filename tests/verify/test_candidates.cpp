@@ -329,6 +329,18 @@ TEMPLATE_TEST_CASE(
     REQUIRE(probe.accept.size() == 3);
     CHECK(total_variation(probe.law, ref.residual) <= 1e-12L);
   }
+  if constexpr (std::is_same_v<T, double>) {
+    // A residual mass below the smallest normal double (1e-310 here) counts as empty: 1 / Z_1
+    // would overflow. The first step falls back and samples p itself.
+    std::vector<double> tiny(static_cast<std::size_t>(vocab), 0.0);
+    tiny[0] = 1.0;
+    tiny[1] = 1e-310;
+    const std::vector<token_t> two = {0, 1};
+    const auto probe = reject_all(tiny, tiny, two, ref_proposal::one_hot, true);
+    REQUIRE(probe.accept.size() == 1);
+    const std::vector<long double> target(tiny.begin(), tiny.end());
+    CHECK(total_variation(probe.law, target) <= 1e-12L);
+  }
   // Negative control: a recursion without the renormalisation of q after a removal.
   const auto pt = rows_of<T>(p), qt = rows_of<T>(q);
   const auto probe = reject_all(pt, qt, six, ref_proposal::without);

@@ -924,26 +924,36 @@ template <bool HasQ>
   return combine_lanes(lane);
 }
 
-/// threshold_tile_avx2 with eight doubles per vector (the same lanes and bits).
+/// The two-step weights of eight elements (threshold_tile_avx512), the products kept apart from
+/// the subtractions: GCC contracts them into FMAs in functions compiled for AVX-512.
+[[nodiscard]] __attribute__((target(SPECULA_AVX512_TARGET))) inline __m512d
+threshold_weights_avx512(__m512d pv, __m512d qv, __m512d s0, __m512d s1) noexcept {
+  const __m512d zero = _mm512_setzero_pd();
+  const __m512d v =
+      _mm512_max_pd(_mm512_sub_pd(pv, SPECULA_EXP_ROUNDED(_mm512_mul_pd(qv, s0))), zero);
+  return _mm512_max_pd(_mm512_sub_pd(v, SPECULA_EXP_ROUNDED(_mm512_mul_pd(qv, s1))), zero);
+}
+
+/// threshold_tile_avx2 with eight doubles per vector (the same lanes and bits). The tail is
+/// vector code too, masked (lane k < len % 8 takes element k of the tail, as the scalar loop
+/// would): scalar code inlined here would be contracted as well.
 [[nodiscard]] __attribute__((target(SPECULA_AVX512_TARGET))) inline double threshold_tile_avx512(
     const float* p, const float* q, const double* scale, index_t len) noexcept {
-  const __m512d zero = _mm512_setzero_pd();
   const __m512d s0 = _mm512_set1_pd(scale[0]), s1 = _mm512_set1_pd(scale[1]);
-  __m512d a = zero;
+  __m512d a = _mm512_setzero_pd();
   index_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    const __m512d pv = _mm512_cvtps_pd(_mm256_loadu_ps(p + i));
-    const __m512d qv = _mm512_cvtps_pd(_mm256_loadu_ps(q + i));
-    // The products kept apart from the subtractions (GCC contracts them in AVX-512 functions).
-    __m512d v = _mm512_max_pd(_mm512_sub_pd(pv, SPECULA_EXP_ROUNDED(_mm512_mul_pd(qv, s0))), zero);
-    v = _mm512_max_pd(_mm512_sub_pd(v, SPECULA_EXP_ROUNDED(_mm512_mul_pd(qv, s1))), zero);
-    a = _mm512_add_pd(a, v);
+  for (; i + 8 <= len; i += 8)
+    a = _mm512_add_pd(a, threshold_weights_avx512(_mm512_cvtps_pd(_mm256_loadu_ps(p + i)),
+                                                  _mm512_cvtps_pd(_mm256_loadu_ps(q + i)), s0, s1));
+  if (i < len) {
+    const auto m = static_cast<__mmask8>((1u << (len - i)) - 1u);
+    a = _mm512_mask_add_pd(
+        a, m, a,
+        threshold_weights_avx512(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, p + i)),
+                                 _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, q + i)), s0, s1));
   }
   alignas(64) double lane[8];
   _mm512_store_pd(lane, a);
-  const double unit = 1.0;
-  for (int k = 0; i < len; ++i, ++k)
-    lane[k] += recursion_element<true>(p[i], q[i], scale, &unit, 2);
   return combine_lanes(lane);
 }
 

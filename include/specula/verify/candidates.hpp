@@ -609,7 +609,9 @@ verify_candidates(const Rule& rule, Source& src, row_view<const T> p, const Prop
           passes.summarize(n, r, summary);
           mass = detail::mul_rn(r.mass_scale(), summary.total);
         }
-        if (!(mass > residual_floor && mass > 0.0)) {
+        // A mass below the smallest normal double counts as empty too: 1 / Z_j, which the later
+        // steps multiply by, would overflow (reachable with a residual floor of 0 only).
+        if (!(mass > residual_floor && mass >= 0x1p-1022)) {
           // Empty residual (or past threshold_form_max_scale): sample from the current target.
           result.flags |= chain_residual_fallback;
           auto target = [&](index_t x) {
