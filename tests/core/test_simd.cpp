@@ -145,8 +145,6 @@ SPECULA_ISA_TEST_CASE("SIMD candidate recursion equals the element calls bit for
             if (r.usable()) check_passes_match_element_calls(n, r, "candidate residual");
           }
         }
-        const detail::candidate_recursion<exact_rule, float, prop> rec{
-            rule, pr, proposal, cand.data(), inv_z_sets[0].data(), renorm.data()};
         check_passes_match_element_calls(n,
                                          detail::first_candidate_residual<exact_rule, float, prop>{
                                              rule, pr, proposal, cand[0], renorm.data() + 1},
