@@ -1015,14 +1015,20 @@ template <bool Check = false>
                         : dense_tile_sum_q<false, Check>(f, begin, end, c);
 }
 
-/// Whether [begin, end) holds one of the form's skip indices.
-[[nodiscard]] inline bool holds_skip(const dense_f32_weights& f, index_t begin,
-                                     index_t end) noexcept {
-  for (index_t j = 0; j < f.num_skip; ++j) {
-    const auto x = static_cast<index_t>(f.skip[j]);
+/// Whether [begin, end) holds one of list[0 .. count).
+[[nodiscard]] SPECULA_HOST_DEVICE constexpr bool holds_index(const token_t* list, index_t count,
+                                                             index_t begin, index_t end) noexcept {
+  for (index_t j = 0; j < count; ++j) {
+    const auto x = static_cast<index_t>(list[j]);
     if (x >= begin && x < end) return true;
   }
   return false;
+}
+
+/// Whether [begin, end) holds one of the form's skip indices.
+[[nodiscard]] inline bool holds_skip(const dense_f32_weights& f, index_t begin,
+                                     index_t end) noexcept {
+  return holds_index(f.skip, f.num_skip, begin, end);
 }
 
 #if SPECULA_SIMD_X86

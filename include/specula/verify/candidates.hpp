@@ -377,21 +377,13 @@ struct candidate_residual {
   /// Whether none of the candidates lies in [begin, end) (the threshold form's weights there are
   /// all off_candidate_weight).
   SPECULA_HOST_DEVICE constexpr bool no_candidate_in(index_t begin, index_t end) const noexcept {
-    bool none = true;
-    for (index_t j = 0; j < k; ++j) {
-      const auto c = static_cast<index_t>(rec.cand[j]);
-      none = none && !(c >= begin && c < end);
-    }
-    return none;
+    return !holds_index(rec.cand, k, begin, end);
   }
 
   SPECULA_HOST_DEVICE constexpr double operator()(index_t x) const noexcept {
     if constexpr (threshold) {
-      const index_t first = rec.first_index(x, k);
-      if (first > k) return off_candidate_weight(x);
-      const double r = static_cast<double>(
-          rec.rule.residual_weight(rec.p_at(k, x, first), rec.q_at(k, x, first)));
-      return mul_rn(r, inv_scale);
+      if (rec.first_index(x, k) > k) return off_candidate_weight(x);
+      return mul_rn(rec.residual(k, x), inv_scale);
     } else {
       return rec.residual(k, x);
     }
