@@ -120,11 +120,17 @@ SPECULA_ISA_TEST_CASE("SIMD row and residual tile sums equal the element calls b
 
 SPECULA_ISA_TEST_CASE("SIMD candidate recursion equals the element calls bit for bit",
                       "[core][simd]") {
-  for (index_t n : {9, 257, 1000, 4099})
+  // Rows whose last tile ends 1, 7, 0, 5 and 3 elements past a multiple of 8: tails in either
+  // half of the AVX2 kernels' two masks.
+  for (index_t n : {9, 263, 1000, 1029, 4099})
     for (bool last_tile : {true, false}) {
-      const auto p = make_row(n, 3, false);
-      const auto q = make_row(n, 4, false);
-      const row_view<const float> pr(p), qr(q);
+      // Entries past the end of the rows that weigh (p = 0.5, q = 0): a kernel reading past a
+      // row's last element would add them.
+      auto p = make_row(n, 3, false);
+      auto q = make_row(n, 4, false);
+      p.resize(static_cast<std::size_t>(n) + 8, 0.5f);
+      q.resize(static_cast<std::size_t>(n) + 8, 0.0f);
+      const row_view<const float> pr(p.data(), n), qr(q.data(), n);
       // A repeat; the last element among the candidates, or the last (partial) tile without one,
       // so that the tile kernels sum its tail.
       const std::vector<token_t> cand = {1, static_cast<token_t>(last_tile ? n - 1 : 2), 5, 1};

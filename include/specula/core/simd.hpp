@@ -893,34 +893,59 @@ template <bool HasQ>
   return f.steps == 2 && f.q != nullptr && f.scale != nullptr && f.inv_z[0] == 1.0;
 }
 
+/// The two-step weights of four elements (threshold_tile_avx2). The products are kept apart from
+/// the subtractions (GCC contracts them into FMAs in functions compiled for FMA); the first
+/// subtraction is x - product·1 rounded once (vfnmadd), the value vsubpd gives, issued on the FMA
+/// pipes: on Zen 3 the conversions, subtractions and maxima share the two add pipes, which bound
+/// this loop (docs/PERFORMANCE.md, "The threshold step on AVX2").
+[[nodiscard]] __attribute__((target("avx2,fma"), always_inline)) inline __m256d
+threshold_weights_avx2(__m256d pv, __m256d qv, __m256d s0, __m256d s1, __m256d one) noexcept {
+  const __m256d zero = _mm256_setzero_pd();
+  const __m256d v =
+      _mm256_max_pd(_mm256_fnmadd_pd(SPECULA_EXP_ROUNDED(_mm256_mul_pd(qv, s0)), one, pv), zero);
+  return _mm256_max_pd(_mm256_sub_pd(v, SPECULA_EXP_ROUNDED(_mm256_mul_pd(qv, s1))), zero);
+}
+
 /// One tile of the two-step form (see two_step_form), lanes as recursion_tile_avx2 (element i
-/// in lane i % 8): the same bits.
-[[nodiscard]] __attribute__((target("avx2"))) inline double threshold_tile_avx2(
+/// in lane i % 8): the same bits. Each row's eight entries are converted from two 16-byte loads
+/// (a conversion from memory is cheaper than one from a register half), the sums are fmadd(w, 1,
+/// acc) (acc + w rounded once, on the FMA pipes), and the tail is vector code too, masked (lanes
+/// past len % 8 load 0, whose weight +0 leaves a lane's sum as it is): scalar code inlined here
+/// would be contracted.
+[[nodiscard]] __attribute__((target("avx2,fma"))) inline double threshold_tile_avx2(
     const float* p, const float* q, const double* scale, index_t len) noexcept {
   const __m256d zero = _mm256_setzero_pd();
   const __m256d s0 = _mm256_set1_pd(scale[0]), s1 = _mm256_set1_pd(scale[1]);
+  __m256d one = _mm256_set1_pd(1.0);
+  asm("" : "+v"(one));  // an FMA, not an add (see add_eight_avx2)
   __m256d a0 = zero, a1 = zero;
   index_t i = 0;
   for (; i + 8 <= len; i += 8) {
-    const __m256 pv = _mm256_loadu_ps(p + i);
-    const __m256 qv = _mm256_loadu_ps(q + i);
-    const __m256d p0 = _mm256_cvtps_pd(_mm256_castps256_ps128(pv));
-    const __m256d p1 = _mm256_cvtps_pd(_mm256_extractf128_ps(pv, 1));
-    const __m256d q0 = _mm256_cvtps_pd(_mm256_castps256_ps128(qv));
-    const __m256d q1 = _mm256_cvtps_pd(_mm256_extractf128_ps(qv, 1));
-    __m256d v0 = _mm256_max_pd(_mm256_sub_pd(p0, _mm256_mul_pd(q0, s0)), zero);
-    __m256d v1 = _mm256_max_pd(_mm256_sub_pd(p1, _mm256_mul_pd(q1, s0)), zero);
-    v0 = _mm256_max_pd(_mm256_sub_pd(v0, _mm256_mul_pd(q0, s1)), zero);
-    v1 = _mm256_max_pd(_mm256_sub_pd(v1, _mm256_mul_pd(q1, s1)), zero);
-    a0 = _mm256_add_pd(a0, v0);
-    a1 = _mm256_add_pd(a1, v1);
+    a0 = _mm256_fmadd_pd(threshold_weights_avx2(_mm256_cvtps_pd(_mm_loadu_ps(p + i)),
+                                                _mm256_cvtps_pd(_mm_loadu_ps(q + i)), s0, s1, one),
+                         one, a0);
+    a1 = _mm256_fmadd_pd(
+        threshold_weights_avx2(_mm256_cvtps_pd(_mm_loadu_ps(p + i + 4)),
+                               _mm256_cvtps_pd(_mm_loadu_ps(q + i + 4)), s0, s1, one),
+        one, a1);
+  }
+  if (i < len) {
+    const auto r = static_cast<int>(len - i);
+    const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(r), index);  // lanes k < r
+    const __m128i ml = _mm256_castsi256_si128(m), mh = _mm256_extracti128_si256(m, 1);
+    a0 = _mm256_fmadd_pd(
+        threshold_weights_avx2(_mm256_cvtps_pd(_mm_maskload_ps(p + i, ml)),
+                               _mm256_cvtps_pd(_mm_maskload_ps(q + i, ml)), s0, s1, one),
+        one, a0);
+    a1 = _mm256_fmadd_pd(
+        threshold_weights_avx2(_mm256_cvtps_pd(_mm_maskload_ps(p + i + 4, mh)),
+                               _mm256_cvtps_pd(_mm_maskload_ps(q + i + 4, mh)), s0, s1, one),
+        one, a1);
   }
   alignas(32) double lane[8];
   _mm256_store_pd(lane, a0);
   _mm256_store_pd(lane + 4, a1);
-  const double unit = 1.0;
-  for (int k = 0; i < len; ++i, ++k)
-    lane[k] += recursion_element<true>(p[i], q[i], scale, &unit, 2);
   return combine_lanes(lane);
 }
 
