@@ -906,6 +906,17 @@ threshold_weights_avx2(__m256d pv, __m256d qv, __m256d s0, __m256d s1, __m256d o
   return _mm256_max_pd(_mm256_sub_pd(v, SPECULA_EXP_ROUNDED(_mm256_mul_pd(qv, s1))), zero);
 }
 
+/// Adds the two-step weights of eight elements (p and q in two halves of four floats each) to
+/// lanes 0-3 (`a0`) and 4-7 (`a1`) as fmadd(w, 1, acc): acc + w rounded once, on the FMA pipes.
+__attribute__((target("avx2,fma"), always_inline)) inline void threshold_add_avx2(
+    __m128 p_lo, __m128 p_hi, __m128 q_lo, __m128 q_hi, __m256d s0, __m256d s1, __m256d one,
+    __m256d& a0, __m256d& a1) noexcept {
+  a0 = _mm256_fmadd_pd(
+      threshold_weights_avx2(_mm256_cvtps_pd(p_lo), _mm256_cvtps_pd(q_lo), s0, s1, one), one, a0);
+  a1 = _mm256_fmadd_pd(
+      threshold_weights_avx2(_mm256_cvtps_pd(p_hi), _mm256_cvtps_pd(q_hi), s0, s1, one), one, a1);
+}
+
 /// One tile of the two-step form (see two_step_form), lanes as recursion_tile_avx2 (element i
 /// in lane i % 8): the same bits. Each row's eight entries are converted from two 16-byte loads
 /// (a conversion from memory is cheaper than one from a register half), the sums are fmadd(w, 1,
@@ -920,28 +931,17 @@ threshold_weights_avx2(__m256d pv, __m256d qv, __m256d s0, __m256d s1, __m256d o
   asm("" : "+v"(one));  // an FMA, not an add (see add_eight_avx2)
   __m256d a0 = zero, a1 = zero;
   index_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    a0 = _mm256_fmadd_pd(threshold_weights_avx2(_mm256_cvtps_pd(_mm_loadu_ps(p + i)),
-                                                _mm256_cvtps_pd(_mm_loadu_ps(q + i)), s0, s1, one),
-                         one, a0);
-    a1 = _mm256_fmadd_pd(
-        threshold_weights_avx2(_mm256_cvtps_pd(_mm_loadu_ps(p + i + 4)),
-                               _mm256_cvtps_pd(_mm_loadu_ps(q + i + 4)), s0, s1, one),
-        one, a1);
-  }
+  for (; i + 8 <= len; i += 8)
+    threshold_add_avx2(_mm_loadu_ps(p + i), _mm_loadu_ps(p + i + 4), _mm_loadu_ps(q + i),
+                       _mm_loadu_ps(q + i + 4), s0, s1, one, a0, a1);
   if (i < len) {
     const auto r = static_cast<int>(len - i);
     const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(r), index);  // lanes k < r
     const __m128i ml = _mm256_castsi256_si128(m), mh = _mm256_extracti128_si256(m, 1);
-    a0 = _mm256_fmadd_pd(
-        threshold_weights_avx2(_mm256_cvtps_pd(_mm_maskload_ps(p + i, ml)),
-                               _mm256_cvtps_pd(_mm_maskload_ps(q + i, ml)), s0, s1, one),
-        one, a0);
-    a1 = _mm256_fmadd_pd(
-        threshold_weights_avx2(_mm256_cvtps_pd(_mm_maskload_ps(p + i + 4, mh)),
-                               _mm256_cvtps_pd(_mm_maskload_ps(q + i + 4, mh)), s0, s1, one),
-        one, a1);
+    threshold_add_avx2(_mm_maskload_ps(p + i, ml), _mm_maskload_ps(p + i + 4, mh),
+                       _mm_maskload_ps(q + i, ml), _mm_maskload_ps(q + i + 4, mh), s0, s1, one, a0,
+                       a1);
   }
   alignas(32) double lane[8];
   _mm256_store_pd(lane, a0);
