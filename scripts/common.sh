@@ -9,7 +9,7 @@ export SPECULA_ROOT
 # Debian packages needed to configure, build and test specula (python3-dev and python3-venv:
 # the Python package's build and its test environment, see ensure_python_package;
 # python3-numpy: examples.distortion_tool, scripts/distortion.py under the system Python).
-SPECULA_DEPS=(cmake g++ make catch2 libboost-math-dev libbenchmark-dev nlohmann-json3-dev libpng-dev
+SPECULA_DEPS=(cmake g++ make ninja-build catch2 libboost-math-dev libbenchmark-dev nlohmann-json3-dev libpng-dev
               python3-dev python3-venv python3-numpy)
 
 JOBS="${JOBS:-$(nproc 2>/dev/null || echo 2)}"

