@@ -62,10 +62,9 @@ if [[ "${SPECULA_CUDA_SASS:-0}" != 1 && " ${CMAKE_ARGS:-} " != *CMAKE_CUDA_ARCHI
   extra_cmake_args+=(-DCMAKE_CUDA_ARCHITECTURES=90-virtual -DSPECULA_CUDA_COMPILE_ONLY=ON)
 fi
 
-# Ninja where it is installed (ensure_deps installs it), for a new build folder: it keeps both
-# cores busy across targets, where Make's per-target steps leave one idle at times (the build
-# took 1338 s with Ninja, 1438-1525 s with Make, on the same 2-core machine). An existing
-# folder keeps its generator (CMake refuses to change it).
+# Ninja where it is installed (ensure_deps installs it), for a new build folder: it schedules
+# every target's files in one graph and keeps both cores busy, where Make's recursive steps per
+# target can leave one idle. An existing folder keeps its generator (CMake refuses to change it).
 if [[ " ${CMAKE_ARGS:-} " != *" -G"* && -z "${CMAKE_GENERATOR:-}" && ! -f "$BUILD_DIR/CMakeCache.txt" ]] &&
   command -v ninja >/dev/null 2>&1; then
   extra_cmake_args+=(-G Ninja)

@@ -1,8 +1,9 @@
 // Prints a digest of the outputs of the host verifiers and row passes on fixed seeds.
 //
-// tests/CMakeLists.txt builds this file twice, at -O2 and at -O3, and the test
-// core.opt_levels_bit_identical compares the two printouts: results must not depend on the
-// consumer's optimisation level. Within one run every instruction set this CPU supports is
+// tests/CMakeLists.txt builds this file three times, at -O1, -O2 and -O3, and the tests
+// core.opt_levels_bit_identical (-O2 against -O3) and core.opt_levels_bit_identical_O1 (-O1, the
+// level of the test executables, against -O3) compare the printouts: results must not depend on
+// the consumer's optimisation level. Within one run every instruction set this CPU supports is
 // forced in turn (core/simd.hpp) and must give the same digest; the program exits 1 otherwise.
 //
 // Each output line is "<case> <64-bit hash of its outputs>"; the instruction sets compared are
