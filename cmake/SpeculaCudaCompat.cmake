@@ -23,17 +23,3 @@ macro(specula_cuda_std20_shim)
     endif()
   endif()
 endmacro()
-
-# specula_cuda_compile_only(<target>...): with SPECULA_CUDA_COMPILE_ONLY, the C++ files of
-# CUDA-only targets (host code that launches device code, which a machine without a GPU never
-# runs) are built at -O1 like the host side of their .cu files (appended after the
-# configuration's flags, so it overrides their level). Nothing otherwise.
-function(specula_cuda_compile_only)
-  if(NOT SPECULA_CUDA_COMPILE_ONLY)
-    return()
-  endif()
-  foreach(_target IN LISTS ARGN)
-    target_compile_options(${_target} PRIVATE
-      $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<COMPILE_LANG_AND_ID:CXX,GNU,Clang>>:-O1>)
-  endforeach()
-endfunction()

@@ -54,6 +54,49 @@ TEST_CASE("derived structure, paths, orders, positions", "[tree]") {
   CHECK(t.position_ids(10) == idx{10, 11, 11, 11, 12, 12, 12, 13});
 }
 
+TEST_CASE("assign rebuilds a tree in place with the constructor's structure and errors",
+          "[tree][bad_input]") {
+  // Starts from a larger, deeper tree, so that every derived array is overwritten.
+  token_tree t = trees::sjd_pac(3, 2, 150);
+  t.assign(idx{-1, 0, 0, 0, 1, 1, 3, 4}, std::vector<token_t>{9, 8, 7, 6, 5, 4, 3, 2});
+  CHECK(t.size() == 8);
+  CHECK(t.depth(7) == 3);
+  CHECK(t.max_depth() == 3);
+  CHECK(t.max_width() == 3);
+  CHECK(t.children(0) == idx{1, 2, 3});
+  CHECK(t.children(1) == idx{4, 5});
+  CHECK(t.children(2).empty());
+  CHECK(t.children(3) == idx{6});
+  CHECK(t.children(7).empty());
+  CHECK(t.token(4) == 5);
+  CHECK(t.dfs_order() == idx{0, 1, 4, 7, 5, 2, 3, 6});
+  CHECK(t.bfs_order() == idx{0, 1, 2, 3, 4, 5, 6, 7});
+  const auto m = t.attention_mask();
+  CHECK(m[7] == 0b10010011u);
+  // Tokens omitted: every token unset.
+  t.assign(idx{-1, 0, 1});
+  CHECK(t.token(2) == no_token);
+  CHECK(t.children(1) == idx{2});
+  // Malformed input: the constructor's error, and the tree left as the one-node tree.
+  try {
+    t.assign(idx{-1, 0, 0, 0}, {}, tree_limits{100, 100, 2});
+    FAIL("accepted a malformed tree");
+  } catch (const invalid_input& e) {
+    CHECK(e.argument() == "parents");
+    CHECK(e.row() == 0);
+    CHECK(std::string(e.what()).find("too wide") != std::string::npos);
+  }
+  CHECK(t.size() == 1);
+  CHECK(t.parent(0) == -1);
+  CHECK(t.children(0).empty());
+  CHECK(t.max_depth() == 0);
+  CHECK_THROWS_WITH(t.assign(idx{-1, 0}, std::vector<token_t>{1}),
+                    Catch::Contains("tokens") && Catch::Contains("one token per node"));
+  CHECK(t.size() == 1);
+  t.assign(idx{-1, 0, 0});
+  CHECK(t.children(0) == idx{1, 2});
+}
+
 TEST_CASE("attention mask rows hold exactly each node's ancestors and itself", "[tree]") {
   const token_tree t(idx{-1, 0, 0, 0, 1, 1, 3, 4});
   const auto m = t.attention_mask();

@@ -156,6 +156,12 @@ struct tree_verifier {
   void operator()(const tree_batch_input<float>& in, const tree_batch_output& out) const {
     verify_tree(policy, in, out, options, rule);
   }
+  /// With the caller's workspace (the decoding loops keep one per request): no allocation
+  /// once it has grown to the largest tree.
+  void operator()(const tree_batch_input<float>& in, const tree_batch_output& out,
+                  tree_workspace& ws) const {
+    verify_tree(policy, in, out, ws, options, rule);
+  }
 };
 
 /// Greedy tree verification (verify_tree_greedy) as a verifier object.

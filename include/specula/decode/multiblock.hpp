@@ -216,6 +216,7 @@ struct window_host_rows {
   index_t V = 0;
   sampling_params target{};
   std::vector<float> probs, q, q_next, q_verify, scratch;
+  tree_workspace verify_ws;  // the verifier's, when it takes one (verify_one)
   std::vector<std::int32_t> context_counts;
   std::int32_t counted = -1;  // the context length `context_counts` counts
 
@@ -235,7 +236,7 @@ struct window_host_rows {
     const auto leaf = static_cast<std::ptrdiff_t>((tree.size() - 1) * V);
     q_verify.assign(q.begin(), q.begin() + leaf);
     q_verify.insert(q_verify.end(), probs.begin() + leaf, probs.begin() + leaf + V);
-    return verify_one(verify, tree, V, probs, q_verify, rng, out_tokens, out_nodes);
+    return verify_one(verify, tree, V, probs, q_verify, rng, out_tokens, out_nodes, &verify_ws);
   }
   void draw(std::span<const sjd_children_job> jobs, std::span<token_t> tokens,
             std::span<index_t> counts, const request_rng& rng) {

@@ -183,6 +183,13 @@ struct sjd_draft {
     if (host_rows) q.resize(q.size() + static_cast<std::size_t>(vocab), 0.0f);
     return static_cast<index_t>(parents.size()) - 1;
   }
+  void reserve(index_t nodes, index_t vocab) {
+    const auto n = static_cast<std::size_t>(nodes);
+    parents.reserve(n);
+    tokens.reserve(n);
+    depth.reserve(n);
+    if (host_rows) q.reserve(n * static_cast<std::size_t>(vocab));
+  }
   [[nodiscard]] index_t size() const noexcept { return static_cast<index_t>(parents.size()); }
   std::span<float> q_row(index_t u, index_t vocab) {
     return {q.data() + u * vocab, static_cast<std::size_t>(vocab)};
@@ -374,6 +381,7 @@ struct sjd_host_rows {
   static constexpr bool defers_chain = false;
   index_t V = 0;
   std::vector<float> logits, probs, scratch;
+  tree_workspace verify_ws;  // the verifier's, when it takes one (verify_one)
 
   void start(index_t vocab, const sjd_options&) {
     V = vocab;
@@ -391,7 +399,8 @@ struct sjd_host_rows {
                  std::vector<token_t>& out_tokens, std::vector<index_t>& out_nodes) {
     probs.resize(logits.size());
     rows_to_probs(params, logits, probs, scratch, V);
-    return verify_with_leaves(verifier, tree, V, probs, draft.q, rng, out_tokens, out_nodes);
+    return verify_with_leaves(verifier, tree, V, probs, draft.q, rng, out_tokens, out_nodes,
+                              &verify_ws);
   }
   [[nodiscard]] std::span<const float> p_row(index_t node) const {
     return {probs.data() + node * V, static_cast<std::size_t>(V)};
@@ -513,6 +522,17 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
     jobs.clear();
     deferred_nodes.clear();
   };
+  // Per request, reused by every step: the step's draft tree, the draft cut to the remaining
+  // budget, and the nodes of a level of the next draft and of the level below it.
+  token_tree tree;
+  detail::sjd_draft kept;
+  kept.host_rows = !Rows::resident;
+  std::vector<index_t> level, below;
+  // Every next draft fills the budget (the root and budget nodes): sized once. (The cut
+  // draft's q rows come from the draft it cuts: it grows them only at the first cut.)
+  draft.reserve(options.draft_budget() + 1, V);
+  next.reserve(options.draft_budget() + 1, V);
+  kept.reserve(options.draft_budget() + 1, 0);
   bool fresh = true;  // the draft below the root still has to be built from scratch
 
   for (std::uint32_t step = 0;; ++step) {
@@ -543,8 +563,6 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
     // Drop nodes deeper than the remaining budget allows (parents precede children; a kept
     // node's q row moves down to its new index).
     if (max_depth < budget) {
-      detail::sjd_draft kept;
-      kept.host_rows = !Rows::resident;
       kept.reset(draft.tokens[0], V);
       map.assign(draft.parents.size(), -1);
       map[0] = 0;
@@ -557,14 +575,14 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
       }
       kept.q.swap(draft.q);
       kept.q.resize(draft.host_rows ? sz(kept.size() * V) : 0u);
-      draft = std::move(kept);
+      std::swap(draft, kept);  // kept keeps the old draft's buffers for the next cut
     }
 
     tree_limits limits;
     limits.max_nodes = static_cast<index_t>(draft.parents.size());
     limits.max_depth = std::max<index_t>(1, max_depth);
     limits.max_children = std::max<index_t>(1, options.pd_width);
-    const token_tree tree(draft.parents, draft.tokens, limits);
+    tree.assign(draft.parents, draft.tokens, limits);
 
     // --- 1. One forward pass over the draft tree.
     co_await rows_pass(
@@ -606,7 +624,7 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
     // Level by level: `level` holds the nodes at depth d - 1; the first is on the first path.
     // The tree's levels (which fit the budget) come first, the first path's chain gets the
     // rest of the budget.
-    std::vector<index_t> level{0}, below;
+    level.assign(1, 0);
     bool deferring = false;  // jobs holds deferred one-child jobs
     for (index_t d = 1; static_cast<index_t>(next.parents.size()) - 1 < budget; ++d) {
       below.clear();

@@ -77,6 +77,7 @@ struct speculative_buffers {
   std::vector<float> logits, probs, scratch, target_probs, draft_probs;
   std::vector<token_t> out_tokens;
   std::vector<index_t> out_nodes;
+  tree_workspace verify_ws;  ///< the verifier's, when it takes one (verify_one)
 };
 
 /// Verifies a step's tree from the target logits in `buf.logits`: p rows by `target`, the q rows
@@ -89,10 +90,11 @@ index_t verify_step(const Verifier& verify, const sampling_params& target, const
   buf.target_probs.resize(static_cast<std::size_t>(nodes * V));
   rows_to_probs(target, buf.logits, buf.target_probs, buf.scratch, V);
   if (!has_q)
-    return verify_one(verify, tree, V, buf.target_probs, {}, rng, buf.out_tokens, buf.out_nodes);
+    return verify_one(verify, tree, V, buf.target_probs, {}, rng, buf.out_tokens, buf.out_nodes,
+                      &buf.verify_ws);
   buf.draft_probs.resize(static_cast<std::size_t>(nodes * V));
   return verify_with_leaves(verify, tree, V, buf.target_probs, buf.draft_probs, rng, buf.out_tokens,
-                            buf.out_nodes);
+                            buf.out_nodes, &buf.verify_ws);
 }
 
 /// Greedy children: the `count` highest logits of `row` (ties: lowest id), best first.
@@ -330,7 +332,7 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
               pass_parents.push_back(v == c ? -1 : row_of[sz(parents[sz(v)])]);
               pass_tokens.push_back(tokens[sz(v)]);
             }
-            tree = token_tree(pass_parents, pass_tokens, shape_limits(shape));
+            tree.assign(pass_parents, pass_tokens, shape_limits(shape));
             co_await draft_pass(tree, draft_logits, st);
             rows = std::span<float>(draft_logits);
           }
@@ -358,7 +360,7 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
       limits.max_nodes = std::max<index_t>(1, static_cast<index_t>(parents.size()));
       limits.max_depth = std::max<index_t>(1, max_depth);
       limits.max_children = std::max<index_t>(1, tree_drafts ? options.draft_tree->max_width() : 1);
-      tree = token_tree(parents, tokens, limits);
+      tree.assign(parents, tokens, limits);
     }
     co_await target_pass(tree, buf.logits, st);
 

@@ -492,7 +492,7 @@ decode_task ssd_task(const Model& m, std::span<const token_t> prompt, ssd_option
           parents.push_back(k);
           cands.push_back(k + 1);
         }
-      tree = token_tree(parents);
+      tree.assign(parents);
       placed.resize(sz(tree.size()));
       for (index_t u = 1; u < tree.size(); ++u)
         placed[sz(u)] = {order[sz(cands[sz(u)])],

@@ -71,11 +71,13 @@ inline bool emit_step(std::span<const token_t> out_tokens, index_t k, token_t st
 
 /// Verifies one request's tree with `verify`: rows are nodes x V (q may be empty for one-hot
 /// drafts); fills out_tokens / out_nodes (tree.size() each) and returns the accepted count.
+/// A verifier that also takes a tree_workspace (tree_verifier does) gets `*ws` when given: the
+/// loops keep one per request, so that a step allocates nothing once it has grown.
 template <class Verifier>
 index_t verify_one(const Verifier& verify, const token_tree& tree, index_t vocab,
                    std::span<const float> p_rows, std::span<const float> q_rows,
                    const request_rng& rng, std::vector<token_t>& out_tokens,
-                   std::vector<index_t>& out_nodes) {
+                   std::vector<index_t>& out_nodes, tree_workspace* ws = nullptr) {
   const index_t nodes = tree.size();
   out_tokens.assign(static_cast<std::size_t>(nodes), no_token);
   out_nodes.assign(static_cast<std::size_t>(nodes), -1);
@@ -92,6 +94,12 @@ index_t verify_one(const Verifier& verify, const token_tree& tree, index_t vocab
   out.num_accepted = row_view<std::int32_t>(&accepted, 1);
   out.accepted_nodes = row_view<index_t>(out_nodes.data(), nodes);
   out.flags = row_view<std::uint32_t>(&flags, 1);
+  if constexpr (requires { verify(in, out, *ws); }) {
+    if (ws != nullptr) {
+      verify(in, out, *ws);
+      return accepted;
+    }
+  }
   verify(in, out);
   return accepted;
 }
@@ -102,11 +110,11 @@ template <class Verifier>
 index_t verify_with_leaves(const Verifier& verify, const token_tree& tree, index_t vocab,
                            std::span<const float> p_rows, std::span<float> q_rows,
                            const request_rng& rng, std::vector<token_t>& out_tokens,
-                           std::vector<index_t>& out_nodes) {
+                           std::vector<index_t>& out_nodes, tree_workspace* ws = nullptr) {
   for (index_t u = 0; u < tree.size(); ++u)
     if (tree.num_children(u) == 0)
       std::copy_n(p_rows.begin() + u * vocab, vocab, q_rows.begin() + u * vocab);
-  return verify_one(verify, tree, vocab, p_rows, q_rows, rng, out_tokens, out_nodes);
+  return verify_one(verify, tree, vocab, p_rows, q_rows, rng, out_tokens, out_nodes, ws);
 }
 
 /// A sample from the probability row R with the uniform u (row_draws.hpp).

@@ -242,19 +242,20 @@ class toy_model_session : public detail::toy_session_cache {
   void evaluate(const token_tree& nodes, batch_view<float> logits) {
     const index_t V = vocab_size();
     begin_evaluate(nodes, logits, V);
-    std::vector<token_t> prefix;
     for (index_t i = 0; i < nodes.size(); ++i) {
-      // Full sequence: context, then the path root .. i; the prefix drops the BOS token.
-      prefix.assign(context_.begin() + (context_.empty() ? 0 : 1), context_.end());
-      const auto path = nodes.path_to(i);
-      for (std::size_t k = 0; k < path.size(); ++k)
-        if (!(context_.empty() && k == 0)) prefix.push_back(nodes.token(path[k]));
+      // Full sequence: context, then the path root .. i; the prefix drops the BOS token (the
+      // root's when there is no context). Buffers kept between calls: no allocation per node.
+      path_.clear();
+      for (index_t u = i; u >= 0; u = nodes.parent(u)) path_.push_back(u);  // i .. root
+      prefix_.assign(context_.begin() + (context_.empty() ? 0 : 1), context_.end());
+      for (std::size_t k = path_.size() - (context_.empty() ? 1 : 0); k-- > 0;)
+        prefix_.push_back(nodes.token(path_[k]));
       auto row = logits.row(i);
-      if (static_cast<index_t>(prefix.size()) >= model_->horizon()) {
+      if (static_cast<index_t>(prefix_.size()) >= model_->horizon()) {
         for (index_t y = 0; y < V; ++y) row[y] = 0.0f;
         continue;
       }
-      const auto p = model_->row(prefix);
+      const auto p = model_->row(prefix_);
       for (index_t y = 0; y < V; ++y) {
         const double v = p[static_cast<std::size_t>(y)];
         row[y] = v > 0.0 ? static_cast<float>(std::log(v)) : -INFINITY;
@@ -264,6 +265,8 @@ class toy_model_session : public detail::toy_session_cache {
 
  private:
   const toy_ar_model* model_;
+  std::vector<index_t> path_;
+  std::vector<token_t> prefix_;
 };
 
 /// A toy masked (diffusion) model for testing decoders of masked models (`masked_model`): token

@@ -57,6 +57,24 @@ class token_tree {
     validate_and_derive(limits);
   }
 
+  /// Rebuilds the tree in place from `parents` and `tokens` (empty: every token unset), with
+  /// the constructor's checks and errors, reusing this tree's buffers: a loop that builds one
+  /// tree per step allocates only when a tree outgrows every earlier one. When it throws, the
+  /// tree is left as the one-node tree token_tree() builds.
+  void assign(std::span<const index_t> parents, std::span<const token_t> tokens = {},
+              const tree_limits& limits = {}) {
+    parent_.assign(parents.begin(), parents.end());
+    token_.assign(tokens.begin(), tokens.end());
+    try {
+      validate_and_derive(limits);
+    } catch (...) {
+      parent_.assign(1, -1);
+      token_.assign(1, no_token);
+      validate_and_derive(tree_limits{});
+      throw;
+    }
+  }
+
   [[nodiscard]] index_t size() const noexcept { return static_cast<index_t>(parent_.size()); }
   [[nodiscard]] index_t parent(index_t i) const { return parent_[at(i)]; }
   [[nodiscard]] index_t depth(index_t i) const { return depth_[at(i)]; }
@@ -223,7 +241,6 @@ class token_tree {
     first_child_.assign(static_cast<std::size_t>(n), -1);
     next_sibling_.assign(static_cast<std::size_t>(n), -1);
     num_children_.assign(static_cast<std::size_t>(n), 0);
-    std::vector<index_t> last_child(static_cast<std::size_t>(n), -1);
     max_depth_ = 0;
     max_width_ = 0;
     for (index_t i = 1; i < n; ++i) {
@@ -233,17 +250,18 @@ class token_tree {
       if (depth_[si] > limits.max_depth)
         fail(status::invalid_parameter, i, static_cast<double>(depth_[si]),
              "too deep: depth exceeds " + std::to_string(limits.max_depth));
-      if (last_child[p] < 0)
-        first_child_[p] = i;
-      else
-        next_sibling_[static_cast<std::size_t>(last_child[p])] = i;
-      last_child[p] = i;
       if (++num_children_[p] > limits.max_children)
         fail(status::invalid_parameter, static_cast<index_t>(p),
              static_cast<double>(num_children_[p]),
              "too wide: node has more than " + std::to_string(limits.max_children) + " children");
       max_depth_ = depth_[si] > max_depth_ ? depth_[si] : max_depth_;
       max_width_ = num_children_[p] > max_width_ ? num_children_[p] : max_width_;
+    }
+    // Children lists in index order, linked from the last node back (no scratch array).
+    for (index_t i = n - 1; i >= 1; --i) {
+      const auto p = static_cast<std::size_t>(parent_[static_cast<std::size_t>(i)]);
+      next_sibling_[static_cast<std::size_t>(i)] = first_child_[p];
+      first_child_[p] = i;
     }
   }
 
