@@ -37,28 +37,11 @@ TEST_CASE("builders produce the documented shapes", "[tree]") {
   CHECK_THROWS_AS(trees::full(0, 2), invalid_input);
 }
 
-TEST_CASE("derived structure, paths, orders, positions", "[tree]") {
-  // Parent list: 1, 2, 3 under 0; 4, 5 under 1; 6 under 3; 7 under 4.
-  const token_tree t(idx{-1, 0, 0, 0, 1, 1, 3, 4});
-  CHECK(t.depth(7) == 3);
-  CHECK(t.max_depth() == 3);
-  CHECK(t.max_width() == 3);
-  CHECK(t.children(0) == idx{1, 2, 3});
-  CHECK(t.children(1) == idx{4, 5});
-  CHECK(t.children(2).empty());
-  CHECK(t.num_children(3) == 1);
-  CHECK(t.path_to(7) == idx{0, 1, 4, 7});
-  CHECK(t.path_to(0) == idx{0});
-  CHECK(t.dfs_order() == idx{0, 1, 4, 7, 5, 2, 3, 6});
-  CHECK(t.bfs_order() == idx{0, 1, 2, 3, 4, 5, 6, 7});
-  CHECK(t.position_ids(10) == idx{10, 11, 11, 11, 12, 12, 12, 13});
-}
+namespace {
 
-TEST_CASE("assign rebuilds a tree in place with the constructor's structure and errors",
-          "[tree][bad_input]") {
-  // Starts from a larger, deeper tree, so that every derived array is overwritten.
-  token_tree t = trees::sjd_pac(3, 2, 150);
-  t.assign(idx{-1, 0, 0, 0, 1, 1, 3, 4}, std::vector<token_t>{9, 8, 7, 6, 5, 4, 3, 2});
+// The derived structure of the parent list {-1, 0, 0, 0, 1, 1, 3, 4}: 1, 2, 3 under 0; 4, 5
+// under 1; 6 under 3; 7 under 4.
+void check_example_tree(const token_tree& t) {
   CHECK(t.size() == 8);
   CHECK(t.depth(7) == 3);
   CHECK(t.max_depth() == 3);
@@ -68,9 +51,27 @@ TEST_CASE("assign rebuilds a tree in place with the constructor's structure and 
   CHECK(t.children(2).empty());
   CHECK(t.children(3) == idx{6});
   CHECK(t.children(7).empty());
-  CHECK(t.token(4) == 5);
+  CHECK(t.num_children(3) == 1);
+  CHECK(t.path_to(7) == idx{0, 1, 4, 7});
+  CHECK(t.path_to(0) == idx{0});
   CHECK(t.dfs_order() == idx{0, 1, 4, 7, 5, 2, 3, 6});
   CHECK(t.bfs_order() == idx{0, 1, 2, 3, 4, 5, 6, 7});
+  CHECK(t.position_ids(10) == idx{10, 11, 11, 11, 12, 12, 12, 13});
+}
+
+}  // namespace
+
+TEST_CASE("derived structure, paths, orders, positions", "[tree]") {
+  check_example_tree(token_tree(idx{-1, 0, 0, 0, 1, 1, 3, 4}));
+}
+
+TEST_CASE("assign rebuilds a tree in place with the constructor's structure and errors",
+          "[tree][bad_input]") {
+  // Starts from a larger, deeper tree, so that every derived array is overwritten.
+  token_tree t = trees::sjd_pac(3, 2, 150);
+  t.assign(idx{-1, 0, 0, 0, 1, 1, 3, 4}, std::vector<token_t>{9, 8, 7, 6, 5, 4, 3, 2});
+  check_example_tree(t);
+  CHECK(t.token(4) == 5);
   const auto m = t.attention_mask();
   CHECK(m[7] == 0b10010011u);
   // Tokens omitted: every token unset.
