@@ -14,12 +14,12 @@ endfunction()
 
 # specula_cuda_compile_only(<target>...): with SPECULA_CUDA_COMPILE_ONLY, the C++ files of
 # CUDA-only targets (host code that launches device code, which a machine without a GPU never
-# runs) are built at -O1 like the host side of their .cu files. Nothing otherwise.
+# runs) are built at -O0 like the host side of their .cu files. Nothing otherwise.
 function(specula_cuda_compile_only)
   if(NOT SPECULA_CUDA_COMPILE_ONLY)
     return()
   endif()
   foreach(_target IN LISTS ARGN)
-    specula_compile_level(${_target} 1)
+    specula_compile_level(${_target} 0)
   endforeach()
 endfunction()

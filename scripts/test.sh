@@ -49,7 +49,7 @@ fi
 
 # Without a GPU the device tests skip, so the CUDA code only has to compile: it is compiled to
 # PTX only (CMAKE_CUDA_ARCHITECTURES=90-virtual) and without optimisation
-# (SPECULA_CUDA_COMPILE_ONLY: NVVM at -O0, the CUDA targets' host code at -O1). Every kernel
+# (SPECULA_CUDA_COMPILE_ONLY: NVVM at -O0, the CUDA targets' host code at -O0). Every kernel
 # still goes through nvcc's front end and NVVM; ptxas, which turns PTX into sm_90 machine code
 # and took about a third of the CUDA build, does not run, and NVVM's optimiser, which took
 # about two thirds of the rest, does not either. A machine with a GPU (and
