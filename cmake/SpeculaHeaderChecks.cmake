@@ -13,16 +13,6 @@
 # `cmake --build <dir> --target specula_header_check` checks every host header.
 include_guard(GLOBAL)
 
-# _specula_syntax_only(<target>): GCC and Clang check the target's host TUs with -fsyntax-only
-# (cmake/syntax_only.sh: the front end's checks and diagnostics, no code generation) where the
-# launcher can run (a POSIX shell).
-function(_specula_syntax_only target)
-  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang" AND CMAKE_HOST_UNIX)
-    set_target_properties(${target} PROPERTIES
-      CXX_COMPILER_LAUNCHER "/bin/sh;${PROJECT_SOURCE_DIR}/cmake/syntax_only.sh")
-  endif()
-endfunction()
-
 # _specula_header_tu(<out-var> <header-rel-path> <extension>)
 function(_specula_header_tu out rel ext)
   string(MAKE_C_IDENTIFIER "${rel}" _id)
@@ -70,14 +60,12 @@ function(specula_add_header_checks)
   add_library(specula_header_check OBJECT ${_core_srcs})
   target_link_libraries(specula_header_check PRIVATE specula::specula)
   specula_set_warnings(specula_header_check)
-  _specula_syntax_only(specula_header_check)
 
   if(_testing_srcs)
     if(TARGET specula::testing)
       add_library(specula_header_check_testing OBJECT ${_testing_srcs})
       target_link_libraries(specula_header_check_testing PRIVATE specula::testing)
       specula_set_warnings(specula_header_check_testing)
-      _specula_syntax_only(specula_header_check_testing)
       add_dependencies(specula_header_check specula_header_check_testing)
     else()
       message(STATUS "specula: skipping header checks for specula/testing (no specula::testing)")
@@ -90,7 +78,6 @@ function(specula_add_header_checks)
       target_link_libraries(specula_header_check_catch2
                             PRIVATE specula::testing Catch2::Catch2)
       specula_set_warnings(specula_header_check_catch2)
-      _specula_syntax_only(specula_header_check_catch2)
       add_dependencies(specula_header_check specula_header_check_catch2)
     else()
       message(STATUS "specula: skipping header check for specula/testing/catch2.hpp")
