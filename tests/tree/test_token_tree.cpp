@@ -96,6 +96,19 @@ TEST_CASE("assign rebuilds a tree in place with the constructor's structure and 
   CHECK(t.size() == 1);
   t.assign(idx{-1, 0, 0});
   CHECK(t.children(0) == idx{1, 2});
+  // The tree's own arrays as input: re-checked under other limits, or cut to a prefix.
+  t.assign(idx{-1, 0, 0, 0, 1, 1, 3, 4}, std::vector<token_t>{9, 8, 7, 6, 5, 4, 3, 2});
+  t.assign(t.parents(), t.tokens(), tree_limits{8, 3, 3});
+  check_example_tree(t);
+  CHECK(t.token(7) == 2);
+  CHECK_THROWS_WITH(t.assign(t.parents(), t.tokens(), tree_limits{8, 2, 3}),
+                    Catch::Contains("too deep"));
+  t.assign(idx{-1, 0, 0, 0, 1, 1, 3, 4}, std::vector<token_t>{9, 8, 7, 6, 5, 4, 3, 2});
+  t.assign(t.parents().first(4), t.tokens().first(4));
+  CHECK(t.size() == 4);
+  CHECK(t.children(0) == idx{1, 2, 3});
+  CHECK(t.children(1).empty());
+  CHECK(t.token(3) == 6);
 }
 
 TEST_CASE("attention mask rows hold exactly each node's ancestors and itself", "[tree]") {

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <span>
 #include <string>
 #include <utility>
@@ -61,10 +62,11 @@ class token_tree {
   /// the constructor's checks and errors, reusing this tree's buffers: a loop that builds one
   /// tree per step allocates only when a tree outgrows every earlier one. When it throws, the
   /// tree is left as the one-node tree token_tree() builds.
+  /// The spans may be this tree's own arrays (`t.assign(t.parents(), t.tokens(), limits)`).
   void assign(std::span<const index_t> parents, std::span<const token_t> tokens = {},
               const tree_limits& limits = {}) {
-    parent_.assign(parents.begin(), parents.end());
-    token_.assign(tokens.begin(), tokens.end());
+    take(parent_, parents);
+    take(token_, tokens);
     try {
       validate_and_derive(limits);
     } catch (...) {
@@ -194,6 +196,18 @@ class token_tree {
       throw_if_failed({status::invalid_parameter, i, -1, static_cast<double>(i)}, "node",
                       ("tree has " + std::to_string(size()) + " nodes").c_str());
     return static_cast<std::size_t>(i);
+  }
+
+  // v = s, also when s lies in v's own storage (then through a copy).
+  template <class T>
+  static void take(std::vector<T>& v, std::span<const T> s) {
+    const std::less<const T*> before;
+    if (!s.empty() && !before(s.data(), v.data()) && before(s.data(), v.data() + v.size())) {
+      std::vector<T> copy(s.begin(), s.end());
+      v.swap(copy);
+    } else {
+      v.assign(s.begin(), s.end());
+    }
   }
 
   [[noreturn]] static void fail(status code, index_t node, double value, const std::string& why) {
