@@ -437,8 +437,9 @@ print("python", sys.version.split()[0], "| glibc", "-".join(platform.libc_ver())
   # How the module was linked. On the H200 run of 2026-11-27 the package built there (GCC 13.3,
   # nanobind 3.1.0) died in its first call, relaxed_rule(2.0), inside std::ostream << double,
   # with libstdc++'s own functions (std::codecvt<char16_t, ...>::do_length) named as symbols of
-  # _specula.so: a second, static libstdc++ in the module is the suspect (the module built here
-  # with GCC 12 links libstdc++.so.6 and exports none of them).
+  # _specula.so. The report below found why on 2026-11-28: that compiler has no usable
+  # libstdc++.so, so ld took libstdc++.a; the module now links with --exclude-libs,ALL, which
+  # keeps the static copy private (exported libstdc++ functions: 0), and the tests pass.
   local so
   so="$(ls "$dir"/site/specula_sd/_specula*.so 2>/dev/null | head -1 || true)"
   if [[ -n "$so" ]]; then
