@@ -165,6 +165,14 @@ inline const std::vector<std::string>& text_prompts() {
 
 inline std::vector<token_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
+/// One random stream per request: request i gets seed + 17 i, stream i.
+inline std::vector<request_rng> rngs_for(std::size_t n, std::uint64_t seed) {
+  std::vector<request_rng> r;
+  for (std::size_t i = 0; i < n; ++i)
+    r.push_back({seed + 17 * i, static_cast<std::uint32_t>(i), 0});
+  return r;
+}
+
 /// Greedy speculative decoding (`opt`, greedy_tree_verifier) of every text prompt on the
 /// `target` and `draft` sessions equals greedy decoding (greedy_reference) of the target on a
 /// fresh session, `make_reference()`; adds to `*st`. `opt.mode` must be draft_mode::greedy.

@@ -22,6 +22,7 @@
 #include "decode_test_util.hpp"
 
 using namespace specula;
+using decode_testing::rngs_for;
 using specula::testing::toy_ar_model;
 using specula::testing::toy_masked_model;
 using specula::testing::toy_model_session;
@@ -50,13 +51,6 @@ counting_batch toy_batch(const toy_ar_model& m, index_t n) {
 const std::vector<std::vector<token_t>>& toy_prompts() {
   static const std::vector<std::vector<token_t>> p{{0}, {0, 1}, {0, 3, 2}, {0, 2}, {0, 1, 1, 3}};
   return p;
-}
-
-std::vector<request_rng> rngs_for(std::size_t n, std::uint64_t seed) {
-  std::vector<request_rng> r;
-  for (std::size_t i = 0; i < n; ++i)
-    r.push_back({seed + 17 * i, static_cast<std::uint32_t>(i), 0});
-  return r;
 }
 
 void check_same_stats(const decode_stats& batched, const decode_stats& alone) {

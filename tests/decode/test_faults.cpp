@@ -46,6 +46,7 @@
 #include "decode_test_util.hpp"
 
 using namespace specula;
+using decode_testing::rngs_for;
 using specula::testing::fault_kind;
 using specula::testing::fault_plan;
 using specula::testing::faulty_masked;
@@ -523,12 +524,6 @@ TEST_CASE("decode faults: prompt tokens outside the vocabulary are refused up fr
 
 namespace {
 
-std::vector<request_rng> rngs_for(std::size_t n, std::uint64_t seed) {
-  std::vector<request_rng> r;
-  for (std::size_t i = 0; i < n; ++i)
-    r.push_back({seed + 17 * i, static_cast<std::uint32_t>(i), 0});
-  return r;
-}
 const std::vector<std::vector<token_t>>& batch_prompts() {
   static const std::vector<std::vector<token_t>> p{{0}, {0, 1}, {0, 3, 2}, {0, 2}};
   return p;

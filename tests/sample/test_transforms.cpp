@@ -10,7 +10,7 @@
 using namespace specula;
 
 namespace {
-const float ninf = -std::numeric_limits<float>::infinity();
+const float neg_inf = -std::numeric_limits<float>::infinity();
 
 std::vector<double> softmax_ref(const std::vector<float>& x) {
   double m = -1e300;
@@ -27,7 +27,7 @@ std::vector<double> softmax_ref(const std::vector<float>& x) {
 }  // namespace
 
 TEST_CASE("softmax matches a double reference and maps -inf to 0", "[sample]") {
-  const std::vector<float> logits = {1.0f, 2.5f, ninf, -3.0f, 1000.0f, 999.0f};
+  const std::vector<float> logits = {1.0f, 2.5f, neg_inf, -3.0f, 1000.0f, 999.0f};
   std::vector<float> probs(logits.size());
   softmax(logits, probs);
   const auto ref = softmax_ref(logits);
@@ -39,9 +39,9 @@ TEST_CASE("softmax rejects NaN, +inf and all-masked rows", "[sample][bad_input]"
   std::vector<float> out(2);
   std::vector<float> nan = {0.0f, std::numeric_limits<float>::quiet_NaN()};
   CHECK_THROWS_WITH(softmax(nan, out), Catch::Contains("logits[column 1]: NaN entry"));
-  std::vector<float> inf = {-ninf, 0.0f};
+  std::vector<float> inf = {-neg_inf, 0.0f};
   CHECK_THROWS_WITH(softmax(inf, out), Catch::Contains("infinite"));
-  std::vector<float> masked = {ninf, ninf};
+  std::vector<float> masked = {neg_inf, neg_inf};
   CHECK_THROWS_WITH(softmax(masked, out), Catch::Contains("no positive mass"));
   std::vector<float> short_out(1);
   CHECK_THROWS_AS(softmax(masked, short_out), invalid_input);
@@ -61,10 +61,10 @@ TEST_CASE("top-k keeps the k largest logits, ties at the threshold included", "[
   std::vector<float> scratch(8);
   std::vector<float> x = {0.5f, 3.0f, 1.0f, 2.0f, 2.0f, -1.0f};
   top_k_filter(x, 3, scratch);
-  CHECK(x == std::vector<float>{ninf, 3.0f, ninf, 2.0f, 2.0f, ninf});
+  CHECK(x == std::vector<float>{neg_inf, 3.0f, neg_inf, 2.0f, 2.0f, neg_inf});
   std::vector<float> y = {0.5f, 3.0f, 1.0f};
   top_k_filter(y, 2, scratch);
-  CHECK(y == std::vector<float>{ninf, 3.0f, 1.0f});
+  CHECK(y == std::vector<float>{neg_inf, 3.0f, 1.0f});
   std::vector<float> z = {1.0f, 2.0f};
   top_k_filter(z, 5, scratch);  // k >= V: unchanged
   CHECK(z == std::vector<float>{1.0f, 2.0f});
@@ -111,7 +111,7 @@ TEST_CASE("classifier-free guidance mixes before top-k", "[sample]") {
   sp.temperature = 2.0f;
   sp.top_k = 2;
   logits_to_probs(sp, logits, uncond, probs, scratch);
-  const auto ref = softmax_ref({0.5f, 3.0f, ninf});
+  const auto ref = softmax_ref({0.5f, 3.0f, neg_inf});
   CHECK(probs[0] == Approx(ref[0]));
   CHECK(probs[1] == Approx(ref[1]));
   CHECK(probs[2] == 0.0f);

@@ -14,6 +14,7 @@
 
 using namespace specula;
 using namespace specula::example;
+using specula::example::testing::random_tokens;
 using specula::example::testing::random_weights;
 using specula::example::testing::reference_kv;
 using specula::example::testing::reference_logits;
@@ -24,13 +25,6 @@ static_assert(dual_cache_model<transformer>);
 namespace {
 
 using pass_t = dual_cache_pass<dual_kv_cache>;
-
-std::vector<token_t> random_tokens(std::mt19937_64& g, index_t n, index_t vocab) {
-  std::uniform_int_distribution<token_t> d(0, static_cast<token_t>(vocab - 1));
-  std::vector<token_t> t(static_cast<std::size_t>(n));
-  for (auto& x : t) x = d(g);
-  return t;
-}
 
 /// Evaluates `passes` in one call; the rows.
 std::vector<float> evaluate(const transformer& m, std::span<const pass_t> passes) {

@@ -41,7 +41,8 @@ std::vector<std::uint8_t> with_header(const std::string& header, std::size_t dat
 }  // namespace
 
 TEST_CASE("safetensors round trip in F32 and BF16", "[backend]") {
-  const transformer_weights w = testing::random_weights(testing::small_config(), 21);
+  const transformer_weights w =
+      example::testing::random_weights(example::testing::small_config(), 21);
   const auto f32 =
       transformer_weights::load(safetensors_file::parse(model_bytes(w, dtype::f32), "f32"));
   CHECK(f32.layers[1].w2 == w.layers[1].w2);
@@ -64,7 +65,8 @@ TEST_CASE("safetensors round trip in F32 and BF16", "[backend]") {
 }
 
 TEST_CASE("truncated files are rejected", "[backend]") {
-  const auto good = model_bytes(testing::random_weights(testing::small_config(), 22));
+  const auto good =
+      model_bytes(example::testing::random_weights(example::testing::small_config(), 22));
   CHECK(load_message(good) == "no error");
   CHECK_THAT(load_message({1, 2, 3}), Catch::Contains("model.safetensors: truncated file"));
   // Cut inside the header and inside the data section.
@@ -95,7 +97,8 @@ TEST_CASE("bad JSON headers are rejected", "[backend]") {
 }
 
 TEST_CASE("wrong dtypes, shapes, missing tensors and bad configs are rejected", "[backend]") {
-  const transformer_weights w = testing::random_weights(testing::small_config(), 23);
+  const transformer_weights w =
+      example::testing::random_weights(example::testing::small_config(), 23);
   const auto meta = std::map<std::string, std::string>{{"specula.config", w.config.to_json()}};
 
   auto tensors = w.to_tensors();

@@ -13,6 +13,7 @@
 
 using namespace specula;
 using namespace specula::example;
+using specula::example::testing::random_tokens;
 using specula::example::testing::random_tree;
 using specula::example::testing::random_weights;
 using specula::example::testing::reference_logits;
@@ -25,13 +26,6 @@ double max_abs_diff(const float* a, const T* b, index_t n) {
   double m = 0.0;
   for (index_t i = 0; i < n; ++i) m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
   return m;
-}
-
-std::vector<token_t> random_tokens(std::mt19937_64& g, index_t n, index_t vocab) {
-  std::uniform_int_distribution<token_t> d(0, static_cast<token_t>(vocab - 1));
-  std::vector<token_t> t(static_cast<std::size_t>(n));
-  for (auto& x : t) x = d(g);
-  return t;
 }
 
 /// Logits of `path_tokens` evaluated one token at a time after all of `context` but its last

@@ -37,6 +37,14 @@ inline std::vector<float> random_vector(std::mt19937_64& g, std::size_t n, float
   return v;
 }
 
+/// n tokens drawn uniformly from [0, vocab).
+inline std::vector<token_t> random_tokens(std::mt19937_64& g, index_t n, index_t vocab) {
+  std::uniform_int_distribution<token_t> d(0, static_cast<token_t>(vocab - 1));
+  std::vector<token_t> t(static_cast<std::size_t>(n));
+  for (auto& x : t) x = d(g);
+  return t;
+}
+
 inline transformer_weights random_weights(const transformer_config& c, std::uint64_t seed) {
   std::mt19937_64 g(seed);
   transformer_weights w;

@@ -33,13 +33,13 @@ using testing::candidate_draw;
 
 namespace {
 
-constexpr index_t vocab = 5;
+constexpr index_t line_vocab = 5;
 
 /// Hand-made neighbour lists of 5 tokens on a line 0-1-2-3-4 (nearest first, ties to the
 /// smaller id), 3 per token.
 neighbour_table line_table() {
-  return neighbour_table({1, 2, 3, /**/ 0, 2, 3, /**/ 1, 3, 0, /**/ 2, 4, 1, /**/ 3, 2, 1}, vocab,
-                         3);
+  return neighbour_table({1, 2, 3, /**/ 0, 2, 3, /**/ 1, 3, 0, /**/ 2, 4, 1, /**/ 3, 2, 1},
+                         line_vocab, 3);
 }
 
 /// Experiment: candidates drawn through the source (or given), verified with `rule` at `depth`.
@@ -55,14 +55,14 @@ auto k_candidates(const Rule& rule, index_t depth, const std::vector<double>& p,
     if (draw == candidate_draw::fixed) {
       cand = fixed;
     } else if (draw == candidate_draw::without_replacement) {
-      got = sample_without_replacement_sequential(src, vocab, qw, k, 77, 0, cand.data());
+      got = sample_without_replacement_sequential(src, line_vocab, qw, k, 77, 0, cand.data());
     } else {
       for (index_t j = 0; j < k; ++j)
         cand[static_cast<std::size_t>(j)] = static_cast<token_t>(
-            src.categorical(vocab, qw, 1.0, draw_id{77, static_cast<std::uint32_t>(j)}));
+            src.categorical(line_vocab, qw, 1.0, draw_id{77, static_cast<std::uint32_t>(j)}));
     }
     std::vector<double> ws(static_cast<std::size_t>(
-        candidates_workspace_size<std::remove_cvref_t<decltype(rule_d)>>(k, vocab)));
+        candidates_workspace_size<std::remove_cvref_t<decltype(rule_d)>>(k, line_vocab)));
     candidates_result r;
     const auto pv = view(p);
     const auto qv = view(q);
@@ -86,7 +86,7 @@ double law_gap(const Rule& rule, index_t depth, const std::vector<double>& p,
                const std::vector<double>& q, index_t k, candidate_draw draw,
                const std::vector<token_t>& fixed, std::vector<double>* enumerated = nullptr) {
   const auto law =
-      testing::enumerate_token_law(vocab, k_candidates(rule, depth, p, q, k, draw, fixed));
+      testing::enumerate_token_law(line_vocab, k_candidates(rule, depth, p, q, k, draw, fixed));
   CHECK(law.invalid_mass == 0.0);
   const auto ref = testing::candidates_law(rule, depth, p, q, k, draw, fixed, 0.0);
   if (enumerated != nullptr) *enumerated = law.probability;
@@ -125,8 +125,8 @@ TEST_CASE("row-aware rules over K candidates follow the enumerated recursion law
   double max_gap = 0.0;
   int cases = 0;
   for (std::uint64_t seed = 1; seed <= 3; ++seed) {
-    const auto p = testing::random_probability_row(vocab, seed, 0, 0.2);
-    const auto q = testing::random_probability_row(vocab, seed, 1, 0.2);
+    const auto p = testing::random_probability_row(line_vocab, seed, 0, 0.2);
+    const auto q = testing::random_probability_row(line_vocab, seed, 1, 0.2);
     for (const candidate_draw draw : draws)
       for (index_t k = 1; k <= 3; ++k) {
         const auto& fixed = fixed_lists[k - 1];
@@ -151,8 +151,8 @@ TEST_CASE("row-aware rules in their exact configuration stay lossless over K can
   const auto rule = lantern_rule::make_relative(table, 0.0);
   const scheduled_lantern_rule scheduled{rule, relaxation_schedule::make_uniform(1.0)};
   for (std::uint64_t seed = 1; seed <= 4; ++seed) {
-    const auto p = testing::random_probability_row(vocab, seed, 2, 0.3);
-    const auto q = testing::random_probability_row(vocab, seed, 3, 0.3);
+    const auto p = testing::random_probability_row(line_vocab, seed, 2, 0.3);
+    const auto q = testing::random_probability_row(line_vocab, seed, 3, 0.3);
     for (const candidate_draw draw : draws)
       for (index_t k = 1; k <= 3; ++k) {
         INFO("seed " << seed << " draw " << static_cast<int>(draw) << " K " << k);
@@ -168,8 +168,8 @@ TEST_CASE("negative controls: the law of a neighbouring rule is measurably diffe
   // neighbouring one (another λ, another resampling, another depth of the schedule, a rule bound
   // to p instead of the residual target at later steps).
   const auto table = line_table();
-  const auto p = testing::random_probability_row(vocab, 7, 0, 0.2);
-  const auto q = testing::random_probability_row(vocab, 7, 1, 0.2);
+  const auto p = testing::random_probability_row(line_vocab, 7, 0, 0.2);
+  const auto q = testing::random_probability_row(line_vocab, 7, 1, 0.2);
   const auto used = lantern_rule::make_relative(table, 1.5);
   std::vector<double> enumerated;
   REQUIRE(law_gap(used, 0, p, q, 3, candidate_draw::without_replacement, {}, &enumerated) < 1e-12);
@@ -185,11 +185,11 @@ TEST_CASE("negative controls: the law of a neighbouring rule is measurably diffe
   CHECK(gap_to(scheduled, 0) > 1e-3);
   CHECK(gap_to(scheduled, 2) > 1e-3);
   // A verifier that binds every step to p (not to p^(k)): its law, by the same enumeration.
-  const auto biased = testing::enumerate_token_law(vocab, [&](auto& src) -> index_t {
+  const auto biased = testing::enumerate_token_law(line_vocab, [&](auto& src) -> index_t {
     std::vector<token_t> cand(3);
     auto qw = [&](index_t y) { return q[static_cast<std::size_t>(y)]; };
     const index_t got =
-        sample_without_replacement_sequential(src, vocab, qw, 3, 77, 0, cand.data());
+        sample_without_replacement_sequential(src, line_vocab, qw, 3, 77, 0, cand.data());
     for (index_t j = 0; j < got; ++j) {
       const auto b = used.bind(view(p), cand[static_cast<std::size_t>(j)]);
       if (src.bernoulli(b.accept_probability(0.0, q[static_cast<std::size_t>(cand[j])]),
@@ -202,8 +202,8 @@ TEST_CASE("negative controls: the law of a neighbouring rule is measurably diffe
                                   q[static_cast<std::size_t>(y)]);
     };
     double total = 0.0;
-    for (index_t y = 0; y < vocab; ++y) total += r(y);
-    return src.categorical(vocab, r, total, draw_id{0, 1});
+    for (index_t y = 0; y < line_vocab; ++y) total += r(y);
+    return src.categorical(line_vocab, r, total, draw_id{0, 1});
   });
   CHECK(testing::max_abs_difference(biased.probability, enumerated) > 1e-3);
 }
@@ -213,7 +213,7 @@ TEST_CASE("a chain-shaped tree with a row-aware rule verifies exactly like verif
   const auto table = line_table();
   const scheduled_lantern_rule rule{lantern_rule::make_relative(table, 1.0),
                                     relaxation_schedule::make_linear(2.0, 8.0, 3)};
-  const testing::toy_ar_model target(vocab, 4, 41, 0.1), draft(vocab, 4, 42, 0.1);
+  const testing::toy_ar_model target(line_vocab, 4, 41, 0.1), draft(line_vocab, 4, 42, 0.1);
   constexpr index_t L = 3;
   int differing_runs = 0;
   for (std::uint32_t run = 0; run < 300; ++run) {
@@ -225,20 +225,24 @@ TEST_CASE("a chain-shaped tree with a row-aware rule verifies exactly like verif
       prow.insert(prow.end(), p.begin(), p.end());
       const auto q = draft.row(drafts);
       qrow.insert(qrow.end(), q.begin(), q.end());
-      if (i < L) drafts.push_back(static_cast<token_t>((run * 7 + i * 3) % vocab));
+      if (i < L) drafts.push_back(static_cast<token_t>((run * 7 + i * 3) % line_vocab));
     }
     bool drafts_possible = true;
     for (index_t i = 0; i < L; ++i)
       drafts_possible =
-          drafts_possible && qrow[static_cast<std::size_t>(i * vocab + drafts[i])] > 0;
+          drafts_possible && qrow[static_cast<std::size_t>(i * line_vocab + drafts[i])] > 0;
     if (!drafts_possible) continue;
     const std::vector<request_rng> rng = {{9, run, 0}};
     const std::vector<index_t> off = {0, L};
     std::vector<token_t> chain_out(L + 1);
     std::vector<std::int32_t> chain_acc(1);
     verify_chain(host::seq,
-                 chain_batch_input<float>{
-                     vocab, off, drafts, {qrow.data(), L, vocab}, {prow.data(), L + 1, vocab}, rng},
+                 chain_batch_input<float>{line_vocab,
+                                          off,
+                                          drafts,
+                                          {qrow.data(), L, line_vocab},
+                                          {prow.data(), L + 1, line_vocab},
+                                          rng},
                  chain_batch_output{chain_out, chain_acc, {}, {}}, {}, rule);
     std::vector<token_t> tokens = {0};
     tokens.insert(tokens.end(), drafts.begin(), drafts.end());
@@ -246,8 +250,11 @@ TEST_CASE("a chain-shaped tree with a row-aware rule verifies exactly like verif
     std::vector<token_t> tree_out(L + 1);
     std::vector<std::int32_t> tree_acc(1);
     verify_tree(host::seq,
-                tree_batch_input<float>{
-                    vocab, trees, {prow.data(), L + 1, vocab}, {qrow.data(), L + 1, vocab}, rng},
+                tree_batch_input<float>{line_vocab,
+                                        trees,
+                                        {prow.data(), L + 1, line_vocab},
+                                        {qrow.data(), L + 1, line_vocab},
+                                        rng},
                 tree_batch_output{tree_out, tree_acc, {}, {}}, {}, rule);
     CHECK(tree_acc[0] == chain_acc[0]);
     CHECK(tree_out == chain_out);
@@ -261,7 +268,7 @@ TEST_CASE("per-request row-aware rules in tree verification equal single-rule ca
   const auto table = line_table();
   const std::vector<lantern_rule> rules = {lantern_rule::make_relative(table, 0.5),
                                            lantern_rule::make_relative(table, 3.0)};
-  const testing::toy_ar_model target(vocab, 3, 51, 0.0), draft(vocab, 3, 52, 0.0);
+  const testing::toy_ar_model target(line_vocab, 3, 51, 0.0), draft(line_vocab, 3, 52, 0.0);
   const token_tree shape = trees::full(2, 2);
   // Both requests: the same tree and rows (each child's q row is its parent's draft row).
   std::vector<float> prow, qrow;
@@ -296,20 +303,22 @@ TEST_CASE("per-request row-aware rules in tree verification equal single-rule ca
     const std::vector<token_tree> both = {tree, tree};
     std::vector<token_t> out(static_cast<std::size_t>(2 * n));
     std::vector<std::int32_t> acc(2);
-    verify_tree(host::seq,
-                tree_batch_input<float>{
-                    vocab, both, {p2.data(), 2 * n, vocab}, {q2.data(), 2 * n, vocab}, rng},
-                tree_batch_output{out, acc, {}, {}}, {},
-                per_request<lantern_rule>{row_view<const lantern_rule>(rules.data(), 2)});
+    verify_tree(
+        host::seq,
+        tree_batch_input<float>{
+            line_vocab, both, {p2.data(), 2 * n, line_vocab}, {q2.data(), 2 * n, line_vocab}, rng},
+        tree_batch_output{out, acc, {}, {}}, {},
+        per_request<lantern_rule>{row_view<const lantern_rule>(rules.data(), 2)});
     for (index_t b = 0; b < 2; ++b) {
       const std::vector<token_tree> one = {tree};
       const std::vector<request_rng> rng1 = {rng[static_cast<std::size_t>(b)]};
       std::vector<token_t> out1(static_cast<std::size_t>(n));
       std::vector<std::int32_t> acc1(1);
-      verify_tree(host::seq,
-                  tree_batch_input<float>{
-                      vocab, one, {prow.data(), n, vocab}, {qrow.data(), n, vocab}, rng1},
-                  tree_batch_output{out1, acc1, {}, {}}, {}, rules[static_cast<std::size_t>(b)]);
+      verify_tree(
+          host::seq,
+          tree_batch_input<float>{
+              line_vocab, one, {prow.data(), n, line_vocab}, {qrow.data(), n, line_vocab}, rng1},
+          tree_batch_output{out1, acc1, {}, {}}, {}, rules[static_cast<std::size_t>(b)]);
       CHECK(acc[static_cast<std::size_t>(b)] == acc1[0]);
       CHECK(std::equal(out1.begin(), out1.end(), out.begin() + b * n));
     }
@@ -319,8 +328,8 @@ TEST_CASE("per-request row-aware rules in tree verification equal single-rule ca
 TEST_CASE("row-aware rules in K-candidate and tree verification refuse bad input",
           "[verify][tree][relaxed][bad_input]") {
   const auto table = line_table();
-  const auto p = testing::random_probability_row(vocab, 1, 0);
-  const auto q = testing::random_probability_row(vocab, 1, 1);
+  const auto p = testing::random_probability_row(line_vocab, 1, 0);
+  const auto q = testing::random_probability_row(line_vocab, 1, 1);
   const std::vector<token_t> cand = {1, 2};
   const auto rule = lantern_rule::make_relative(table, 1.5);
   {  // the workspace of a scalar rule is too small for a row-aware one
@@ -331,7 +340,7 @@ TEST_CASE("row-aware rules in K-candidate and tree verification refuse bad input
                 row_view<const token_t>(cand.data(), 2),
                 row_view<double>(ws.data(), static_cast<index_t>(ws.size())), 0);
           }) == "workspace");
-    ws.resize(static_cast<std::size_t>(candidates_workspace_size<lantern_rule>(2, vocab)));
+    ws.resize(static_cast<std::size_t>(candidates_workspace_size<lantern_rule>(2, line_vocab)));
     CHECK_NOTHROW(verify_candidates_checked(
         rule, request_rng{1, 0, 0}, view(p), without_replacement<double>{view(q)},
         row_view<const token_t>(cand.data(), 2),
@@ -346,7 +355,8 @@ TEST_CASE("row-aware rules in K-candidate and tree verification refuse bad input
   const std::vector<request_rng> rng = {{1, 0, 0}};
   std::vector<token_t> out(2);
   std::vector<std::int32_t> acc(1);
-  const tree_batch_input<float> in{vocab, trees, {pf.data(), 2, vocab}, {qf.data(), 2, vocab}, rng};
+  const tree_batch_input<float> in{
+      line_vocab, trees, {pf.data(), 2, line_vocab}, {qf.data(), 2, line_vocab}, rng};
   const tree_batch_output o{out, acc, {}, {}};
   CHECK(refused_argument([&] {
           verify_tree(host::seq, in, o, {}, lantern_rule::make_relative(other, 1.0));

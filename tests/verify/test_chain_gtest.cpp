@@ -44,7 +44,7 @@ struct batch_api_verifier {
   }
 };
 
-constexpr std::uint64_t runs = 1'000'000;
+constexpr std::uint64_t gtest_runs = 1'000'000;
 constexpr double alpha = 1e-4;
 
 }  // namespace
@@ -56,13 +56,13 @@ TEST_CASE("G-test: speculative decoding reproduces the toy model's sequence law"
   const auto law = target.sequence_law();
 
   SECTION("dense draft rows, draft length 3") {
-    const auto counts = testing::speculative_sequence_counts(target, draft, 3, runs, 1,
+    const auto counts = testing::speculative_sequence_counts(target, draft, 3, gtest_runs, 1,
                                                              batch_api_verifier<exact_rule>{});
     SPECULA_REQUIRE_FITS(counts, law, alpha);
   }
   SECTION("one-hot drafts, draft length 2") {
     const auto counts = testing::speculative_sequence_counts(
-        target, draft, 2, runs, 2, batch_api_verifier<exact_rule>{exact_rule{}, true});
+        target, draft, 2, gtest_runs, 2, batch_api_verifier<exact_rule>{exact_rule{}, true});
     SPECULA_REQUIRE_FITS(counts, law, alpha);
   }
 }
@@ -75,12 +75,12 @@ TEST_CASE("negative control: the same G-test rejects a verifier with a planted b
 
   SECTION("residual resampled from p instead of [p - q]+") {
     const auto counts = testing::speculative_sequence_counts(
-        target, draft, 3, runs, 1, batch_api_verifier<test::resample_from_target_rule>{});
+        target, draft, 3, gtest_runs, 1, batch_api_verifier<test::resample_from_target_rule>{});
     SPECULA_REQUIRE_MISFITS(counts, law, alpha);
   }
   SECTION("residual |p - q| without the max") {
     const auto counts = testing::speculative_sequence_counts(
-        target, draft, 3, runs, 1, batch_api_verifier<test::absolute_residual_rule>{});
+        target, draft, 3, gtest_runs, 1, batch_api_verifier<test::absolute_residual_rule>{});
     SPECULA_REQUIRE_MISFITS(counts, law, alpha);
   }
 }

@@ -59,7 +59,7 @@ struct batch {
   }
 };
 
-struct outputs {
+struct mixed_outputs {
   std::vector<token_t> tokens = std::vector<token_t>(13, 99);
   std::vector<std::int32_t> n = std::vector<std::int32_t>(4, -1);
   std::vector<std::uint8_t> acc = std::vector<std::uint8_t>(9, 7);
@@ -72,7 +72,7 @@ struct outputs {
 TEST_CASE("greedy and sampled requests in one verify_chain call", "[verify]") {
   const batch bt;
   const std::vector<std::uint8_t> greedy = {1, 0, 1, 0};
-  outputs mixed, sampled;
+  mixed_outputs mixed, sampled;
   verify_chain(host::par, bt.in(greedy), mixed.view());
   verify_chain(host::seq, bt.in({}), sampled.view());
   for (index_t b = 0; b < 4; ++b) {
@@ -112,7 +112,7 @@ TEST_CASE("greedy and sampled requests in one verify_chain call", "[verify]") {
 
 TEST_CASE("greedy requests may share a stream, sampled ones may not", "[verify][bad_input]") {
   batch bt;
-  outputs o;
+  mixed_outputs o;
   bt.rng[2] = bt.rng[0];  // requests 0 and 2 are greedy below: neither draws
   const std::vector<std::uint8_t> greedy = {1, 0, 1, 0};
   REQUIRE_NOTHROW(verify_chain(host::seq, bt.in(greedy), o.view()));
@@ -123,7 +123,7 @@ TEST_CASE("greedy requests may share a stream, sampled ones may not", "[verify][
 
 TEST_CASE("is_greedy bad input", "[verify][bad_input]") {
   batch bt;
-  outputs o;
+  mixed_outputs o;
   const std::vector<std::uint8_t> three = {1, 0, 1};
   CHECK_THROWS_WITH(verify_chain(host::seq, bt.in(three), o.view()),
                     Catch::Contains("is_greedy") && Catch::Contains("length mismatch"));
@@ -143,7 +143,7 @@ TEST_CASE("a greedy request's proposal rows are never read: checked at full but 
   // the row stays valid.
   const auto at = static_cast<std::size_t>(3 * bt.V + bt.tokens[3]);
   const auto other = static_cast<std::size_t>(3 * bt.V + (bt.tokens[3] + 1) % bt.V);
-  outputs clean, got;
+  mixed_outputs clean, got;
   verify_chain(host::seq, bt.in(greedy), clean.view());
   bt.draft[other] += bt.draft[at];
   bt.draft[at] = 0.0f;

@@ -69,17 +69,18 @@ struct chain_case {
   }
 };
 
-struct chain_result {
+struct policy_result {
   std::vector<token_t> tokens;
   std::vector<std::int32_t> accepted;
   std::vector<std::uint32_t> flags;
-  bool operator==(const chain_result&) const = default;
+  bool operator==(const policy_result&) const = default;
 };
 
 template <class Policy>
-chain_result run_chain(const Policy& pol, const chain_case& c, bool checked, bool greedy) {
-  chain_result r{std::vector<token_t>(c.tokens.size() + c.rng.size()),
-                 std::vector<std::int32_t>(c.rng.size()), std::vector<std::uint32_t>(c.rng.size())};
+policy_result run_chain(const Policy& pol, const chain_case& c, bool checked, bool greedy) {
+  policy_result r{std::vector<token_t>(c.tokens.size() + c.rng.size()),
+                  std::vector<std::int32_t>(c.rng.size()),
+                  std::vector<std::uint32_t>(c.rng.size())};
   const chain_batch_output out{r.tokens, r.accepted, {}, r.flags};
   if (greedy)
     verify_chain_greedy(pol, c.input(), out);
@@ -116,10 +117,10 @@ struct tree_case {
 };
 
 template <class Policy>
-chain_result run_tree(const Policy& pol, const tree_case& c) {
-  chain_result r{std::vector<token_t>(c.trees.size() * 7),
-                 std::vector<std::int32_t>(c.trees.size()),
-                 std::vector<std::uint32_t>(c.trees.size())};
+policy_result run_tree(const Policy& pol, const tree_case& c) {
+  policy_result r{std::vector<token_t>(c.trees.size() * 7),
+                  std::vector<std::int32_t>(c.trees.size()),
+                  std::vector<std::uint32_t>(c.trees.size())};
   tree_workspace ws;
   verify_tree(pol, c.input(), tree_batch_output{r.tokens, r.accepted, {}, r.flags}, ws);
   return r;
@@ -135,7 +136,7 @@ TEST_CASE("verifiers give the same output under seq, par and a caller's executor
     const chain_case c(batch);
     for (const bool checked : {false, true})
       for (const bool greedy : {false, true}) {
-        const chain_result ref = run_chain(host::seq, c, checked, greedy);
+        const policy_result ref = run_chain(host::seq, c, checked, greedy);
         counting_executor ex;
         CHECK(run_chain(host::par, c, checked, greedy) == ref);
         CHECK(run_chain(host::par.with_threads(2), c, checked, greedy) == ref);
@@ -145,7 +146,7 @@ TEST_CASE("verifiers give the same output under seq, par and a caller's executor
         CHECK((ex.tasks.load() > 0) == (batch > 1));  // the executor did the work
       }
     const tree_case t(batch);
-    const chain_result ref = run_tree(host::seq, t);
+    const policy_result ref = run_tree(host::seq, t);
     counting_executor ex;
     CHECK(run_tree(host::par, t) == ref);
     CHECK(run_tree(host::par.with_serial_below_ns(0), t) == ref);
