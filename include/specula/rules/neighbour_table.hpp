@@ -85,9 +85,12 @@ namespace detail {
 inline double neighbour_distance(const float* a, const float* b, index_t d, neighbour_metric m,
                                  double norm_a, double norm_b) noexcept {
   double s[4] = {0.0, 0.0, 0.0, 0.0};
+  // The four-wide part ends at d4, the tail runs from there (bounds GCC can follow: with
+  // `j + 4 <= d` it warned at -O3 that the tail loop's iteration 2^62 - 1 would overflow).
+  const index_t d4 = d - d % 4;
   index_t j = 0;
   if (m == neighbour_metric::l2) {
-    for (; j + 4 <= d; j += 4)
+    for (; j < d4; j += 4)
       for (index_t l = 0; l < 4; ++l) {
         const double diff = static_cast<double>(a[j + l]) - static_cast<double>(b[j + l]);
         s[l] += diff * diff;
@@ -98,7 +101,7 @@ inline double neighbour_distance(const float* a, const float* b, index_t d, neig
     }
     return (s[0] + s[1]) + (s[2] + s[3]);
   }
-  for (; j + 4 <= d; j += 4)
+  for (; j < d4; j += 4)
     for (index_t l = 0; l < 4; ++l) s[l] += static_cast<double>(a[j + l]) * b[j + l];
   for (; j < d; ++j) s[0] += static_cast<double>(a[j]) * b[j];
   return 1.0 - ((s[0] + s[1]) + (s[2] + s[3])) / (norm_a * norm_b);
