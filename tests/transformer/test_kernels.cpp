@@ -15,6 +15,7 @@
 
 using namespace specula;
 using namespace specula::example;
+using specula::example::testing::random_tokens;
 using specula::example::testing::random_tree;
 using specula::example::testing::random_weights;
 using specula::example::testing::reference_logits;
@@ -275,9 +276,7 @@ TEST_CASE("the transformer matches the reference with every instruction set and 
           "[backend][kernel]") {
   const transformer_weights w = random_weights(small_config(), 31);
   std::mt19937_64 g(26);
-  std::uniform_int_distribution<token_t> tok(0, static_cast<token_t>(w.config.vocab_size - 1));
-  std::vector<token_t> tokens(40);
-  for (auto& t : tokens) t = tok(g);
+  const std::vector<token_t> tokens = random_tokens(g, 40, w.config.vocab_size);
   const auto ref = reference_logits(w, tokens);
   const index_t V = w.config.vocab_size;
   for (const cpu_isa isa : runnable_isas())
@@ -322,11 +321,9 @@ TEST_CASE("concurrent passes on distinct caches equal serial ones", "[backend][k
                       backend_options{matmul_kernel::builtin, best_cpu_isa(), 2});
   const index_t V = m.vocab_size();
   std::mt19937_64 g(27);
-  std::uniform_int_distribution<token_t> tok(0, static_cast<token_t>(V - 1));
   const int callers = 4;
-  std::vector<std::vector<token_t>> seqs(callers, std::vector<token_t>(30));
-  for (auto& s : seqs)
-    for (auto& t : s) t = tok(g);
+  std::vector<std::vector<token_t>> seqs(callers);
+  for (auto& s : seqs) s = random_tokens(g, 30, V);
   std::vector<std::vector<float>> serial(callers), parallel(callers);
   for (int c = 0; c < callers; ++c) {
     serial[static_cast<std::size_t>(c)].resize(static_cast<std::size_t>(30 * V));
