@@ -44,6 +44,48 @@ TEST_CASE("inverse CDF returns the category whose interval contains u * total", 
   CHECK(positive_mass(n, w) == total);
 }
 
+TEST_CASE("inverse CDF through a weight summary equals the walk from the total at every tile edge",
+          "[sample]") {
+  // The summary's walk reads its recorded tile sums eight at a time; the walk from the total
+  // (no summary) adds the tiles one by one. Uniforms at, and one ulp either side of, every
+  // running sum of whole tiles put the target on each batch's edges and inside each batch.
+  for (const index_t n :
+       {index_t{1}, index_t{255}, index_t{256}, index_t{2047}, index_t{2048}, index_t{2049},
+        index_t{3 * 8 * 256 + 5}, index_t{(weight_summary::max_tiles + 9) * 256 + 77}}) {
+    std::vector<double> row(static_cast<std::size_t>(n));
+    std::uint32_t state = 12345u + static_cast<std::uint32_t>(n);
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      state = state * 1664525u + 1013904223u;
+      const double x = static_cast<double>(state >> 8) / 16777216.0;
+      // Mostly positive; some zeros, negatives and NaN; whole zero tiles (equal running sums).
+      const bool zero_tile = (i / 256) % 5 == 3;
+      row[i] = zero_tile ? 0.0 : x < 0.1 ? 0.0 : x < 0.15 ? -x : x < 0.16 ? std::nan("") : x;
+    }
+    auto w = [&](index_t i) { return row[static_cast<std::size_t>(i)]; };
+    weight_summary s;
+    summarize_weights(n, w, s);
+    INFO("n = " << n << ", recorded tiles " << s.recorded);
+    std::vector<double> us = {0.0, 1e-300, 0.5, 1.0 - 1e-16};
+    double edge = 0.0;
+    for (index_t k = 0; k < s.recorded; ++k) {
+      edge += s.tile_sum[k];
+      const double u = edge / s.total;
+      us.push_back(u);
+      us.push_back(std::nextafter(u, 0.0));
+      if (u < 1.0) us.push_back(std::nextafter(u, 1.0));
+    }
+    for (const double u : us) {
+      INFO("u = " << u);
+      CHECK(sample_inverse_cdf(n, w, s, u) == sample_inverse_cdf(n, w, s.total, u));
+    }
+    // A total above the tiles' sum (rounding): both walks end at the last positive index.
+    weight_summary over = s;
+    over.total = s.total * (1.0 + 1e-9);
+    for (const double u : {1.0 - 1e-16, 0.999999999999})
+      CHECK(sample_inverse_cdf(n, w, over, u) == sample_inverse_cdf(n, w, over.total, u));
+  }
+}
+
 TEST_CASE("inverse CDF with Philox uniforms fits the weight law (G-test)", "[sample][stats]") {
   auto w = [](index_t i) { return weights[static_cast<std::size_t>(i)]; };
   std::vector<std::uint64_t> counts(weights.size(), 0);

@@ -217,11 +217,29 @@ struct block_passes {
       const auto tid = static_cast<index_t>(threadIdx.x);
       for (index_t chunk = begin; chunk < end; chunk += Threads) {
         const index_t m = end - chunk < Threads ? end - chunk : Threads;
-        if (tid < m) scratch[tid] = static_cast<double>(w(chunk + tid));
+        // Each weight clamped here, in parallel: a weight <= 0 or NaN becomes +0.0, which the
+        // scans below skip, as the host's (adding +0.0 would leave the non-negative sum as it is).
+        if (tid < m) {
+          const double wi = static_cast<double>(w(chunk + tid));
+          scratch[tid] = wi > 0.0 ? wi : 0.0;
+        }
         __syncthreads();
         index_t found = -1;
+        index_t j = 0;
+        // Eight weights at a time, read before the first is added (walk_eight). The first
+        // element whose running sum crosses the target is the one the element-by-element loop
+        // below would stop at: the sum before it is at most the target, so its weight is
+        // positive.
+        constexpr index_t batch = specula::detail::walk_batch;
+        for (; found < 0 && j + batch <= m; j += batch) {
+          double v[batch];
+#pragma unroll
+          for (index_t u = 0; u < batch; ++u) v[u] = scratch[j + u];
+          const index_t first = specula::detail::walk_eight(v, acc, target);
+          if (first < batch) found = chunk + j + first;
+        }
 #pragma unroll 8
-        for (index_t j = 0; j < m; ++j) {
+        for (; found < 0 && j < m; ++j) {
           const double wi = scratch[j];
           if (wi > 0.0) {
             acc += wi;

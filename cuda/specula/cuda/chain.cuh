@@ -190,8 +190,17 @@ struct replay_passes {
     s.tile_sum = inner.tile_sum;
     s.scratch = inner.lanes;
     // The same numbers in the same order, from the shared copy (a chain of dependent global
-    // loads otherwise).
-    for (index_t t = 0; t < tiles; ++t) s.total += t < s.recorded ? s.tile_sum[t] : sums[t];
+    // loads otherwise), eight read before the first of them is added.
+    constexpr index_t batch = 8;
+    index_t t = 0;
+    for (; t + batch <= s.recorded; t += batch) {
+      double v[batch];
+#pragma unroll
+      for (index_t u = 0; u < batch; ++u) v[u] = s.tile_sum[t + u];
+#pragma unroll
+      for (index_t u = 0; u < batch; ++u) s.total += v[u];
+    }
+    for (; t < tiles; ++t) s.total += t < s.recorded ? s.tile_sum[t] : sums[t];
   }
   template <class Row>
   __device__ index_t argmax(const Row& row) const {

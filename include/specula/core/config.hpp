@@ -34,6 +34,14 @@
 #define SPECULA_IS_DEVICE_CODE 0
 #endif
 
+/// Before a loop of a constant trip count: unroll it fully (device code and Clang; GCC unrolls
+/// such short loops at -O3 by itself and would warn about the pragma).
+#if defined(__CUDA_ARCH__) || defined(__clang__)
+#define SPECULA_UNROLL _Pragma("unroll")
+#else
+#define SPECULA_UNROLL
+#endif
+
 #if defined(__GNUC__) || defined(__clang__)
 #define SPECULA_RESTRICT __restrict__
 #else

@@ -129,18 +129,73 @@ SPECULA_HOST_DEVICE constexpr index_t scan_tile(index_t begin, index_t end, Weig
   return -1;
 }
 
+/// Values a walk reads ahead of its additions (walk_eight).
+inline constexpr index_t walk_batch = 8;
+
+/// Eight steps of a running sum from `acc` over `v` (read by the caller before the call, so that
+/// the loads are not held behind the additions): returns the first u whose sum acc + v[0] + ...
+/// + v[u] exceeds `target`, with `acc` set to the sum before it, or walk_batch with `acc`
+/// advanced over all eight. The same additions in the same order as a step-by-step walk, and no
+/// branch per step (the sums, then one test whether any crosses, then the first that does, with
+/// constant indices so that the sums stay in registers).
+SPECULA_HOST_DEVICE constexpr index_t walk_eight(const double (&v)[walk_batch], double& acc,
+                                                 double target) noexcept {
+  double run[walk_batch] = {};
+  bool crossed = false;
+  double a = acc;
+  SPECULA_UNROLL
+  for (index_t u = 0; u < walk_batch; ++u) {
+    a += v[u];
+    run[u] = a;
+    crossed = crossed | (target < a);
+  }
+  if (!crossed) {
+    acc = a;
+    return walk_batch;
+  }
+  index_t first = 0;
+  double before = acc;
+  SPECULA_UNROLL
+  for (index_t u = walk_batch - 1; u >= 0; --u)
+    if (target < run[u]) {
+      first = u;
+      before = u > 0 ? run[u - 1] : acc;
+    }
+  acc = before;
+  return first;
+}
+
 /// The inverse-CDF walk shared by both sample_inverse_cdf forms: tile sums (from `tile_sum(k,
 /// begin, end)` for tile k) are accumulated in order until one crosses `target`, then that tile
 /// is scanned element by element. Falls back to the last positive index when rounding leaves
 /// the target beyond the accumulated mass; -1 when no weight is positive.
 /// The tile is scanned by `scan(begin, end, acc, target)` (scan_tile's contract; the 4-argument
 /// form uses scan_tile itself).
-template <class WeightFn, class TileSum, class Scan>
+///
+/// `recorded` and `recorded_sum(k)` (a weight summary's): the first `recorded` tile sums, which
+/// the walk reads eight at a time before it adds them (walk_eight), so that a CTA's walk over
+/// shared memory (the CUDA backend, where every thread walks) does not wait on one load per
+/// tile. It stops at the batch's first tile that crosses the target and hands that tile to the
+/// tile-by-tile loop, which tests it again and adds the same sums in the same order.
+template <class WeightFn, class TileSum, class Scan, class RecordedSum>
 SPECULA_HOST_DEVICE constexpr index_t walk_tiles(index_t n, WeightFn& w, double target,
-                                                 TileSum&& tile_sum, Scan&& scan) noexcept {
+                                                 TileSum&& tile_sum, Scan&& scan, index_t recorded,
+                                                 RecordedSum&& recorded_sum) noexcept {
   double acc = 0.0;
   index_t k = 0;
-  for (index_t t = 0; t < n; t += sum_tile, ++k) {
+  const index_t tiles = (n + sum_tile - 1) / sum_tile;
+  const index_t ahead = recorded < tiles ? recorded : tiles;
+  for (; k + walk_batch <= ahead; k += walk_batch) {
+    double v[walk_batch];
+    SPECULA_UNROLL
+    for (index_t u = 0; u < walk_batch; ++u) v[u] = recorded_sum(k + u);
+    const index_t first = walk_eight(v, acc, target);
+    if (first < walk_batch) {
+      k += first;  // tile k crosses: the loop below scans it from the sum before it
+      break;
+    }
+  }
+  for (index_t t = k * sum_tile; t < n; t += sum_tile, ++k) {
     const index_t end = t + sum_tile < n ? t + sum_tile : n;
     const double tile = tile_sum(k, t, end);
     if (target < acc + tile) {
@@ -152,6 +207,12 @@ SPECULA_HOST_DEVICE constexpr index_t walk_tiles(index_t n, WeightFn& w, double 
   for (index_t i = n - 1; i >= 0; --i)
     if (w(i) > 0.0) return i;
   return -1;
+}
+
+template <class WeightFn, class TileSum, class Scan>
+SPECULA_HOST_DEVICE constexpr index_t walk_tiles(index_t n, WeightFn& w, double target,
+                                                 TileSum&& tile_sum, Scan&& scan) noexcept {
+  return walk_tiles(n, w, target, tile_sum, scan, 0, [](index_t) { return 0.0; });
 }
 
 template <class WeightFn, class TileSum>
@@ -335,13 +396,21 @@ SPECULA_HOST_DEVICE index_t sample_inverse_cdf(index_t n, WeightFn&& w, const Su
   auto tile_sum = [&](index_t k, index_t begin, index_t end) {
     return k < s.recorded ? s.tile_sum[k] : detail::tile_positive_sum(begin, end, w);
   };
+  const auto recorded_sum = [&](index_t k) -> double { return s.tile_sum[k]; };
   if constexpr (tile_scanning_summary<Summary, std::remove_reference_t<WeightFn>>) {
-    return detail::walk_tiles(n, w, u * s.total, tile_sum,
-                              [&](index_t begin, index_t end, double acc, double t) {
-                                return s.scan_tile(begin, end, w, acc, t);
-                              });
+    return detail::walk_tiles(
+        n, w, u * s.total, tile_sum,
+        [&](index_t begin, index_t end, double acc, double t) {
+          return s.scan_tile(begin, end, w, acc, t);
+        },
+        s.recorded, recorded_sum);
   } else {
-    return detail::walk_tiles(n, w, u * s.total, tile_sum);
+    return detail::walk_tiles(
+        n, w, u * s.total, tile_sum,
+        [&](index_t begin, index_t end, double acc, double t) {
+          return detail::scan_tile(begin, end, w, acc, t);
+        },
+        s.recorded, recorded_sum);
   }
 }
 
