@@ -354,7 +354,12 @@ def logits_to_probs(logits, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, u
     min-p, each filter renormalising. logits: (..., V) float32, bfloat16 or float16, never
     written; each parameter a number (every row) or a (rows,) array (one per row). Returns
     float32 probabilities of the logits' shape (written into ``out`` when given; it must not
-    overlap the logits)."""
+    overlap the logits). A per-row parameter may also be a list or tuple (read as a NumPy
+    array)."""
+    if _np is not None:
+        temperature, top_k, top_p, min_p, cfg_scale = (
+            _np.asarray(x) if type(x) in (list, tuple) else x
+            for x in (temperature, top_k, top_p, min_p, cfg_scale))
     if out is None:
         out = _new(logits, tuple(_shape(logits, "logits")), "float32")
     _ext._logits_to_probs(logits, uncond, temperature, top_k, top_p, min_p, cfg_scale, out,

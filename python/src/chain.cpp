@@ -231,6 +231,15 @@ index_view flattened_offsets(const array& cu, index_t batch, const std::string& 
   if (v.size != batch)
     value_error("specula: cu_num_draft_tokens must have B or B + 1 entries (B = " + batch_from +
                 " = " + std::to_string(batch) + "; got " + std::to_string(v.size) + ")");
+  // Checked here in the caller's indexing (the library would name the copy's draft_offsets,
+  // one index further on).
+  for (index_t b = 0; b < batch; ++b) {
+    const index_t before = b > 0 ? v[b - 1] : 0;
+    if (v[b] < before)
+      value_error("specula: cu_num_draft_tokens[" + std::to_string(b) +
+                  "]: cumulative draft counts must be non-negative and non-decreasing (value " +
+                  std::to_string(v[b]) + (b > 0 ? " after " + std::to_string(before) : "") + ")");
+  }
   offsets_buffer.resize(static_cast<std::size_t>(batch + 1));
   offsets_buffer[0] = 0;
   for (index_t b = 0; b < batch; ++b) offsets_buffer[static_cast<std::size_t>(b + 1)] = v[b];

@@ -310,11 +310,14 @@ void require_ndim(const array& a, const char* name, std::size_t ndim, const char
 }
 
 void require_contiguous(const array& a, const char* name) {
+  // An array without elements has no layout to respect (NumPy gives a (0, L) array strides
+  // (0, 0)): an empty batch is a no-op, as the C++ entry points make it.
+  for (std::size_t d = 0; d < a.ndim(); ++d)
+    if (a.shape(d) == 0) return;
   std::int64_t expected = 1;
   for (std::size_t d = a.ndim(); d-- > 0;) {
     const auto n = static_cast<std::int64_t>(a.shape(d));
     if (n == 1) continue;
-    if (n == 0) return;
     if (a.stride(d) != expected)
       value_error(std::string("specula: ") + name +
                   " must be C-contiguous (use .contiguous() / np.ascontiguousarray, which "

@@ -74,6 +74,15 @@ def test_flattened_layout_errors():
     with pytest.raises(ValueError, match=r"^specula: draft_offsets\[row 2\]: .*non-decreasing"):
         specula.rejection_sample(tokens, np.array([0, 3, 2]), None, target, seeds=[1, 2],
                                  steps=0, max_spec_len=3)
+    # vLLM's B cumulative counts are named as the caller passed them, at the caller's index.
+    with pytest.raises(ValueError, match=r"^specula: cu_num_draft_tokens\[1\]: cumulative draft "
+                                         r"counts must be non-negative and non-decreasing "
+                                         r"\(value 2 after 3\)"):
+        specula.rejection_sample(tokens, np.array([3, 2]), None, target, seeds=[1, 2], steps=0,
+                                 max_spec_len=3)
+    with pytest.raises(ValueError, match=r"^specula: cu_num_draft_tokens\[0\]: .*\(value -1\)"):
+        specula.rejection_sample(tokens, np.array([-1, 3]), None, target, seeds=[1, 2], steps=0,
+                                 max_spec_len=3)
     with pytest.raises(ValueError, match="needs num_draft_tokens \\+ B rows"):
         specula.rejection_sample(tokens, np.array([3]), None, target[:2], seeds=1, steps=0,
                                  max_spec_len=3)
@@ -193,6 +202,12 @@ def test_logits_to_probs_errors():
         specula.logits_to_probs(np.zeros((2, 4), np.float64))
     with pytest.raises(TypeError, match=r"probs must have dtype float32"):
         specula.logits_to_probs(np.zeros((2, 4), np.float32), out=np.zeros((2, 4)))
+    # Rows without entries are refused as such.
+    with pytest.raises(ValueError, match=r"^specula: logits: empty input; rows have no entries"):
+        specula.logits_to_probs(np.zeros((2, 0), np.float32))
+    # Per-row parameters as lists are read as arrays (and checked per row alike).
+    with pytest.raises(ValueError, match=r"^specula: params.top_p\[row 1\]: invalid parameter"):
+        specula.logits_to_probs(np.zeros((2, 4), np.float32), top_p=[0.5, 1.5])
 
 
 class _DLDevice(ctypes.Structure):

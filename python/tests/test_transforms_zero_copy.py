@@ -53,6 +53,10 @@ def test_per_row_parameters_equal_single_row_calls():
         assert np.array_equal(one[0], batch[r])
     assert np.array_equal(specula.logits_to_probs(logits, threads=0, temperature=temps,
                                                   top_k=top_k, top_p=top_p), batch)
+    # The same parameters as lists and tuples.
+    assert np.array_equal(specula.logits_to_probs(logits, temperature=temps.tolist(),
+                                                  top_k=tuple(top_k.tolist()),
+                                                  top_p=top_p.tolist()), batch)
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")

@@ -174,3 +174,18 @@ def test_candidates_independent_of_batch_position():
                                            seeds=int(seeds[b]), steps=3,
                                            position=int(positions[b]))
         assert i1[0] == idx[b] and t1[0] == tok[b]
+
+
+def test_empty_batches_with_positive_draft_shapes_are_no_ops():
+    # B = 0 with L, n or K > 0: NumPy gives such arrays zero strides; an empty batch is a no-op.
+    out, acc, _ = specula.chain_speculative_sampling(
+        np.zeros((0, 2, V), np.float32), np.zeros((0, 2), np.int32),
+        np.zeros((0, 3, V), np.float32), seeds=1, steps=0)
+    assert out.shape == (0, 3) and acc.shape == (0,)
+    tokens, counts, nodes = specula.verify_tree(
+        np.zeros((0, 3), np.int64), np.zeros((0, 3), np.int32), np.zeros((0, 3, V), np.float32),
+        seeds=1, steps=0)
+    assert tokens.shape == (0, 3) and counts.shape == (0,)
+    index, picked = specula.verify_candidates(
+        np.zeros((0, V), np.float32), np.zeros((0, 2), np.int32), seeds=1, steps=0)
+    assert index.shape == (0,) and picked.shape == (0,)

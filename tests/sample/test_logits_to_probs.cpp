@@ -386,6 +386,13 @@ TEST_CASE("batched logits_to_probs rejects bad input naming the argument and row
       logits_to_probs<float>(host::seq, batch_view<const float>{logits.data(), 3, v, 2}, {}, params,
                              probs),
       Catch::Contains("logits") && Catch::Contains("row_stride"));
+  // Rows without entries (a vocabulary of 0): refused as such, not as rows without mass.
+  CHECK_THROWS_WITH(
+      logits_to_probs<float>(host::seq, batch_view<const float>{logits.data(), 3, 0}, {}, params,
+                             batch_view<float>{out.data(), 3, 0}),
+      Catch::Equals("specula: logits: empty input; rows have no entries (a vocabulary of 0)"));
+  CHECK_NOTHROW(logits_to_probs<float>(host::seq, batch_view<const float>{logits.data(), 0, 0}, {},
+                                       params, batch_view<float>{out.data(), 0, 0}));
   CHECK_THROWS_WITH(
       logits_to_probs<float>(host::seq, in, {}, params, batch_view<float>{logits.data(), 3, v}),
       Catch::Equals("specula: probs: overlapping buffers; must not overlap logits or uncond"));
@@ -445,4 +452,6 @@ TEST_CASE("single-row logits_to_probs keeps its checks", "[sample][bad_input]") 
   logits[1] = std::numeric_limits<float>::quiet_NaN();
   CHECK_THROWS_WITH(logits_to_probs(sp, logits, {}, probs, scratch),
                     Catch::Contains("logits[column 1]: NaN entry"));
+  CHECK_THROWS_WITH(logits_to_probs(sp, std::span<const float>{}, {}, std::span<float>{}, scratch),
+                    Catch::Contains("logits") && Catch::Contains("a vocabulary of 0"));
 }

@@ -447,6 +447,9 @@ inline void logits_to_probs(const sampling_params& params, std::span<const float
                             std::span<float> scratch) {
   validate_sampling_params(params);
   const std::size_t n = logits.size();
+  if (n == 0)
+    throw_if_failed({status::empty_input, -1, -1, 0.0}, "logits",
+                    "the row has no entries (a vocabulary of 0)");
   if (!uncond.empty()) detail::require_same_size(uncond.size(), n, "uncond");
   detail::require_same_size(probs.size(), n, "probs");
   const bool top_k = params.top_k > 0 && static_cast<std::size_t>(params.top_k) < n;
@@ -486,6 +489,8 @@ void validate_logit_rows_shape(batch_view<const T> logits, batch_view<const T> u
   if (logits.rows < 0 || logits.cols < 0)
     fail(status::length_mismatch, static_cast<double>(std::min(logits.rows, logits.cols)),
          logits_name, "rows and cols must be >= 0");
+  if (logits.rows > 0 && logits.cols == 0)
+    fail(status::empty_input, 0.0, logits_name, "rows have no entries (a vocabulary of 0)");
   if (logits.rows > 1 && logits.row_stride < logits.cols)
     fail(status::length_mismatch, static_cast<double>(logits.row_stride), logits_name,
          "row_stride must be at least the row length");
