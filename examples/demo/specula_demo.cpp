@@ -452,8 +452,8 @@ json sampling_json(const demo_options& o) {
 // ---------------------------------------------------------------------------------------------
 
 /// Plain autoregressive decoding: one forward pass (a one-node tree: the last token) per token,
-/// then a sample from the transformed row with the stream {seed, request_id, step} (or the
-/// argmax with greedy); statistics as the loops keep them.
+/// then a sample from the transformed row with the stream {seed, request_id, rng.step + step} (or
+/// the argmax with greedy); statistics as the loops keep them.
 template <specula::session_model Model>
 std::vector<token_t> ar_decode(Model& m, std::span<const token_t> prompt, index_t max_new_tokens,
                                const specula::sampling_params& params, bool greedy,
@@ -484,8 +484,9 @@ std::vector<token_t> ar_decode(Model& m, std::span<const token_t> prompt, index_
         const auto w = [&](index_t y) {
           return static_cast<double>(probs[static_cast<std::size_t>(y)]);
         };
+        // The loops' numbering: steps count on from rng.step.
         const specula::request_rng step_rng{rng.seed, rng.request_id,
-                                            static_cast<std::uint32_t>(step)};
+                                            rng.step + static_cast<std::uint32_t>(step)};
         const double u = specula::uniform_at(step_rng, specula::draw_id{0, 0});
         last = static_cast<token_t>(
             specula::sample_inverse_cdf(V, w, specula::positive_mass(V, w), u));

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <specula/decode/autoregressive.hpp>
@@ -115,4 +116,46 @@ TEST_CASE("autoregressive decoding rejects bad input", "[decode][bad_input]") {
                     Catch::Contains("temperature"));
   opt.greedy = true;  // greedy ignores the sampling parameters
   CHECK(autoregressive_decode(s, std::vector<token_t>{0}, opt).size() == 3);
+  // A stop token outside [0, V) other than -1 (none) could never end generation.
+  for (const token_t bad : {token_t{3}, token_t{-5}}) {
+    opt.stop_token = bad;
+    CHECK_THROWS_WITH(autoregressive_decode(s, std::vector<token_t>{0}, opt),
+                      Catch::StartsWith("specula: stop_token: token id out of range") &&
+                          Catch::Contains("or -1 for none"));
+  }
+  opt.stop_token = no_token;
+  CHECK(autoregressive_decode(s, std::vector<token_t>{0}, opt).size() == 3);
+}
+
+namespace {
+
+/// A toy session whose logits are all 3e37: finite, but +inf once divided by a temperature
+/// below about 0.11.
+struct huge_logits_session : toy_model_session {
+  using toy_model_session::toy_model_session;
+  void evaluate(const token_tree& nodes, batch_view<float> logits) {
+    toy_model_session::evaluate(nodes, logits);
+    for (index_t r = 0; r < logits.rows; ++r)
+      for (index_t c = 0; c < logits.cols; ++c) logits.row(r)[c] = 3e37f;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a fault the loop's own checks find says specula once", "[decode][faults]") {
+  const toy_ar_model model(3, 5, 71);
+  huge_logits_session s(model);
+  autoregressive_options opt;
+  opt.max_new_tokens = 2;
+  opt.params.temperature = 0.05f;
+  try {
+    (void)autoregressive_decode(s, std::vector<token_t>{0}, opt);
+    FAIL("no decode_error");
+  } catch (const decode_error& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(what.rfind("specula: decode fault at step 0: ", 0) == 0);
+    CHECK(what.find("specula:", 1) == std::string::npos);
+    CHECK_THAT(what, Catch::Contains("logits[column 0]: infinite entry"));
+  }
 }

@@ -880,6 +880,54 @@ TEST_CASE("decode faults: resuming after a fault keeps the target's law (G-test)
 
 namespace {
 
+/// Sequences of `law.horizon()` tokens from `runs` requests each decoded in two calls of loop
+/// `id` (sampled autoregressive decoding for loop_id::autoregressive): the first call stops
+/// after a random number k of new tokens, the second continues from the prompt and those tokens
+/// with the same seed and request id and the stream's step advanced by k; `same_step`: the
+/// control, whose second call starts at step 0 again and so repeats the first call's draws.
+std::vector<std::uint64_t> continued_counts(loop_id id, const toy_pair& t, std::uint32_t runs,
+                                            bool same_step) {
+  const toy_ar_model& law = t.target;
+  const index_t n = law.horizon();
+  std::vector<std::uint64_t> counts(static_cast<std::size_t>(law.num_sequences()), 0);
+  fsession target{toy_model_session(law)}, draft{toy_model_session(t.draft)};
+  const std::vector<token_t> bos{0};
+  const auto call = [&](std::span<const token_t> prompt, index_t budget, request_rng rng) {
+    if (id != loop_id::autoregressive) return run_one(id, target, draft, prompt, budget, rng);
+    autoregressive_options o;
+    o.max_new_tokens = budget;
+    return autoregressive_decode(target, prompt, o, rng);
+  };
+  for (std::uint32_t r = 0; r < runs; ++r) {
+    const auto k = static_cast<index_t>(1 + uniform_at(request_rng{98, r, 0}, draw_id{0, 0}) *
+                                                static_cast<double>(n - 1));
+    std::vector<token_t> out = call(bos, k, request_rng{7, r, 0});
+    const auto step = same_step ? 0u : static_cast<std::uint32_t>(out.size());
+    const auto rest =
+        call(concat(bos, out), n - static_cast<index_t>(out.size()), request_rng{7, r, step});
+    out.insert(out.end(), rest.begin(), rest.end());
+    ++counts[static_cast<std::size_t>(law.sequence_index(out))];
+  }
+  return counts;
+}
+
+}  // namespace
+
+TEST_CASE("decode: a request continued with its stream's step advanced keeps the target's law",
+          "[decode][faults][stats]") {
+  // The control: the same step repeats the first call's draws (the loops count their steps on
+  // from the stream's), which the G-test must see.
+  for (const loop_id id :
+       {loop_id::autoregressive, loop_id::sd_chain, loop_id::sd_tree, loop_id::sjd,
+        loop_id::sjd_pac, loop_id::multiblock_stochastic, loop_id::lookup}) {
+    INFO(name_of(id));
+    check_resumed_law(
+        [&](bool same_step) { return continued_counts(id, resume_toys(), 40000, same_step); });
+  }
+}
+
+namespace {
+
 /// The first `stops` token in `out` ends it (kept); the rest is cut.
 std::vector<token_t> cut_at_stop(const std::vector<token_t>& out, std::span<const token_t> stops) {
   const auto at = std::find_first_of(out.begin(), out.end(), stops.begin(), stops.end());

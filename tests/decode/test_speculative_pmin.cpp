@@ -8,9 +8,11 @@
 #include <limits>
 #include <vector>
 
+#include <specula/decode/batch.hpp>
 #include <specula/decode/speculative.hpp>
 #include <specula/testing/goodness_of_fit.hpp>
 #include <specula/testing/toy_models.hpp>
+#include <specula/tree/builders.hpp>
 #include <specula_example/sessions.hpp>
 
 #include "decode_test_util.hpp"
@@ -84,4 +86,21 @@ TEST_CASE("draft_p_min out of [0, 1] is rejected", "[decode][bad_input]") {
     CHECK_THROWS_WITH(speculative_decode(t, d, std::vector<token_t>{0}, opt, request_rng{}),
                       Catch::Contains("draft_p_min"));
   }
+  // Chain drafts only: with a draft tree it would be ignored.
+  opt.draft_p_min = 0.5f;
+  opt.draft_tree = trees::full(2, 2);
+  CHECK_THROWS_WITH(speculative_decode(t, d, std::vector<token_t>{0}, opt, request_rng{}),
+                    Catch::Contains("draft_p_min") && Catch::Contains("must be 0 with draft_tree"));
+  opt.draft_p_min = 0.0f;
+  opt.max_new_tokens = 3;
+  CHECK(speculative_decode(t, d, std::vector<token_t>{0}, opt, request_rng{}).size() == 3);
+  // One object as both models (their caches would be one), single and batched.
+  CHECK_THROWS_WITH(speculative_decode(t, t, std::vector<token_t>{0}, opt, request_rng{}),
+                    Catch::StartsWith("specula: draft: invalid parameter") &&
+                        Catch::Contains("is the target model itself"));
+  session_batch<toy_model_session> tb(std::vector<toy_model_session>(2, t));
+  const std::vector<std::vector<token_t>> prompts{{0}, {1}};
+  const std::vector<request_rng> rngs{request_rng{1, 0, 0}, request_rng{1, 1, 0}};
+  CHECK_THROWS_WITH(speculative_decode_batch(tb, tb, prompts, opt, rngs),
+                    Catch::Contains("is the target model itself"));
 }

@@ -8,8 +8,9 @@
 /// Each step evaluates the last token (a one-node tree), commits it, and emits the next token:
 /// the argmax of its logits (ties: lowest id) with `greedy`, otherwise a draw from
 /// `logits_to_probs(options.params, ...)` with one uniform of the stream
-/// `{seed, request_id, step}` at `sample_draw` (sample/sampling.hpp: the same draw as
-/// sample_from_logits), so a request's output depends on its own seed only, alone or batched.
+/// `{seed, request_id, rng.step + s}` at step s, at `sample_draw` (sample/sampling.hpp: the same
+/// draw as sample_from_logits), so a request's output depends on its own seed only, alone or
+/// batched.
 
 #include <span>
 #include <vector>
@@ -55,7 +56,8 @@ decode_task autoregressive_task(Handle m, std::span<const token_t> prompt,
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
   const auto prompt_len = static_cast<index_t>(prompt.size());
-  std::vector<token_t>& seq = co_await start_request(prompt, options.stop_tokens, V, result, st, m);
+  std::vector<token_t>& seq =
+      co_await start_request(prompt, options.stop_token, options.stop_tokens, V, result, st, m);
   std::vector<float> logits, probs(sz(V)), scratch(sz(V));
   const std::vector<index_t> root_path{0};
   token_t next[1] = {no_token};
@@ -74,7 +76,7 @@ decode_task autoregressive_task(Handle m, std::span<const token_t> prompt,
       } else {
         logits_to_probs(options.params, std::span<const float>(logits.data(), sz(V)), {}, probs,
                         scratch);
-        philox_source src{request_rng{rng.seed, rng.request_id, step}};
+        philox_source src{step_stream(rng, step)};
         next[0] = static_cast<token_t>(
             sample_weights(src, V, row_weights<float>{row_view<const float>{probs.data(), V}}));
       }

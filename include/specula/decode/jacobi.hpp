@@ -116,7 +116,8 @@ decode_task jacobi_task(Handle m, std::span<const token_t> prompt, jacobi_option
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
   const auto prompt_len = static_cast<index_t>(prompt.size());
-  std::vector<token_t>& seq = co_await start_request(prompt, options.stop_tokens, V, result, st, m);
+  std::vector<token_t>& seq =
+      co_await start_request(prompt, options.stop_token, options.stop_tokens, V, result, st, m);
   std::vector<token_t> guesses, chain_tokens, out_tokens, state;
   std::vector<index_t> out_nodes;
   std::uint32_t draws = 0;

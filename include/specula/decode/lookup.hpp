@@ -208,8 +208,8 @@ decode_task proposal_task(TargetHandle target, Proposal& draft, std::span<const 
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
 
   const auto prompt_len = static_cast<index_t>(prompt.size());
-  std::vector<token_t>& seq =
-      co_await start_request(prompt, options.stop_tokens, V, result, st, target);
+  std::vector<token_t>& seq = co_await start_request(prompt, options.stop_token,
+                                                     options.stop_tokens, V, result, st, target);
   speculative_buffers buf;
   buf.scratch.resize(sz(V));
   token_tree tree;
@@ -246,7 +246,7 @@ decode_task proposal_task(TargetHandle target, Proposal& draft, std::span<const 
     index_t accepted = 0;
     {
       scoped_timer timer(st.verify_seconds);
-      const request_rng verify_rng{rng.seed, rng.request_id, step};
+      const request_rng verify_rng = step_stream(rng, step);
       if constexpr (Rows::resident)
         accepted = rows.verify_drafts(verify, tree, verify_rng, buf.out_tokens, buf.out_nodes);
       else

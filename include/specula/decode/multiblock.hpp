@@ -57,8 +57,9 @@
 /// drafts), fills are one-hot (`repeat_last`), uniform (`random`) or the token frequencies of
 /// the sequence so far (`sample_context`). Rejection recycling is
 /// greedy only (a recycled n-gram is no draw from a row), so `recycling` must be off. Draws:
-/// step s verifies with `{seed, request_id, s}`, updates with `{fold_in(seed, 1), request_id,
-/// s}`, fills from `{fold_in(seed, 2), request_id, 0}`. The window's rows live in a rows policy
+/// step s verifies with `{seed, request_id, step0 + s}`, updates with `{fold_in(seed, 1),
+/// request_id, step0 + s}`, fills from `{fold_in(seed, 2), request_id, step0}` (step0: the
+/// stream's `step`, see detail::step_stream). The window's rows live in a rows policy
 /// (`detail::window_host_rows` on the host; a resident one keeps them where the model computes
 /// them, e.g. the example transformer's on the GPU), and the stale positions' draws are SJD's
 /// (`detail::sjd_children_job`, one child each; row_draws.hpp).
@@ -333,7 +334,8 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
   const auto sz = [](index_t i) { return static_cast<std::size_t>(i); };
 
   const auto prompt_len = static_cast<index_t>(prompt.size());
-  std::vector<token_t>& seq = co_await start_request(prompt, options.stop_tokens, V, result, st, m);
+  std::vector<token_t>& seq =
+      co_await start_request(prompt, options.stop_token, options.stop_tokens, V, result, st, m);
   detail::ngram_pool pool(options.recycling ? options.pool_size : 0);
   const bool fifo = options.recycling && options.pool == multiblock_pool::fifo;
   std::deque<std::vector<token_t>> fifo_pool;  // multiblock_pool::fifo: newest last
@@ -349,7 +351,7 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
   index_t ra_left = n;
   std::vector<index_t> frozen;
   std::uint32_t draws = 0;
-  const request_rng fill_rng{fold_in(rng.seed, 2), rng.request_id, 0};
+  const request_rng fill_rng = step_stream(rng, 0, 2);
   const auto one_hot_row = [](index_t at, token_t t) {
     window_row r;
     r.at = static_cast<std::int32_t>(at);
@@ -445,8 +447,7 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
       if (stochastic) {
         // Node j's child was drawn from window row j (the leaf's row is never used).
         if constexpr (!Rows::resident) wrows.set_p(rows.logits);
-        k = wrows.verify_window(verify, tree, request_rng{rng.seed, rng.request_id, step},
-                                out_tokens, out_nodes);
+        k = wrows.verify_window(verify, tree, step_stream(rng, step), out_tokens, out_nodes);
       } else if constexpr (!sampled_rows) {
         argmax.resize(sz(nodes));
         for (index_t u = 0; u < nodes; ++u) argmax[sz(u)] = rows.argmax(u, V);
@@ -505,7 +506,7 @@ decode_task multiblock_task(Handle m, std::span<const token_t> prompt, multibloc
     }
     const index_t new_w = new_ra_left + n * static_cast<index_t>(new_frozen.size());
     next_win.clear();
-    const request_rng draw_rng{fold_in(rng.seed, 1), rng.request_id, step};
+    const request_rng draw_rng = step_stream(rng, step, 1);
     if (stochastic) {
       // SJD + Adaptive Continuation from the stale rows R, one job per stale position i (law
       // R, so its row becomes R): old position j = c + i keeps its token with min(1, R/q_old),

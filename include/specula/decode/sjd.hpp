@@ -46,8 +46,9 @@
 /// G-tests on toy models with known laws). When every draft of the path is accepted, the bonus
 /// token comes from the target row of the last accepted node.
 ///
-/// Randomness: iteration s verifies with `{seed, request_id, s}` and builds the next draft with
-/// `{fold_in(seed, 1), request_id, s}`.
+/// Randomness: iteration s verifies with `{seed, request_id, step0 + s}` and builds the next
+/// draft with `{fold_in(seed, 1), request_id, step0 + s}` (step0: the stream's `step`, see
+/// detail::step_stream).
 
 #include <algorithm>
 #include <span>
@@ -477,7 +478,8 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
   rows.start(V, options);
 
   const auto prompt_len = static_cast<index_t>(prompt.size());
-  std::vector<token_t>& seq = co_await start_request(prompt, options.stop_tokens, V, result, st, m);
+  std::vector<token_t>& seq =
+      co_await start_request(prompt, options.stop_token, options.stop_tokens, V, result, st, m);
   detail::sjd_draft draft, next;
   draft.host_rows = next.host_rows = !Rows::resident;
   std::vector<token_t> out_tokens, drawn;
@@ -541,7 +543,7 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
     if (remaining <= 0) break;
     const index_t budget = options.draft_budget();
     const index_t max_depth = std::min(budget, remaining - 1);
-    const request_rng draw_rng{fold_in(rng.seed, 1), rng.request_id, step};
+    const request_rng draw_rng = step_stream(rng, step, 1);
 
     // --- Initial window: L uniform random tokens (only before the first iteration; later
     // windows are built from stale rows below).
@@ -592,8 +594,8 @@ decode_task sjd_task(Handle m, std::span<const token_t> prompt, sjd_options opti
     index_t k = 0;
     {
       detail::scoped_timer timer(st.verify_seconds);
-      k = rows.verify(verify, tree, draft, options.target,
-                      request_rng{rng.seed, rng.request_id, step}, out_tokens, out_nodes);
+      k = rows.verify(verify, tree, draft, options.target, step_stream(rng, step), out_tokens,
+                      out_nodes);
     }
     m.commit(std::span<const index_t>(out_nodes.data(), sz(k + 1)));
     if (keep_rows > 0) {  // the rows the committed tokens were drawn from (the last keep_rows)

@@ -14,8 +14,9 @@
 /// decoding of the target.
 ///
 /// Randomness: step s of a request draws its drafts from the stream
-/// `{fold_in(seed, 1), request_id, s}` (position i, slot 0) and verifies with
-/// `{seed, request_id, s}`, so a request's output depends on its own seed only.
+/// `{fold_in(seed, 1), request_id, step0 + s}` (position i, slot 0) and verifies with
+/// `{seed, request_id, step0 + s}` (step0: the stream's `step`, see detail::step_stream), so a
+/// request's output depends on its own seed only.
 
 #include <algorithm>
 #include <optional>
@@ -169,6 +170,9 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
                     static_cast<double>(options.draft_p_min), "must be in [0, 1]");
   const bool sampled = options.mode == draft_mode::sample;
   const bool tree_drafts = options.draft_tree.has_value();
+  require_parameter(!tree_drafts || options.draft_p_min == 0.0f, "draft_p_min",
+                    static_cast<double>(options.draft_p_min),
+                    "stops chain drafts only: must be 0 with draft_tree");
   if constexpr (requires { verify.options.sampling; })
     require_parameter(!tree_drafts || !sampled || verify.options.sampling == options.draft_sampling,
                       "draft_sampling", static_cast<double>(options.draft_sampling),
@@ -178,8 +182,8 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
   // seq: prompt and generated tokens. The target holds seq[0 .. n-1) (the root seq.back() is
   // evaluated by each step); the draft holds seq[0 .. draft.context_size()).
   const auto prompt_len = static_cast<index_t>(prompt.size());
-  std::vector<token_t>& seq =
-      co_await start_request(prompt, options.stop_tokens, V, result, st, target, draft);
+  std::vector<token_t>& seq = co_await start_request(
+      prompt, options.stop_token, options.stop_tokens, V, result, st, target, draft);
   speculative_buffers buf;
   buf.scratch.resize(sz(V));
   if (options.draft_p_min > 0.0f) buf.probs.resize(sz(V));
@@ -197,7 +201,7 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
     const index_t n = static_cast<index_t>(seq.size());
     const index_t max_depth = std::min(
         tree_drafts ? options.draft_tree->max_depth() : options.draft_length, remaining - 1);
-    const request_rng draft_rng{fold_in(rng.seed, 1), rng.request_id, step};
+    const request_rng draft_rng = step_stream(rng, step, 1);
     // Node u's children were drawn from q row u (q_rows: nodes x V).
     parents.assign(1, -1);
     tokens.assign(1, seq.back());
@@ -368,8 +372,7 @@ decode_task speculative_task(TargetHandle target, DraftHandle draft,
     index_t accepted = 0;
     {
       scoped_timer timer(st.verify_seconds);
-      accepted = verify_step(verify, options.target, tree, V, buf, sampled,
-                             request_rng{rng.seed, rng.request_id, step});
+      accepted = verify_step(verify, options.target, tree, V, buf, sampled, step_stream(rng, step));
     }
 
     // --- Commit: the target keeps root + accepted drafts; the draft drops what it does not
@@ -406,6 +409,7 @@ std::vector<token_t> speculative_decode(Target& target, Draft& draft,
                                         const speculative_options& options, request_rng rng,
                                         const Verifier& verify = {}, decode_stats* stats = nullptr,
                                         const request_control& control = {}) {
+  detail::require_distinct_models(&target, &draft);
   std::vector<token_t> out;
   detail::decode_solo(
       target, &draft, stats,
@@ -426,6 +430,7 @@ std::vector<std::vector<token_t>> speculative_batch(
     Target& target, Draft& draft, std::span<const std::vector<token_t>> prompts,
     const speculative_options& options, std::span<const request_rng> rngs, VerifierOf&& verifier_of,
     std::span<decode_stats> stats, const batch_control& control) {
+  if (!prompts.empty()) require_distinct_models(&target, &draft);  // B = 0: a no-op
   require_parameter(draft.batch_size() >= static_cast<index_t>(prompts.size()), "draft",
                     static_cast<double>(draft.batch_size()),
                     "the draft model's batch_size() is smaller than the number of prompts");

@@ -25,6 +25,17 @@
 
 namespace specula::detail {
 
+/// The stream of a decoding loop's step `step` for the request stream `rng`, its seed first
+/// folded with `stream` (0: as given; the loops draw their drafts from fold 1 and multi-block's
+/// first window from fold 2): the loop's steps count on from rng.step, so that a call that
+/// continues a request (its prompt extended by what an earlier call committed) with rng.step
+/// advanced past that call's steps (by its decode_stats::steps, or by the number of tokens it
+/// committed, never fewer) draws afresh; step numbers wrap modulo 2^32.
+[[nodiscard]] constexpr request_rng step_stream(const request_rng& rng, std::uint32_t step,
+                                                std::uint64_t stream = 0) noexcept {
+  return {stream == 0 ? rng.seed : fold_in(rng.seed, stream), rng.request_id, rng.step + step};
+}
+
 /// logits (rows x V) -> probability rows, with `params`.
 inline void rows_to_probs(const sampling_params& params, std::span<float> logits,
                           std::span<float> probs, std::span<float> scratch, index_t vocab) {

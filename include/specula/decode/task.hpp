@@ -40,6 +40,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -377,6 +378,22 @@ inline void check_stop_tokens(std::span<const token_t> stops, index_t vocab,
                       argument, "a stop token must be in [0, vocab_size)");
 }
 
+/// Refuses a loop's `stop_token` option outside [0, vocab) other than no_token (-1: none).
+inline void check_stop_token(token_t stop, index_t vocab) {
+  if (stop != no_token && (stop < 0 || stop >= vocab))
+    throw_if_failed({status::token_out_of_range, -1, -1, static_cast<double>(stop)}, "stop_token",
+                    "a stop token must be in [0, vocab_size), or -1 for none");
+}
+
+/// Refuses the same object as a loop's target and draft model: each model keeps its own cache
+/// of the request's tokens, which one object cannot do for both.
+inline void require_distinct_models(const void* target, const void* draft) {
+  if (target == draft)
+    throw_if_failed({status::invalid_parameter, -1, -1, 0.0}, "draft",
+                    "is the target model itself (one object): the two models need a cache each; "
+                    "pass a second model (a copy of the target for self-drafting)");
+}
+
 /// At a request's end, a model (handle) holding more than `keep` tokens drops the rest: the
 /// last step's accepted path may run past a stop token, and the request ends, as after a
 /// fault, with its target (or only) model at its sequence but the last token (`keep` =
@@ -402,18 +419,19 @@ struct start_awaiter {
   }
 };
 
-/// A request's start in the loops over session models: checks the prompt's tokens and the
-/// stop-token list `stops` against `vocab` now (refused before any model is touched); `co_await`
-/// on the result publishes the request's sequence (the prompt; it lives in the task's promise,
-/// which outlives the loop's locals when a fault unwinds them), prefills `models` (handles) in
-/// turn and marks the request prefilled, giving the request's sequence (`task_state::seq`: the
-/// prompt, then the committed output).
+/// A request's start in the loops over session models: checks the prompt's tokens, the stop
+/// token `stop` and the stop-token list `stops` against `vocab` now (refused before any model is
+/// touched); `co_await` on the result publishes the request's sequence (the prompt; it lives in the
+/// task's promise, which outlives the loop's locals when a fault unwinds them), prefills `models`
+/// (handles) in turn and marks the request prefilled, giving the request's sequence
+/// (`task_state::seq`: the prompt, then the committed output).
 template <class... Handles>
-start_awaiter<Handles...> start_request(std::span<const token_t> prompt,
+start_awaiter<Handles...> start_request(std::span<const token_t> prompt, token_t stop,
                                         std::span<const token_t> stops, index_t vocab,
                                         std::vector<token_t>& result, decode_stats& st,
                                         const Handles&... models) {
   check_prompt(prompt, vocab);
+  check_stop_token(stop, vocab);
   check_stop_tokens(stops, vocab);
   return {publish(prompt, result, st), prompt, std::tuple<Handles...>(models...)};
 }
@@ -556,6 +574,9 @@ inline decode_error make_decode_error(std::exception_ptr error, index_t request,
   } catch (...) {
     why = "unknown exception";
   }
+  // The cause's own "specula: " prefix (an invalid_input's) is said once, at the front.
+  if (constexpr std::string_view prefix = "specula: "; why.starts_with(prefix))
+    why.erase(0, prefix.size());
   std::string msg = "specula: decode fault";
   if (name_request)
     msg += request >= 0 ? " in request " + std::to_string(request) : " in a batched call";

@@ -168,6 +168,9 @@ std::vector<token_t> resident_speculative_decode(Ops& ops, std::span<const token
   validate_sampling_params(options.draft);
   require_parameter(options.draft_p_min >= 0.0f && options.draft_p_min <= 1.0f, "draft_p_min",
                     static_cast<double>(options.draft_p_min), "must be in [0, 1]");
+  require_parameter(!options.draft_tree.has_value() || options.draft_p_min == 0.0f, "draft_p_min",
+                    static_cast<double>(options.draft_p_min),
+                    "stops chain drafts only: must be 0 with draft_tree");
   if (options.relaxed) options.relaxed->validate();
   const auto sz = [](index_t n) { return static_cast<std::size_t>(n); };
   decode_stats local;
@@ -188,7 +191,7 @@ std::vector<token_t> resident_speculative_decode(Ops& ops, std::span<const token
     tokens.assign(1, seq.back());
     if (max_depth > 0) {
       specula::detail::scoped_timer timer(st.draft_seconds);
-      const request_rng draft_rng{fold_in(rng.seed, 1), rng.request_id, step};
+      const request_rng draft_rng = specula::detail::step_stream(rng, step, 1);
       pending.assign(seq.begin() + ops.draft_context(), seq.end());
       const auto held = static_cast<index_t>(pending.size());  // the last one is the root
       const auto draw = [&](index_t u, index_t count) {
@@ -250,7 +253,7 @@ std::vector<token_t> resident_speculative_decode(Ops& ops, std::span<const token
     out.assign(sz(tree.size()), no_token);
     {
       specula::detail::scoped_timer timer(st.verify_seconds);
-      accepted = ops.verify(tree, request_rng{rng.seed, rng.request_id, step}, out);
+      accepted = ops.verify(tree, specula::detail::step_stream(rng, step), out);
       detail::accepted_path(tree, out, accepted, path);
     }
     ops.commit_target(path);
