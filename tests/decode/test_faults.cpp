@@ -832,38 +832,48 @@ void check_resumed_law(const std::function<std::vector<std::uint64_t>(bool corru
   CHECK((bad.impossible_observations > 0 || bad.p_value < 1e-6));
 }
 
+/// Counts of the sequences `run(target, draft, bos, r)` returns for r in [0, runs), over one
+/// pair of faulty sessions of `t`'s models and the BOS prompt.
+template <class Run>
+std::vector<std::uint64_t> toy_sequence_counts(const toy_pair& t, std::uint32_t runs, Run&& run) {
+  const toy_ar_model& law = t.target;
+  std::vector<std::uint64_t> counts(static_cast<std::size_t>(law.num_sequences()), 0);
+  fsession target{toy_model_session(law)}, draft{toy_model_session(t.draft)};
+  const std::vector<token_t> bos{0};
+  for (std::uint32_t r = 0; r < runs; ++r)
+    ++counts[static_cast<std::size_t>(law.sequence_index(run(target, draft, bos, r)))];
+  return counts;
+}
+
 /// Sequences of `law.horizon()` tokens from `runs` runs of loop `id` on a fresh request (BOS
 /// prompt), each interrupted by a target fault at a random pass and resumed from its committed
 /// tokens with a new stream; `corrupt`: the control, which resumes after changing the last
 /// committed token.
 std::vector<std::uint64_t> resumed_counts(loop_id id, const toy_pair& t, std::uint32_t runs,
                                           bool corrupt) {
-  const toy_ar_model& law = t.target;
-  const index_t n = law.horizon();
-  std::vector<std::uint64_t> counts(static_cast<std::size_t>(law.num_sequences()), 0);
-  fsession target{toy_model_session(law)}, draft{toy_model_session(t.draft)};
-  const std::vector<token_t> bos{0};
-  for (std::uint32_t r = 0; r < runs; ++r) {
-    const auto at = static_cast<std::int64_t>(1 + uniform_at(request_rng{99, r, 0}, draw_id{0, 0}) *
-                                                      static_cast<double>(n));
-    target.reset_counts();
-    target.plan() = {fault_kind::evaluate_throws, at, 0, 0, false};
-    std::vector<token_t> out;
-    try {
-      out = run_one(id, target, draft, bos, n, request_rng{7, r, 0});
-    } catch (const decode_error& e) {
-      out = e.committed()[0];
-      target.plan() = {};
-      if (corrupt && !out.empty()) out.back() = (out.back() + 1) % law.vocab_size();
-      if (static_cast<index_t>(out.size()) < n) {
-        const auto rest = run_one(id, target, draft, concat(bos, out),
-                                  n - static_cast<index_t>(out.size()), request_rng{8, r, 0});
-        out.insert(out.end(), rest.begin(), rest.end());
-      }
-    }
-    ++counts[static_cast<std::size_t>(law.sequence_index(out))];
-  }
-  return counts;
+  const index_t n = t.target.horizon();
+  return toy_sequence_counts(
+      t, runs,
+      [&](fsession& target, fsession& draft, const std::vector<token_t>& bos, std::uint32_t r) {
+        const auto at = static_cast<std::int64_t>(
+            1 + uniform_at(request_rng{99, r, 0}, draw_id{0, 0}) * static_cast<double>(n));
+        target.reset_counts();
+        target.plan() = {fault_kind::evaluate_throws, at, 0, 0, false};
+        std::vector<token_t> out;
+        try {
+          out = run_one(id, target, draft, bos, n, request_rng{7, r, 0});
+        } catch (const decode_error& e) {
+          out = e.committed()[0];
+          target.plan() = {};
+          if (corrupt && !out.empty()) out.back() = (out.back() + 1) % t.target.vocab_size();
+          if (static_cast<index_t>(out.size()) < n) {
+            const auto rest = run_one(id, target, draft, concat(bos, out),
+                                      n - static_cast<index_t>(out.size()), request_rng{8, r, 0});
+            out.insert(out.end(), rest.begin(), rest.end());
+          }
+        }
+        return out;
+      });
 }
 
 }  // namespace
@@ -887,28 +897,25 @@ namespace {
 /// control, whose second call starts at step 0 again and so repeats the first call's draws.
 std::vector<std::uint64_t> continued_counts(loop_id id, const toy_pair& t, std::uint32_t runs,
                                             bool same_step) {
-  const toy_ar_model& law = t.target;
-  const index_t n = law.horizon();
-  std::vector<std::uint64_t> counts(static_cast<std::size_t>(law.num_sequences()), 0);
-  fsession target{toy_model_session(law)}, draft{toy_model_session(t.draft)};
-  const std::vector<token_t> bos{0};
-  const auto call = [&](std::span<const token_t> prompt, index_t budget, request_rng rng) {
-    if (id != loop_id::autoregressive) return run_one(id, target, draft, prompt, budget, rng);
-    autoregressive_options o;
-    o.max_new_tokens = budget;
-    return autoregressive_decode(target, prompt, o, rng);
-  };
-  for (std::uint32_t r = 0; r < runs; ++r) {
-    const auto k = static_cast<index_t>(1 + uniform_at(request_rng{98, r, 0}, draw_id{0, 0}) *
-                                                static_cast<double>(n - 1));
-    std::vector<token_t> out = call(bos, k, request_rng{7, r, 0});
-    const auto step = same_step ? 0u : static_cast<std::uint32_t>(out.size());
-    const auto rest =
-        call(concat(bos, out), n - static_cast<index_t>(out.size()), request_rng{7, r, step});
-    out.insert(out.end(), rest.begin(), rest.end());
-    ++counts[static_cast<std::size_t>(law.sequence_index(out))];
-  }
-  return counts;
+  const index_t n = t.target.horizon();
+  return toy_sequence_counts(
+      t, runs,
+      [&](fsession& target, fsession& draft, const std::vector<token_t>& bos, std::uint32_t r) {
+        const auto call = [&](std::span<const token_t> prompt, index_t budget, request_rng rng) {
+          if (id != loop_id::autoregressive) return run_one(id, target, draft, prompt, budget, rng);
+          autoregressive_options o;
+          o.max_new_tokens = budget;
+          return autoregressive_decode(target, prompt, o, rng);
+        };
+        const auto k = static_cast<index_t>(1 + uniform_at(request_rng{98, r, 0}, draw_id{0, 0}) *
+                                                    static_cast<double>(n - 1));
+        std::vector<token_t> out = call(bos, k, request_rng{7, r, 0});
+        const auto step = same_step ? 0u : static_cast<std::uint32_t>(out.size());
+        const auto rest =
+            call(concat(bos, out), n - static_cast<index_t>(out.size()), request_rng{7, r, step});
+        out.insert(out.end(), rest.begin(), rest.end());
+        return out;
+      });
 }
 
 }  // namespace

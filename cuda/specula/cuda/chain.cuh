@@ -191,7 +191,7 @@ struct replay_passes {
     s.scratch = inner.lanes;
     // The same numbers in the same order, from the shared copy (a chain of dependent global
     // loads otherwise), eight read before the first of them is added.
-    constexpr index_t batch = 8;
+    constexpr index_t batch = specula::detail::walk_batch;
     index_t t = 0;
     for (; t + batch <= s.recorded; t += batch) {
       double v[batch];
